@@ -1,0 +1,2 @@
+//! evalflow: a columnar engine for evaluating LLM applications.
+pub mod udaf;
