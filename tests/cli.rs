@@ -121,6 +121,20 @@ fn sentiment_run_end_to_end_and_resume() {
         "VADER fails some negation cases"
     );
 
+    // pyarrow and DuckDB read every table with the declared column types.
+    let py = Command::new("python3")
+        .args(["scripts/check_tables.py", root.to_str().unwrap()])
+        .current_dir(repo())
+        .output()
+        .expect("python3 runs (install pyarrow and duckdb: see README)");
+    assert!(py.status.success(), "{}{}", stdout(&py), stderr(&py));
+    assert!(stdout(&py).contains("scores: "), "{}", stdout(&py));
+
+    // A half-written part (the local store's staging name while a put is in flight) is
+    // invisible to readers and stages.
+    std::fs::write(root.join("calls/part-zzzz.parquet#7"), b"PAR1 half a part").unwrap();
+    assert_eq!(scalar(&root, "SELECT count(*) FROM calls"), cases);
+
     // Re-running on the same root resumes: nothing is called again, nothing duplicated.
     let o2 = run(&[
         "run",
