@@ -8,7 +8,6 @@ use clap::{Parser, Subcommand};
 
 use crate::runner::{RunError, Runner};
 use crate::stages::aggregate;
-use crate::stages::score::{self, CHECKLIST};
 
 /// Exit codes from DESIGN.md.
 pub const EXIT_GATE: u8 = 1;
@@ -115,17 +114,16 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Score(a) => {
             let mut r = open_stage(&a).await?;
-            let n = r.score(CHECKLIST).await?;
-            println!(
-                "scores: {n} rows in {}/{}",
-                r.store.display(),
-                CHECKLIST.dir()
-            );
+            for s in r.scorers()? {
+                let n = r.score(s.as_ref()).await?;
+                println!("scores: {n} rows in {}/{}", r.store.display(), s.id().dir());
+            }
             Ok(())
         }
         Command::Aggregate(a) => {
             let mut r = open_stage(&a).await?;
-            let rows = r.aggregate(CHECKLIST).await?;
+            let primary = r.scorers()?[0].id();
+            let rows = r.aggregate(&primary).await?;
             println!("{}", aggregate::render(&rows));
             Ok(())
         }
@@ -141,6 +139,3 @@ async fn open_stage(a: &StageArgs) -> Result<Runner, CliError> {
     }
     Ok(Runner::open(&a.pipeline, a.out.as_deref()).await?)
 }
-
-#[allow(unused_imports)]
-use score as _;
