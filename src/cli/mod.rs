@@ -1,5 +1,8 @@
 //! The command line: one enum of verbs, dispatched in one `match`.
 
+mod check;
+mod holdout;
+mod rescore;
 mod sql;
 
 use std::path::PathBuf;
@@ -65,6 +68,13 @@ pub enum Command {
     Aggregate(StageArgs),
     /// Run SQL over run tables and Parquet files, with the statistics functions registered.
     Sql(sql::SqlArgs),
+    /// The six pre-flight checks, and the invalid-rate gate (--baseline).
+    Check(check::CheckArgs),
+    /// Re-score archived calls with another scorer version (no model calls) and diff.
+    Rescore(rescore::RescoreArgs),
+    /// The hand-labelled holdout regression gate.
+    #[command(subcommand)]
+    Holdout(holdout::HoldoutCmd),
 }
 
 #[derive(Debug, clap::Args)]
@@ -128,6 +138,9 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Sql(a) => sql::run(a).await,
+        Command::Check(a) => check::run(a).await,
+        Command::Rescore(a) => rescore::run(a).await,
+        Command::Holdout(c) => holdout::run(c).await,
     }
 }
 
