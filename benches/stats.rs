@@ -163,7 +163,12 @@ async fn main() {
             },
         )
     };
+    let only = std::env::var("EVALFLOW_BENCH_ONLY").ok();
     let q = [
+        (
+            "scan floor",
+            "SELECT max(template_id), max(score) FROM t".to_string(),
+        ),
         (
             "avg+stddev",
             "SELECT avg(score), stddev(score) FROM t".to_string(),
@@ -250,6 +255,16 @@ async fn main() {
     );
     let mut secs = std::collections::HashMap::new();
     for (name, sql) in &q {
+        if let Some(only) = &only {
+            // Profiling aid: run one query many times.
+            if name == only {
+                for _ in 0..20 {
+                    time(&ctx, sql).await;
+                }
+                return;
+            }
+            continue;
+        }
         let d = time(&ctx, sql).await.as_secs_f64();
         println!("{name:>24}: {d:8.3}s");
         secs.insert(*name, d);

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, StringArray};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Int64Array, StringArray, StringViewArray,
+};
 use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::common::{HashMap, Result, exec_err};
 
@@ -51,6 +53,9 @@ pub struct Interner {
     strs: HashMap<Box<str>, u32>,
     str_keys: Vec<Box<str>>,
     str_bytes: usize,
+    /// Cache for Utf8View strings of at most 12 bytes: the 16-byte view holds the whole string
+    /// (zero padded), so equal views are equal strings and need no string hashing.
+    inline_views: HashMap<u128, u32>,
 }
 
 impl Interner {
@@ -63,6 +68,7 @@ impl Interner {
             strs: HashMap::default(),
             str_keys: Vec::new(),
             str_bytes: 0,
+            inline_views: HashMap::default(),
         }
     }
 
@@ -93,6 +99,7 @@ impl Interner {
             + self.strs.capacity() * 24
             + self.str_keys.capacity() * 16
             + 2 * self.str_bytes
+            + self.inline_views.capacity() * 24
     }
 
     #[inline]
@@ -143,7 +150,7 @@ impl Interner {
             (KeyKind::Str, DataType::LargeUtf8) => {
                 self.str_ids(keys.as_string::<i64>().iter(), out)
             }
-            (KeyKind::Str, DataType::Utf8View) => self.str_ids(keys.as_string_view().iter(), out),
+            (KeyKind::Str, DataType::Utf8View) => self.view_ids(keys.as_string_view(), out),
             (kind, t) => {
                 return exec_err!("cluster keys of type {t} do not match the {kind:?} key kind");
             }
@@ -163,6 +170,34 @@ impl Interner {
                 _ => self.str_id(k),
             };
             prev = Some((k, id));
+            out.push(id);
+        }
+    }
+
+    fn view_ids(&mut self, a: &StringViewArray, out: &mut Vec<u32>) {
+        let views = a.views();
+        let mut prev: Option<(u128, u32)> = None;
+        for i in 0..a.len() {
+            if a.is_null(i) {
+                out.push(NULL_ID);
+                continue;
+            }
+            let v = views[i];
+            let id = match prev {
+                Some((pv, pid)) if pv == v => pid,
+                _ if (v as u32) <= 12 => match self.inline_views.get(&v) {
+                    Some(&id) => id,
+                    None => {
+                        let id = self.str_id(a.value(i));
+                        self.inline_views.insert(v, id);
+                        id
+                    }
+                },
+                _ => self.str_id(a.value(i)),
+            };
+            // Long strings' views hold a prefix and a buffer offset: equal views are the same
+            // bytes, so the run cache stays exact for them too.
+            prev = Some((v, id));
             out.push(id);
         }
     }

@@ -5,8 +5,9 @@
 //! `variance_components` all need, per group, per-cluster counts and means; they differ in
 //! how a row becomes a value ([`Input`]) and in the `finish` function.
 //!
-//! State: `n, mean, m2` (the group) then three lists aligned by cluster: `keys`
-//! (Int64 or Utf8), `counts` (UInt64), `means` and `m2s` (Float64).
+//! State: four lists aligned by cluster: `keys` (Int64 or Utf8), `counts` (UInt64), `means`
+//! and `m2s` (Float64). The group's overall moments are the merge of its clusters' moments,
+//! computed once when a group is emitted, so the per-row loop updates one cell only.
 
 use std::fmt;
 use std::sync::Arc;
@@ -30,7 +31,7 @@ use super::single_group::Grow;
 /// One group's partial sums: overall moments and per-cluster moments.
 #[derive(Debug, Clone, Default)]
 pub struct GroupCells {
-    /// Moments over every row of the group.
+    /// Moments over every row of the group (filled when the group is emitted).
     pub total: Moments,
     /// `(cluster id, moments of that cluster)`.
     pub cells: Vec<(u32, Moments)>,
@@ -94,9 +95,6 @@ fn list_of(t: DataType) -> DataType {
 pub fn state_fields(name: &str, kind: KeyKind) -> Vec<FieldRef> {
     let f = |n: &str, t: DataType| Arc::new(Field::new(format_state_name(name, n), t, true));
     vec![
-        f("n", DataType::UInt64),
-        f("mean", DataType::Float64),
-        f("m2", DataType::Float64),
         f("cluster_keys", list_of(kind.state_type())),
         f("cluster_counts", list_of(DataType::UInt64)),
         f("cluster_means", list_of(DataType::Float64)),
@@ -134,6 +132,26 @@ pub fn key_kind(fields: &[FieldRef], idx: usize) -> KeyKind {
         .map_or(KeyKind::Str, |f| KeyKind::of(f.data_type()))
 }
 
+const NO_GROUP: u32 = u32::MAX;
+
+/// A cluster's inline partial moments and the group they belong to.
+#[derive(Debug, Clone, Copy)]
+struct DenseCell {
+    group: u32,
+    m: Moments,
+}
+
+impl DenseCell {
+    const EMPTY: DenseCell = DenseCell {
+        group: NO_GROUP,
+        m: Moments {
+            n: 0,
+            mean: 0.0,
+            m2: 0.0,
+        },
+    };
+}
+
 #[inline]
 fn slot_key(group: usize, cluster: u32) -> u64 {
     ((group as u64) << 32) | cluster as u64
@@ -148,6 +166,11 @@ pub struct ClusteredGroups {
     /// (group, cluster id) -> position in that group's `cells`.
     index: HashMap<u64, u32>,
     n_cells: usize,
+    /// Per cluster id: the group accumulating it inline, and its moments. Rows of a cluster
+    /// usually fall in one group (a template belongs to one test; without GROUP BY there is one
+    /// group), so a row costs one array access; a row of another group spills the inline
+    /// moments into that group's `cells` (a hash lookup) and takes the slot over.
+    dense: Vec<DenseCell>,
     ids: Vec<u32>,
     finish: ClusterFinish,
 }
@@ -171,14 +194,31 @@ impl ClusteredGroups {
             groups: Vec::new(),
             index: HashMap::default(),
             n_cells: 0,
+            dense: Vec::new(),
             ids: Vec::new(),
             finish,
         }
     }
 
-    /// Position of `(group, cid)` in the group's cells, creating the cell if needed.
-    #[inline]
-    fn slot(&mut self, group: usize, cid: u32) -> usize {
+    /// Folds cluster `c`'s inline moments into its group's cells.
+    fn spill(&mut self, c: usize) {
+        let d = self.dense[c];
+        if d.group != NO_GROUP {
+            let g = d.group as usize;
+            let p = self.slot_slow(g, c as u32);
+            self.groups[g].cells[p].1.merge(&d.m);
+            self.dense[c] = DenseCell::EMPTY;
+        }
+    }
+
+    /// Spills every inline cell, so `groups` holds all partial sums.
+    fn spill_all(&mut self) {
+        for c in 0..self.dense.len() {
+            self.spill(c);
+        }
+    }
+
+    fn slot_slow(&mut self, group: usize, cid: u32) -> usize {
         let groups = &mut self.groups;
         let n_cells = &mut self.n_cells;
         *self.index.entry(slot_key(group, cid)).or_insert_with(|| {
@@ -190,8 +230,15 @@ impl ClusteredGroups {
     }
 
     fn take(&mut self, emit_to: EmitTo) -> Vec<GroupCells> {
-        let out = emit_to.take_needed(&mut self.groups);
+        self.spill_all();
+        let mut out = emit_to.take_needed(&mut self.groups);
+        for g in &mut out {
+            let mut total = Moments::default();
+            g.cells.iter().for_each(|(_, m)| total.merge(m));
+            g.total = total;
+        }
         self.index.clear();
+        self.dense.clear();
         match emit_to {
             EmitTo::All => {
                 self.interner.clear();
@@ -234,25 +281,33 @@ impl GroupsAccumulator for ClusteredGroups {
         let mut ids = std::mem::take(&mut self.ids);
         self.interner
             .ids(&values[self.input.cluster_idx()], &mut ids)?;
-        let (mut last_g, mut last_c, mut last_p) = (usize::MAX, NULL_ID, 0usize);
-        for (i, &g) in group_indices.iter().enumerate() {
+        if self.dense.len() < self.interner.len() {
+            self.dense.resize(self.interner.len(), DenseCell::EMPTY);
+        }
+        let dense_input = x.null_count() == 0 && opt_filter.is_none();
+        for (i, (&g, &v)) in group_indices.iter().zip(x.values().iter()).enumerate() {
             let cid = ids[i];
-            if cid == NULL_ID || x.is_null(i) || !filter_ok(opt_filter, i) {
+            if cid == NULL_ID
+                || v.is_nan()
+                || !(dense_input || (x.is_valid(i) && filter_ok(opt_filter, i)))
+            {
                 continue;
             }
-            let v = x.value(i);
-            if v.is_nan() {
-                continue;
-            }
-            let p = if g == last_g && cid == last_c {
-                last_p
+            let c = cid as usize;
+            let d = &mut self.dense[c];
+            if d.group as usize == g {
+                d.m.push(v);
             } else {
-                self.slot(g, cid)
-            };
-            (last_g, last_c, last_p) = (g, cid, p);
-            let gc = &mut self.groups[g];
-            gc.total.push(v);
-            gc.cells[p].1.push(v);
+                self.spill(c);
+                self.dense[c] = DenseCell {
+                    group: g as u32,
+                    m: Moments {
+                        n: 1,
+                        mean: v,
+                        m2: 0.0,
+                    },
+                };
+            }
         }
         self.ids = ids;
         Ok(())
@@ -265,13 +320,10 @@ impl GroupsAccumulator for ClusteredGroups {
         total_num_groups: usize,
     ) -> Result<()> {
         self.grow(total_num_groups);
-        let n = as_uint64_array(&values[0])?;
-        let mean = as_float64_array(&values[1])?;
-        let m2 = as_float64_array(&values[2])?;
-        let keys = as_list_array(&values[3])?;
-        let counts = as_list_array(&values[4])?;
-        let means = as_list_array(&values[5])?;
-        let m2s = as_list_array(&values[6])?;
+        let keys = as_list_array(&values[0])?;
+        let counts = as_list_array(&values[1])?;
+        let means = as_list_array(&values[2])?;
+        let m2s = as_list_array(&values[3])?;
         let (ko, co, mo, m2o) = (
             keys.value_offsets(),
             counts.value_offsets(),
@@ -287,14 +339,9 @@ impl GroupsAccumulator for ClusteredGroups {
         self.interner
             .ids(&keys.values().slice(start, end - start), &mut ids)?;
         for (i, &g) in group_indices.iter().enumerate() {
-            if n.is_null(i) || n.value(i) == 0 {
+            if keys.is_null(i) {
                 continue;
             }
-            self.groups[g].total.merge(&Moments {
-                n: n.value(i),
-                mean: mean.value(i),
-                m2: m2.value(i),
-            });
             let len = (ko[i + 1] - ko[i]) as usize;
             for j in 0..len {
                 let cid = ids[ko[i] as usize - start + j];
@@ -303,7 +350,7 @@ impl GroupsAccumulator for ClusteredGroups {
                     mean: mv.value(mo[i] as usize + j),
                     m2: m2v.value(m2o[i] as usize + j),
                 };
-                let p = self.slot(g, cid);
+                let p = self.slot_slow(g, cid);
                 self.groups[g].cells[p].1.merge(&cell);
             }
         }
@@ -317,6 +364,7 @@ impl GroupsAccumulator for ClusteredGroups {
     }
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
+        self.spill_all();
         // Keys must be resolved before `take` may clear the interner.
         let n_emit = match emit_to {
             EmitTo::All => self.groups.len(),
@@ -334,21 +382,7 @@ impl GroupsAccumulator for ClusteredGroups {
             let field = Arc::new(Field::new_list_field(v.data_type().clone(), true));
             Arc::new(ListArray::new(field, offsets.clone(), v, None))
         };
-        let out = vec![
-            Arc::new(UInt64Array::from_iter_values(
-                emitted.iter().map(|g| g.total.n),
-            )) as ArrayRef,
-            Arc::new(Float64Array::from_iter_values(
-                emitted.iter().map(|g| g.total.mean),
-            )),
-            Arc::new(Float64Array::from_iter_values(
-                emitted.iter().map(|g| g.total.m2),
-            )),
-            list(keys),
-            list(counts),
-            list(means),
-            list(m2s),
-        ];
+        let out = vec![list(keys), list(counts), list(means), list(m2s)];
         self.take(emit_to);
         Ok(out)
     }
@@ -372,13 +406,6 @@ impl GroupsAccumulator for ClusteredGroups {
                 )
             })
             .collect();
-        let n: ArrayRef = Arc::new(UInt64Array::from_iter_values(
-            mask.values().iter().map(u64::from),
-        ));
-        let mean: ArrayRef = Arc::new(Float64Array::from_iter_values(
-            (0..len).map(|i| if mask.value(i) { x.value(i) } else { 0.0 }),
-        ));
-        let zeros: ArrayRef = Arc::new(Float64Array::from(vec![0.0; len]));
         let keys = filter(&cast(cluster, &self.interner.kind().state_type())?, &mask)?;
         let kept = keys.len();
         let offsets = OffsetBuffer::<i32>::from_lengths(mask.values().iter().map(usize::from));
@@ -388,9 +415,6 @@ impl GroupsAccumulator for ClusteredGroups {
         };
         let xs = filter(x, &mask)?;
         Ok(vec![
-            n,
-            mean,
-            zeros,
             list(keys),
             list(Arc::new(UInt64Array::from(vec![1u64; kept]))),
             list(xs),
@@ -404,6 +428,7 @@ impl GroupsAccumulator for ClusteredGroups {
             + self.index.capacity() * 16
             + self.interner.size()
             + self.ids.capacity() * 4
+            + self.dense.capacity() * size_of::<DenseCell>()
     }
 }
 
