@@ -167,7 +167,7 @@ async fn main() {
     let q = [
         (
             "scan floor",
-            "SELECT max(template_id), max(score) FROM t".to_string(),
+            "SELECT max(length(template_id)), sum(score) FROM t".to_string(),
         ),
         (
             "avg+stddev",

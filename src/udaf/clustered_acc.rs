@@ -134,22 +134,55 @@ pub fn key_kind(fields: &[FieldRef], idx: usize) -> KeyKind {
 
 const NO_GROUP: u32 = u32::MAX;
 
-/// A cluster's inline partial moments and the group they belong to.
+/// A cluster's inline partial sums and the group they belong to.
+///
+/// Sums are of `x - shift`, `shift` being the cell's first value (the shifted-data algorithm):
+/// no division per row, and stable because the shift lies within the data.
 #[derive(Debug, Clone, Copy)]
 struct DenseCell {
     group: u32,
-    m: Moments,
+    n: u32,
+    shift: f64,
+    s1: f64,
+    s2: f64,
 }
 
 impl DenseCell {
     const EMPTY: DenseCell = DenseCell {
         group: NO_GROUP,
-        m: Moments {
-            n: 0,
-            mean: 0.0,
-            m2: 0.0,
-        },
+        n: 0,
+        shift: 0.0,
+        s1: 0.0,
+        s2: 0.0,
     };
+
+    #[inline]
+    fn start(group: usize, x: f64) -> Self {
+        DenseCell {
+            group: group as u32,
+            n: 1,
+            shift: x,
+            s1: 0.0,
+            s2: 0.0,
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, x: f64) {
+        let d = x - self.shift;
+        self.n += 1;
+        self.s1 += d;
+        self.s2 += d * d;
+    }
+
+    fn moments(&self) -> Moments {
+        let n = self.n as f64;
+        Moments {
+            n: self.n as u64,
+            mean: self.shift + self.s1 / n,
+            m2: (self.s2 - self.s1 * self.s1 / n).max(0.0),
+        }
+    }
 }
 
 #[inline]
@@ -206,7 +239,7 @@ impl ClusteredGroups {
         if d.group != NO_GROUP {
             let g = d.group as usize;
             let p = self.slot_slow(g, c as u32);
-            self.groups[g].cells[p].1.merge(&d.m);
+            self.groups[g].cells[p].1.merge(&d.moments());
             self.dense[c] = DenseCell::EMPTY;
         }
     }
@@ -295,18 +328,12 @@ impl GroupsAccumulator for ClusteredGroups {
             }
             let c = cid as usize;
             let d = &mut self.dense[c];
-            if d.group as usize == g {
-                d.m.push(v);
+            // The u32 count spills before it could overflow.
+            if d.group as usize == g && d.n < u32::MAX {
+                d.push(v);
             } else {
                 self.spill(c);
-                self.dense[c] = DenseCell {
-                    group: g as u32,
-                    m: Moments {
-                        n: 1,
-                        mean: v,
-                        m2: 0.0,
-                    },
-                };
+                self.dense[c] = DenseCell::start(g, v);
             }
         }
         self.ids = ids;
