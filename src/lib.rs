@@ -1,2 +1,16 @@
 //! evalflow: a columnar engine for evaluating LLM applications.
+//!
+//! Five stages (generate, call, validate, score, aggregate) read and write Arrow record
+//! batches stored as Parquet under a run root; the statistics are DataFusion functions
+//! so every table can be queried with SQL. See DESIGN.md for the contract.
+
+pub mod cli;
+pub mod pipeline;
+pub mod query;
+pub mod runner;
+pub mod schema;
+pub mod stages;
+pub mod storage;
 pub mod udaf;
+
+pub use udaf::register_all;

@@ -1,0 +1,146 @@
+//! The command line: one enum of verbs, dispatched in one `match`.
+
+mod sql;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::runner::{RunError, Runner};
+use crate::stages::aggregate;
+use crate::stages::score::{self, CHECKLIST};
+
+/// Exit codes from DESIGN.md.
+pub const EXIT_GATE: u8 = 1;
+pub const EXIT_BAD_INPUT: u8 = 2;
+pub const EXIT_INTERNAL: u8 = 3;
+
+/// An error at the CLI edge, with the exit code it maps to.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Run(#[from] RunError),
+    #[error("{0}")]
+    BadInput(String),
+    #[error("{0}")]
+    Gate(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Run(e) if e.is_bad_input() => EXIT_BAD_INPUT,
+            CliError::Run(_) | CliError::Internal(_) => EXIT_INTERNAL,
+            CliError::BadInput(_) => EXIT_BAD_INPUT,
+            CliError::Gate(_) => EXIT_GATE,
+        }
+    }
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "evalflow",
+    version,
+    about = "Evaluate LLM applications with honest error bars"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run all five stages and print failure rates with 95% intervals.
+    Run(StageArgs),
+    /// Expand the suite into the `cases` table.
+    Generate(StageArgs),
+    /// Call the model under test for every case (resumable).
+    Call(StageArgs),
+    /// Decide a validity verdict for every call.
+    Validate(StageArgs),
+    /// Score valid answers with the CheckList scorer.
+    Score(StageArgs),
+    /// Aggregate scores into `results` and print them.
+    Aggregate(StageArgs),
+    /// Run SQL over run tables and Parquet files, with the statistics functions registered.
+    Sql(sql::SqlArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StageArgs {
+    /// The pipeline file (TOML).
+    pub pipeline: PathBuf,
+    /// The run root: a local path, memory://NAME or s3://bucket/prefix (default runs/<run_id>).
+    #[arg(long)]
+    pub out: Option<String>,
+}
+
+/// Runs one parsed command.
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Run(a) => {
+            let mut r = Runner::open(&a.pipeline, a.out.as_deref()).await?;
+            eprintln!("run root: {}", r.store.display());
+            let rows = r.run_all().await?;
+            println!("run {} ({})\n", r.manifest.run_id, r.store.display());
+            println!("{}", aggregate::render(&rows));
+            Ok(())
+        }
+        Command::Generate(a) => {
+            let mut r = open_stage(&a).await?;
+            let n = r.generate().await?;
+            println!("cases: {n} rows in {}/cases", r.store.display());
+            Ok(())
+        }
+        Command::Call(a) => {
+            let mut r = open_stage(&a).await?;
+            let s = r.call().await?;
+            println!(
+                "calls: {} rows in {}/calls ({} sent now, {} already committed, {} errors)",
+                s.rows_total,
+                r.store.display(),
+                s.sent,
+                s.skipped,
+                s.errors
+            );
+            Ok(())
+        }
+        Command::Validate(a) => {
+            let mut r = open_stage(&a).await?;
+            let n = r.validate().await?;
+            println!("validity: {n} rows in {}/validity", r.store.display());
+            Ok(())
+        }
+        Command::Score(a) => {
+            let mut r = open_stage(&a).await?;
+            let n = r.score(CHECKLIST).await?;
+            println!(
+                "scores: {n} rows in {}/{}",
+                r.store.display(),
+                CHECKLIST.dir()
+            );
+            Ok(())
+        }
+        Command::Aggregate(a) => {
+            let mut r = open_stage(&a).await?;
+            let rows = r.aggregate(CHECKLIST).await?;
+            println!("{}", aggregate::render(&rows));
+            Ok(())
+        }
+        Command::Sql(a) => sql::run(a).await,
+    }
+}
+
+async fn open_stage(a: &StageArgs) -> Result<Runner, CliError> {
+    if a.out.is_none() {
+        return Err(CliError::BadInput(
+            "a single stage needs --out <root> naming the run it reads and writes".into(),
+        ));
+    }
+    Ok(Runner::open(&a.pipeline, a.out.as_deref()).await?)
+}
+
+#[allow(unused_imports)]
+use score as _;

@@ -1,0 +1,395 @@
+//! The pipeline file: a TOML document naming the suite, the model under test and the
+//! options of each stage.
+//!
+//! Parsing is strict (`deny_unknown_fields`): a misspelt key is an error naming the file,
+//! line and key, never a silently ignored option.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Errors in a pipeline file. Every variant names the file and, where known, the line.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}:{line}: {msg}")]
+    Parse {
+        file: String,
+        line: usize,
+        msg: String,
+    },
+    #[error("{file}:{line}: field `{field}`: {msg}")]
+    Invalid {
+        file: String,
+        line: usize,
+        field: String,
+        msg: String,
+    },
+}
+
+/// A parsed pipeline file.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pipeline {
+    #[serde(default)]
+    pub run: RunConfig,
+    pub model: ModelConfig,
+    /// A judge model, for judge scorers (same keys as `[model]`).
+    pub judge: Option<ModelConfig>,
+    pub suite: SuiteConfig,
+    /// Named word lists shared by every test of the suite.
+    #[serde(default)]
+    pub lexicons: BTreeMap<String, Vec<String>>,
+    #[serde(default, rename = "test")]
+    pub tests: Vec<TestConfig>,
+    #[serde(default)]
+    pub validate: ValidateConfig,
+    #[serde(default)]
+    pub score: ScoreConfig,
+    /// Where the file was read from (not part of the TOML).
+    #[serde(skip)]
+    pub path: PathBuf,
+    /// The file's text, for hashing and for locating lines in error messages.
+    #[serde(skip)]
+    pub source: String,
+}
+
+/// `[run]`: naming of runs.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// Prefix of generated run ids (default: the suite name).
+    pub name: Option<String>,
+}
+
+/// `[model]` (and `[judge]`): the model under test. See DESIGN.md, "Pipeline file".
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// `openai` (any OpenAI-compatible server), `anthropic`, or `builtin:vader`.
+    pub provider: String,
+    pub base_url: Option<String>,
+    /// The model name sent to the server.
+    pub name: String,
+    /// The NAME of the environment variable holding the key; the key itself never appears.
+    pub api_key_env: Option<String>,
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// K samples per case.
+    #[serde(default = "default_samples")]
+    pub samples: u32,
+    pub max_tokens: Option<u32>,
+    /// Omitted means the server's default; never changed silently.
+    pub temperature: Option<f64>,
+    pub requests_per_minute: Option<u32>,
+    pub tokens_per_minute: Option<u32>,
+    /// Per-request timeout in seconds.
+    #[serde(default = "default_timeout")]
+    pub timeout_secs: f64,
+    #[serde(default = "default_retries")]
+    pub max_retries: u32,
+    /// Retry once at double max_tokens when the answer is empty with finish_reason `length`.
+    #[serde(default)]
+    pub retry_empty_length: bool,
+    /// Extra HTTP headers (values must not be secrets; use `api_key_env`).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Extra JSON body parameters merged into each request.
+    #[serde(default)]
+    pub params: BTreeMap<String, serde_json::Value>,
+    pub system_prompt: Option<String>,
+    /// How a case's input becomes the user message; `{input}` is replaced.
+    pub prompt_template: Option<String>,
+}
+
+fn default_concurrency() -> usize {
+    16
+}
+fn default_samples() -> u32 {
+    1
+}
+fn default_timeout() -> f64 {
+    60.0
+}
+fn default_retries() -> u32 {
+    5
+}
+
+/// `[suite]`: the CheckList suite's global options.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SuiteConfig {
+    pub name: String,
+    /// Seed for sampling and perturbations; the same seed gives the same cases.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Cap on cases per test after expansion (seeded sample when exceeded).
+    #[serde(default = "default_max_cases")]
+    pub max_cases_per_test: usize,
+    /// A template whose cartesian expansion exceeds this is an error, not a slow run.
+    #[serde(default = "default_blowup")]
+    pub max_expansion: usize,
+}
+
+fn default_seed() -> u64 {
+    42
+}
+fn default_max_cases() -> usize {
+    500
+}
+fn default_blowup() -> usize {
+    1_000_000
+}
+
+/// A perturbation, written either as a name (`"typos"`) or as a table with options.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum PerturbSpec {
+    Name(String),
+    Table {
+        op: String,
+        #[serde(default)]
+        phrases: Vec<String>,
+        /// How many typos, swaps, etc. to apply per perturbed case.
+        #[serde(default)]
+        count: Option<usize>,
+    },
+}
+
+impl PerturbSpec {
+    pub fn op(&self) -> &str {
+        match self {
+            PerturbSpec::Name(n) => n,
+            PerturbSpec::Table { op, .. } => op,
+        }
+    }
+}
+
+/// One `[[test]]`: a capability, a test type and templates.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TestConfig {
+    pub name: String,
+    pub capability: String,
+    #[serde(rename = "type")]
+    pub test_type: String,
+    pub templates: Vec<String>,
+    /// MFT: the expected label; `a|b` accepts either.
+    pub expected: Option<String>,
+    /// DIR: `not_more_positive`, `not_less_positive`, `more_positive`, `less_positive`.
+    pub expectation: Option<String>,
+    /// INV/DIR: how far the score may move before the case fails (default `[score] tolerance`).
+    pub tolerance: Option<f64>,
+    /// INV/DIR: the perturbation applied to each base case.
+    pub perturb: Option<PerturbSpec>,
+    /// INV/DIR: perturbed variants per base case.
+    #[serde(default = "default_n_perturb")]
+    pub n_perturb: usize,
+    pub max_cases: Option<usize>,
+    pub description: Option<String>,
+}
+
+fn default_n_perturb() -> usize {
+    2
+}
+
+/// `[validate]`: which answer languages the scorers cover.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidateConfig {
+    #[serde(default = "default_languages")]
+    pub languages: Vec<String>,
+}
+
+impl Default for ValidateConfig {
+    fn default() -> Self {
+        Self {
+            languages: default_languages(),
+        }
+    }
+}
+
+fn default_languages() -> Vec<String> {
+    vec!["en".into()]
+}
+
+/// `[score]`: scorer options.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScoreConfig {
+    /// INV/DIR tolerance when a test names none (0.1, as in CheckList).
+    #[serde(default = "default_tolerance")]
+    pub tolerance: f64,
+}
+
+impl Default for ScoreConfig {
+    fn default() -> Self {
+        Self {
+            tolerance: default_tolerance(),
+        }
+    }
+}
+
+fn default_tolerance() -> f64 {
+    0.1
+}
+
+pub const TEST_TYPES: [&str; 3] = ["MFT", "INV", "DIR"];
+pub const DIR_EXPECTATIONS: [&str; 4] = [
+    "not_more_positive",
+    "not_less_positive",
+    "more_positive",
+    "less_positive",
+];
+
+impl Pipeline {
+    /// Reads and checks a pipeline file.
+    ///
+    /// # Errors
+    /// [`PipelineError`] naming the file, line and field of the first problem.
+    pub fn load(path: &Path) -> Result<Self, PipelineError> {
+        let file = path.display().to_string();
+        let source = std::fs::read_to_string(path).map_err(|source| PipelineError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Self::parse(&source, path)
+    }
+
+    /// Parses pipeline text; `path` is used for messages and relative paths.
+    pub fn parse(source: &str, path: &Path) -> Result<Self, PipelineError> {
+        let file = path.display().to_string();
+        let mut p: Pipeline = toml::from_str(source).map_err(|e| PipelineError::Parse {
+            file: file.clone(),
+            line: e
+                .span()
+                .map(|s| line_of_offset(source, s.start))
+                .unwrap_or(0),
+            msg: e.message().to_string(),
+        })?;
+        p.path = path.to_path_buf();
+        p.source = source.to_string();
+        p.check()?;
+        Ok(p)
+    }
+
+    /// A stable hash of the pipeline text.
+    pub fn hash(&self) -> String {
+        hex::encode(Sha256::digest(self.source.as_bytes()))[..16].to_string()
+    }
+
+    /// The 1-based line where `needle` first appears (0 when it does not).
+    pub fn line_of(&self, needle: &str) -> usize {
+        self.source
+            .find(needle)
+            .map(|i| line_of_offset(&self.source, i))
+            .unwrap_or(0)
+    }
+
+    /// An error naming this file, the line of `needle`, and `field`.
+    pub fn invalid(&self, needle: &str, field: &str, msg: impl Into<String>) -> PipelineError {
+        PipelineError::Invalid {
+            file: self.path.display().to_string(),
+            line: self.line_of(needle),
+            field: field.to_string(),
+            msg: msg.into(),
+        }
+    }
+
+    fn check(&self) -> Result<(), PipelineError> {
+        let m = &self.model;
+        if !crate::stages::call::KNOWN_PROVIDERS.contains(&m.provider.as_str()) {
+            return Err(self.invalid(
+                &format!("\"{}\"", m.provider),
+                "model.provider",
+                format!(
+                    "unknown provider `{}` (known: {})",
+                    m.provider,
+                    crate::stages::call::KNOWN_PROVIDERS.join(", ")
+                ),
+            ));
+        }
+        if m.samples == 0 {
+            return Err(self.invalid("samples", "model.samples", "must be at least 1"));
+        }
+        if m.concurrency == 0 {
+            return Err(self.invalid("concurrency", "model.concurrency", "must be at least 1"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for t in &self.tests {
+            let needle = format!("\"{}\"", t.name);
+            if !seen.insert(t.name.as_str()) {
+                return Err(self.invalid(
+                    &needle,
+                    "test.name",
+                    format!("duplicate test name `{}`", t.name),
+                ));
+            }
+            if !TEST_TYPES.contains(&t.test_type.as_str()) {
+                return Err(self.invalid(
+                    &needle,
+                    "test.type",
+                    format!("`{}` is not one of MFT, INV, DIR", t.test_type),
+                ));
+            }
+            if t.templates.is_empty() {
+                return Err(self.invalid(
+                    &needle,
+                    "test.templates",
+                    "a test needs at least one template",
+                ));
+            }
+            match t.test_type.as_str() {
+                "MFT" if t.expected.is_none() => {
+                    return Err(self.invalid(
+                        &needle,
+                        "test.expected",
+                        "an MFT test needs an expected label",
+                    ));
+                }
+                "INV" | "DIR" if t.perturb.is_none() => {
+                    return Err(self.invalid(
+                        &needle,
+                        "test.perturb",
+                        format!("an {} test needs a perturbation", t.test_type),
+                    ));
+                }
+                "DIR" => {
+                    let e = t.expectation.as_deref().unwrap_or("");
+                    if !DIR_EXPECTATIONS.contains(&e) {
+                        return Err(self.invalid(
+                            &needle,
+                            "test.expectation",
+                            format!(
+                                "a DIR test needs an expectation, one of {}",
+                                DIR_EXPECTATIONS.join(", ")
+                            ),
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (name, words) in &self.lexicons {
+            if words.is_empty() {
+                return Err(self.invalid(
+                    &format!("{name} ="),
+                    &format!("lexicons.{name}"),
+                    "lexicon is empty",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn line_of_offset(s: &str, offset: usize) -> usize {
+    s[..offset.min(s.len())].matches('\n').count() + 1
+}

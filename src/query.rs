@@ -1,0 +1,126 @@
+//! A DataFusion session with a run's tables and every evalflow function registered.
+//!
+//! Used by `evalflow sql` and by stages that join tables (score, aggregate), so a user's
+//! ad-hoc SQL sees exactly what the stages see.
+
+use std::sync::Arc;
+
+use datafusion::datasource::MemTable;
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::listing::{
+    ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+};
+use datafusion::error::DataFusionError;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::schema::Table;
+use crate::storage::{RunStore, StorageError};
+
+/// Errors while registering or running queries.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("{context}: {source}")]
+    DataFusion {
+        context: String,
+        #[source]
+        source: DataFusionError,
+    },
+}
+
+impl QueryError {
+    pub fn df(context: impl Into<String>) -> impl FnOnce(DataFusionError) -> QueryError {
+        let context = context.into();
+        move |source| QueryError::DataFusion { context, source }
+    }
+}
+
+/// A session with evalflow's functions registered and plain Utf8 strings (so stages can
+/// read string columns without view types).
+pub fn new_context() -> SessionContext {
+    let config = SessionConfig::new()
+        .set_bool(
+            "datafusion.execution.parquet.schema_force_view_types",
+            false,
+        )
+        .set_bool("datafusion.sql_parser.map_string_types_to_utf8view", false);
+    let ctx = SessionContext::new_with_config(config);
+    crate::udaf::register_all(&ctx);
+    ctx
+}
+
+/// Registers a Parquet folder or file (any URL DataFusion can list) as `name`.
+pub async fn register_parquet(
+    ctx: &SessionContext,
+    name: &str,
+    url: &str,
+) -> Result<(), QueryError> {
+    register_parquet_paths(ctx, name, &[url.to_string()]).await
+}
+
+/// Registers several Parquet folders or files as one table `name`.
+pub async fn register_parquet_paths(
+    ctx: &SessionContext,
+    name: &str,
+    urls: &[String],
+) -> Result<(), QueryError> {
+    let what = format!("table `{name}` ({})", urls.join(", "));
+    let table_urls = urls
+        .iter()
+        .map(ListingTableUrl::parse)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(QueryError::df(what.clone()))?;
+    // Take the session's Parquet options so `schema_force_view_types = false` applies.
+    let format = ParquetFormat::default().with_options(ctx.state().table_options().parquet.clone());
+    let options = ListingOptions::new(Arc::new(format)).with_file_extension(".parquet");
+    let schema = options
+        .infer_schema(&ctx.state(), &table_urls[0])
+        .await
+        .map_err(QueryError::df(format!(
+            "{what}: reading the Parquet schema"
+        )))?;
+    let config = ListingTableConfig::new_with_multi_paths(table_urls)
+        .with_listing_options(options)
+        .with_schema(schema);
+    let table = ListingTable::try_new(config).map_err(QueryError::df(what.clone()))?;
+    ctx.register_table(name, Arc::new(table))
+        .map_err(QueryError::df(format!("registering {what}")))?;
+    Ok(())
+}
+
+/// Registers the five tables of a run as `<prefix>cases`, `<prefix>calls`, ...; a table
+/// with no parts yet is registered empty with its declared schema.
+pub async fn register_run(
+    ctx: &SessionContext,
+    store: &RunStore,
+    prefix: &str,
+) -> Result<(), QueryError> {
+    store.register_with(ctx);
+    for t in Table::ALL {
+        let name = format!("{prefix}{}", t.name());
+        let parts = store.list_parts(t.name()).await?;
+        if parts.is_empty() {
+            let empty = MemTable::try_new(t.schema(), vec![vec![]])
+                .map_err(QueryError::df(name.clone()))?;
+            ctx.register_table(&name, Arc::new(empty))
+                .map_err(QueryError::df(name.clone()))?;
+            continue;
+        }
+        // `scores/` holds one folder per scorer version; each folder is one listing path.
+        let mut dirs: Vec<String> = parts
+            .iter()
+            .filter_map(|p| {
+                let full = p.location.as_ref();
+                let rel = full
+                    .strip_prefix(store.path("").as_ref())?
+                    .trim_start_matches('/');
+                Some(rel.rsplit_once('/').map_or("", |(d, _)| d).to_string())
+            })
+            .collect();
+        dirs.dedup();
+        let urls: Vec<String> = dirs.iter().map(|d| store.table_url(d)).collect();
+        register_parquet_paths(ctx, &name, &urls).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,237 @@
+//! Runs stages against a run root, keeping `manifest.json` honest about what finished.
+//!
+//! Re-running on the same root resumes: completed stages are kept, the call stage skips
+//! committed calls, validate skips validated parts, and score / aggregate (which pay for
+//! nothing) are recomputed from scratch when their inputs changed.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::json;
+
+use crate::pipeline::{Pipeline, PipelineError};
+use crate::query::QueryError;
+use crate::stages::aggregate::ResultRow;
+use crate::stages::call::CallError;
+use crate::stages::score::{CHECKLIST, ScorerId};
+use crate::stages::{aggregate, call, generate, score, validate};
+use crate::storage::{Manifest, RunStore, StorageError, manifest_now};
+
+/// Errors of a run. `is_bad_input` decides exit code 2.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error(transparent)]
+    Query(#[from] QueryError),
+    #[error(transparent)]
+    Call(#[from] CallError),
+    #[error("{root}: {msg}")]
+    Root { root: String, msg: String },
+}
+
+impl RunError {
+    /// Whether the user can fix this by changing their input (exit code 2).
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            RunError::Pipeline(_) | RunError::Root { .. } => true,
+            RunError::Storage(e)
+            | RunError::Query(QueryError::Storage(e))
+            | RunError::Call(CallError::Storage(e)) => {
+                matches!(
+                    e,
+                    StorageError::Schema(_)
+                        | StorageError::BadRoot { .. }
+                        | StorageError::MissingTable { .. }
+                )
+            }
+            RunError::Call(CallError::Provider(..)) => true,
+            _ => false,
+        }
+    }
+}
+
+/// A pipeline bound to a run root.
+pub struct Runner {
+    pub pipeline: Pipeline,
+    pub store: RunStore,
+    pub manifest: Manifest,
+}
+
+/// The default run id: the run name and the current UTC time.
+pub fn default_run_id(p: &Pipeline) -> String {
+    let name = p.run.name.clone().unwrap_or_else(|| p.suite.name.clone());
+    format!("{}-{}", name, chrono::Utc::now().format("%Y%m%d-%H%M%S"))
+}
+
+impl Runner {
+    /// Loads the pipeline and opens (or creates) the run at `out`, default `runs/<run_id>`.
+    pub async fn open(pipeline_path: &Path, out: Option<&str>) -> Result<Self, RunError> {
+        let pipeline = Pipeline::load(pipeline_path)?;
+        let root = match out {
+            Some(o) => o.to_string(),
+            None => format!("runs/{}", default_run_id(&pipeline)),
+        };
+        let store = RunStore::open(&root)?;
+        let manifest = match Manifest::load(&store).await? {
+            Some(m) if m.pipeline_hash != pipeline.hash() => {
+                return Err(RunError::Root {
+                    root: store.display().to_string(),
+                    msg: format!(
+                        "this run was made by another pipeline (hash {} from {}; {} hashes to {}): use a new --out",
+                        m.pipeline_hash,
+                        m.pipeline_path,
+                        pipeline_path.display(),
+                        pipeline.hash()
+                    ),
+                });
+            }
+            Some(m) => m,
+            None => {
+                let run_id = root
+                    .trim_end_matches('/')
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or("run")
+                    .to_string();
+                let m = Manifest {
+                    run_id,
+                    evalflow_version: env!("CARGO_PKG_VERSION").to_string(),
+                    pipeline_path: pipeline_path.display().to_string(),
+                    pipeline_hash: pipeline.hash(),
+                    pipeline: serde_json::to_value(&pipeline).unwrap_or(json!(null)),
+                    created_at: manifest_now(),
+                    finished_at: None,
+                    stages: BTreeMap::new(),
+                    row_counts: BTreeMap::new(),
+                    scorer_versions: vec![],
+                    validator_version: None,
+                };
+                m.save(&store).await?;
+                m
+            }
+        };
+        Ok(Self {
+            pipeline,
+            store,
+            manifest,
+        })
+    }
+
+    fn require(&self, stage: &str, before: &str) -> Result<(), RunError> {
+        if self.manifest.is_complete(before) {
+            return Ok(());
+        }
+        Err(RunError::Root {
+            root: self.store.display().to_string(),
+            msg: format!(
+                "`{stage}` needs the `{before}` stage to have completed: run `evalflow {before}` first"
+            ),
+        })
+    }
+
+    /// Expands the suite into `cases/` (skipped when already complete).
+    pub async fn generate(&mut self) -> Result<u64, RunError> {
+        if self.manifest.is_complete("generate") {
+            return Ok(self.manifest.row_counts.get("cases").copied().unwrap_or(0));
+        }
+        self.manifest.start("generate");
+        self.manifest.save(&self.store).await?;
+        self.store.delete_dir("cases").await?;
+        let cases = generate::expand(&self.pipeline)?;
+        let mut w = self
+            .store
+            .part_writer("cases", crate::schema::Table::Cases.schema(), "part");
+        for chunk in cases.chunks(8192) {
+            w.write(generate::to_batch(chunk)).await?;
+        }
+        let (rows, _) = w.finish().await?;
+        let tests = self.pipeline.tests.len();
+        self.manifest.complete(
+            "generate",
+            "cases",
+            rows as u64,
+            BTreeMap::from([("tests".into(), json!(tests))]),
+        );
+        self.manifest.save(&self.store).await?;
+        Ok(rows as u64)
+    }
+
+    /// Calls the model under test for every case x sample not yet committed.
+    pub async fn call(&mut self) -> Result<call::CallStats, RunError> {
+        self.require("call", "generate")?;
+        let provider = call::build_provider(&self.pipeline.model)?;
+        self.manifest.start("call");
+        self.manifest.save(&self.store).await?;
+        let stats = call::run(&self.store, &self.pipeline.model, provider).await?;
+        self.manifest.complete(
+            "call",
+            "calls",
+            stats.rows_total,
+            BTreeMap::from([
+                ("sent_this_session".into(), json!(stats.sent)),
+                ("already_committed".into(), json!(stats.skipped)),
+                ("errors_this_session".into(), json!(stats.errors)),
+                ("model".into(), json!(self.pipeline.model.name)),
+                ("provider".into(), json!(self.pipeline.model.provider)),
+            ]),
+        );
+        self.manifest.save(&self.store).await?;
+        Ok(stats)
+    }
+
+    /// Decides validity for every committed call not yet validated.
+    pub async fn validate(&mut self) -> Result<u64, RunError> {
+        self.require("validate", "call")?;
+        self.manifest.start("validate");
+        let rows = validate::run(&self.store, &self.pipeline.validate.languages).await?;
+        self.manifest.validator_version = Some(validate::VALIDATOR_VERSION.to_string());
+        self.manifest
+            .complete("validate", "validity", rows, BTreeMap::new());
+        self.manifest.save(&self.store).await?;
+        Ok(rows)
+    }
+
+    /// Scores with `scorer`, replacing an incomplete earlier attempt of the same version.
+    pub async fn score(&mut self, scorer: ScorerId) -> Result<u64, RunError> {
+        self.require("score", "validate")?;
+        let stage = format!("score:{}@{}", scorer.name, scorer.version);
+        self.manifest.start(&stage);
+        self.manifest.save(&self.store).await?;
+        let rows = score::run(&self.store, scorer).await?;
+        let tag = format!("{}@{}", scorer.name, scorer.version);
+        if !self.manifest.scorer_versions.contains(&tag) {
+            self.manifest.scorer_versions.push(tag.clone());
+        }
+        self.manifest
+            .complete(&stage, &format!("scores/{tag}"), rows, BTreeMap::new());
+        self.manifest
+            .stages
+            .insert("score".into(), self.manifest.stages[&stage].clone());
+        self.manifest.save(&self.store).await?;
+        Ok(rows)
+    }
+
+    /// Aggregates the scores of `scorer` into `results/`.
+    pub async fn aggregate(&mut self, scorer: ScorerId) -> Result<Vec<ResultRow>, RunError> {
+        self.require("aggregate", "score")?;
+        self.manifest.start("aggregate");
+        let rows = aggregate::run(&self.store, scorer).await?;
+        self.manifest
+            .complete("aggregate", "results", rows.len() as u64, BTreeMap::new());
+        self.manifest.finished_at = Some(manifest_now());
+        self.manifest.save(&self.store).await?;
+        Ok(rows)
+    }
+
+    /// All five stages in order.
+    pub async fn run_all(&mut self) -> Result<Vec<ResultRow>, RunError> {
+        self.generate().await?;
+        self.call().await?;
+        self.validate().await?;
+        self.score(CHECKLIST).await?;
+        self.aggregate(CHECKLIST).await
+    }
+}

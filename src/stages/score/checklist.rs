@@ -1,0 +1,139 @@
+//! The CheckList scorer: MFT label match, INV invariance and DIR direction against the
+//! base case of each group, with a tolerance on the continuous score (CheckList's 0.1).
+
+/// A model answer reduced to what the CheckList comparisons need.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The normalised label (`positive`, `negative`, ...).
+    pub label: String,
+    /// The continuous output (a classifier's score) when the provider gives one.
+    pub score: Option<f64>,
+}
+
+/// Normalises a free-text label: trimmed, lower-case, without trailing punctuation.
+pub fn normalise_label(s: &str) -> String {
+    s.trim()
+        .trim_end_matches(['.', '!', '?', ';', ':'])
+        .trim()
+        .to_lowercase()
+}
+
+/// An ordinal position for sentiment labels, used when no continuous score exists.
+fn ordinal(label: &str) -> Option<f64> {
+    match label {
+        "negative" => Some(-1.0),
+        "neutral" => Some(0.0),
+        "positive" => Some(1.0),
+        _ => None,
+    }
+}
+
+/// The number DIR and INV compare: the continuous score, else the label's ordinal.
+fn level(a: &Answer) -> Option<f64> {
+    a.score.or_else(|| ordinal(&a.label))
+}
+
+/// A pass/fail verdict with the facts behind it (written to `detail`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub passed: bool,
+    pub detail: serde_json::Value,
+}
+
+/// MFT: passes when the label is one of `expected`'s `|`-separated alternatives.
+pub fn mft(answer: &Answer, expected: &str) -> Verdict {
+    let ok: Vec<String> = expected.split('|').map(normalise_label).collect();
+    Verdict {
+        passed: ok.contains(&answer.label),
+        detail: serde_json::json!({ "expected": expected, "got": answer.label }),
+    }
+}
+
+/// INV: fails when the label changes and the score moves by more than `tol` (CheckList).
+/// Without continuous scores a label change alone fails.
+pub fn inv(answer: &Answer, base: &Answer, tol: f64) -> Verdict {
+    let changed = answer.label != base.label;
+    let delta = match (answer.score, base.score) {
+        (Some(a), Some(b)) => Some(a - b),
+        _ => None,
+    };
+    let moved = delta.is_none_or(|d| d.abs() > tol);
+    Verdict {
+        passed: !(changed && moved),
+        detail: serde_json::json!({
+            "base_label": base.label, "base_score": base.score, "delta": delta, "tolerance": tol
+        }),
+    }
+}
+
+/// DIR: `not_more_positive` fails when the score rises by more than `tol`;
+/// `not_less_positive` when it falls by more than `tol`; `more_positive` /
+/// `less_positive` fail unless it moves strictly that way.
+pub fn dir(answer: &Answer, base: &Answer, expectation: &str, tol: f64) -> Option<Verdict> {
+    let (a, b) = (level(answer)?, level(base)?);
+    let d = a - b;
+    let passed = match expectation {
+        "not_more_positive" => d <= tol,
+        "not_less_positive" => d >= -tol,
+        "more_positive" => d > 0.0,
+        "less_positive" => d < 0.0,
+        _ => return None,
+    };
+    Some(Verdict {
+        passed,
+        detail: serde_json::json!({
+            "base_label": base.label, "base_score": b, "score": a, "delta": d,
+            "expectation": expectation, "tolerance": tol
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ans(label: &str, score: f64) -> Answer {
+        Answer {
+            label: label.into(),
+            score: Some(score),
+        }
+    }
+
+    #[test]
+    fn mft_accepts_alternatives() {
+        assert!(mft(&ans("neutral", 0.0), "positive|neutral").passed);
+        assert!(!mft(&ans("negative", -0.4), "positive|neutral").passed);
+        assert_eq!(normalise_label(" Positive.\n"), "positive");
+    }
+
+    #[test]
+    fn inv_needs_label_change_and_movement() {
+        // label changes but score barely moves: CheckList counts it as a pass
+        assert!(inv(&ans("neutral", 0.04), &ans("positive", 0.06), 0.1).passed);
+        assert!(!inv(&ans("negative", -0.3), &ans("positive", 0.3), 0.1).passed);
+        // big move, same label: pass
+        assert!(inv(&ans("positive", 0.9), &ans("positive", 0.3), 0.1).passed);
+    }
+
+    #[test]
+    fn dir_not_more_positive() {
+        let base = ans("negative", -0.5);
+        assert!(
+            dir(&ans("negative", -0.7), &base, "not_more_positive", 0.1)
+                .unwrap()
+                .passed
+        );
+        assert!(
+            dir(&ans("negative", -0.45), &base, "not_more_positive", 0.1)
+                .unwrap()
+                .passed
+        );
+        assert!(
+            !dir(&ans("neutral", -0.2), &base, "not_more_positive", 0.1)
+                .unwrap()
+                .passed
+        );
+        let d = dir(&ans("neutral", -0.2), &base, "not_more_positive", 0.1).unwrap();
+        assert!((d.detail["delta"].as_f64().unwrap() - 0.3).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,47 @@
+//! Run storage: a run root on local disk, in memory or in an object store, holding one
+//! folder of Parquet parts per table and a `manifest.json`.
+//!
+//! Every write is atomic: a part is uploaded whole with `put` (the local store stages it
+//! under a temporary name and renames it; S3 and friends commit on completion), so a reader
+//! never sees half a part and a crash never corrupts a committed one.
+
+mod manifest;
+mod store;
+
+pub use manifest::{Manifest, StageRecord, StageStatus, now as manifest_now};
+pub use store::{PART_ROWS, PartWriter, RunStore, encode_parquet};
+
+/// Errors of the run store. Each names the location it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The run root could not be understood (bad URL, unsupported scheme).
+    #[error("run root `{root}`: {msg}")]
+    BadRoot { root: String, msg: String },
+    /// The object store failed.
+    #[error("{location}: {source}")]
+    Store {
+        location: String,
+        #[source]
+        source: object_store::Error,
+    },
+    /// Encoding or decoding Parquet failed.
+    #[error("{location}: {source}")]
+    Parquet {
+        location: String,
+        #[source]
+        source: datafusion::parquet::errors::ParquetError,
+    },
+    /// A table read from the run does not have the declared schema.
+    #[error(transparent)]
+    Schema(#[from] crate::schema::SchemaError),
+    /// The manifest is not valid JSON of the expected shape.
+    #[error("{location}: {msg}")]
+    Manifest { location: String, msg: String },
+    /// A stage needs a table that the run does not have yet.
+    #[error("{root}: table `{table}` has no parts; run `evalflow {stage}` first")]
+    MissingTable {
+        root: String,
+        table: String,
+        stage: String,
+    },
+}

@@ -1,0 +1,372 @@
+//! End-to-end tests of the `evalflow` binary on the embedded default model.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_evalflow"))
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn run(args: &[&str]) -> Output {
+    bin()
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("evalflow runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+fn sql_json(root: &Path, q: &str) -> serde_json::Value {
+    let o = run(&[
+        "sql",
+        q,
+        "--run",
+        root.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "sql failed: {}", stderr(&o));
+    serde_json::from_str(stdout(&o).trim()).expect("json output")
+}
+
+fn scalar(root: &Path, q: &str) -> i64 {
+    let v = sql_json(root, q);
+    let row = v.as_array().unwrap()[0].as_object().unwrap();
+    row.values().next().unwrap().as_i64().unwrap()
+}
+
+#[test]
+fn sentiment_run_end_to_end_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("run1");
+    let o = run(&[
+        "run",
+        "pipelines/sentiment.toml",
+        "--out",
+        root.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "run failed: {}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "Negation",
+        "NER",
+        "Robustness",
+        "MFT",
+        "INV",
+        "DIR",
+        "95% CI",
+        "valid_answer",
+    ] {
+        assert!(out.contains(needle), "missing {needle} in:\n{out}");
+    }
+    let cases = scalar(&root, "SELECT count(*) AS n FROM cases");
+    assert!(cases >= 300, "several hundred cases, got {cases}");
+    assert_eq!(scalar(&root, "SELECT count(*) FROM calls"), cases);
+    assert_eq!(
+        scalar(&root, "SELECT count(DISTINCT call_id) FROM calls"),
+        cases
+    );
+    assert_eq!(scalar(&root, "SELECT count(*) FROM validity"), cases);
+    assert_eq!(scalar(&root, "SELECT count(*) FROM scores"), cases);
+    // Every perturbed case points at a base case of the same test and template.
+    assert_eq!(
+        scalar(
+            &root,
+            "SELECT count(*) FROM cases p LEFT JOIN cases b ON p.group_id = b.case_id AND b.role = 'base' \
+             WHERE p.role = 'perturbed' AND (b.case_id IS NULL OR b.template_id <> p.template_id)"
+        ),
+        0
+    );
+    // The seed's two negation cases: VADER's negation rule handles "not poor" (compound
+    // +0.372, checked against vaderSentiment 3.3.2) but not negation at the end of a sentence.
+    let v = sql_json(
+        &root,
+        "SELECT c.input, k.response, k.response_score, s.passed FROM cases c JOIN calls k USING (case_id) \
+         JOIN scores s USING (call_id) \
+         WHERE c.input IN ('The food is not poor.', 'I thought the plane would be awful, but it wasn''t.') \
+         ORDER BY c.input",
+    );
+    assert_eq!(v.as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(
+        v[0]["input"],
+        "I thought the plane would be awful, but it wasn't."
+    );
+    assert_eq!(v[0]["passed"], false);
+    assert_eq!(v[1]["response"], "positive");
+    assert!(
+        (v[1]["response_score"].as_f64().unwrap() - 0.3724).abs() < 1e-4,
+        "{v}"
+    );
+    assert_eq!(v[1]["passed"], true);
+    // Results hold the failure rate of every test, consistent with the scores.
+    let r = sql_json(
+        &root,
+        "SELECT r.failures AS f, r.n AS n, (SELECT count(*) FROM scores s WHERE s.test = r.test AND s.passed = false) AS f2 \
+         FROM results r WHERE r.level = 'test' AND r.test = 'Negation of negative at the end'",
+    );
+    assert_eq!(r[0]["f"], r[0]["f2"]);
+    assert!(
+        r[0]["f"].as_i64().unwrap() > 0,
+        "VADER fails some negation cases"
+    );
+
+    // pyarrow and DuckDB read every table with the declared column types.
+    let py = Command::new("python3")
+        .args(["scripts/check_tables.py", root.to_str().unwrap()])
+        .current_dir(repo())
+        .output()
+        .expect("python3 runs (install pyarrow and duckdb: see README)");
+    assert!(py.status.success(), "{}{}", stdout(&py), stderr(&py));
+    assert!(stdout(&py).contains("scores: "), "{}", stdout(&py));
+
+    // A half-written part (the local store's staging name while a put is in flight) is
+    // invisible to readers and stages.
+    std::fs::write(root.join("calls/part-zzzz.parquet#7"), b"PAR1 half a part").unwrap();
+    assert_eq!(scalar(&root, "SELECT count(*) FROM calls"), cases);
+
+    // Re-running on the same root resumes: nothing is called again, nothing duplicated.
+    let o2 = run(&[
+        "run",
+        "pipelines/sentiment.toml",
+        "--out",
+        root.to_str().unwrap(),
+    ]);
+    assert!(o2.status.success(), "{}", stderr(&o2));
+    assert_eq!(scalar(&root, "SELECT count(*) FROM calls"), cases);
+    assert_eq!(scalar(&root, "SELECT count(*) FROM validity"), cases);
+    assert_eq!(scalar(&root, "SELECT count(*) FROM scores"), cases);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(
+        manifest["stages"]["call"]["details"]["sent_this_session"],
+        0
+    );
+    assert_eq!(manifest["stages"]["call"]["status"], "complete");
+    assert_eq!(manifest["row_counts"]["calls"], cases);
+}
+
+#[test]
+fn stages_run_one_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let r = root.to_str().unwrap();
+    // call before generate is a usage error naming the missing stage
+    let o = run(&["call", "pipelines/sentiment.toml", "--out", r]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("evalflow generate"), "{}", stderr(&o));
+    for stage in ["generate", "call", "validate", "score", "aggregate"] {
+        let o = run(&[stage, "pipelines/sentiment.toml", "--out", r]);
+        assert!(o.status.success(), "{stage}: {}", stderr(&o));
+    }
+    assert!(root.join("scores/checklist@1").is_dir());
+    // Five capability x test type cells in the sentiment suite.
+    assert_eq!(
+        scalar(
+            &root,
+            "SELECT count(*) FROM results WHERE level = 'capability'"
+        ),
+        5
+    );
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+const MINIMAL: &str = r#"
+[model]
+provider = "builtin:vader"
+name = "vader"
+
+[suite]
+name = "mini"
+
+[lexicons]
+adj = ["good", "bad"]
+
+[[test]]
+name = "t1"
+capability = "Vocabulary"
+type = "MFT"
+templates = ["It is {adj}."]
+expected = "positive"
+"#;
+
+#[test]
+fn bad_input_exits_2_naming_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let r = root.to_str().unwrap();
+    let good = write(dir.path(), "good.toml", MINIMAL);
+    assert!(
+        run(&["run", good.to_str().unwrap(), "--out", r])
+            .status
+            .success()
+    );
+    let before = std::fs::read(root.join("manifest.json")).unwrap();
+
+    // malformed TOML
+    let p = write(
+        dir.path(),
+        "bad1.toml",
+        &MINIMAL.replace("name = \"mini\"", "name = \"mini"),
+    );
+    let o = run(&["run", p.to_str().unwrap(), "--out", r]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("bad1.toml:7"), "{}", stderr(&o));
+
+    // unknown placeholder
+    let p = write(
+        dir.path(),
+        "bad2.toml",
+        &MINIMAL.replace("It is {adj}.", "It is {colour}."),
+    );
+    let o = run(&[
+        "generate",
+        p.to_str().unwrap(),
+        "--out",
+        dir.path().join("r2").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("bad2.toml:16") && e.contains("{colour}"), "{e}");
+
+    // unknown provider
+    let p = write(
+        dir.path(),
+        "bad3.toml",
+        &MINIMAL.replace("builtin:vader", "builtin:nope"),
+    );
+    let o = run(&["run", p.to_str().unwrap(), "--out", r]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("bad3.toml:3: field `model.provider`"),
+        "{}",
+        stderr(&o)
+    );
+
+    // unknown key
+    let p = write(
+        dir.path(),
+        "bad4.toml",
+        &MINIMAL.replace("name = \"vader\"", "name = \"vader\"\ntemprature = 0.5"),
+    );
+    let o = run(&["run", p.to_str().unwrap(), "--out", r]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("temprature"), "{}", stderr(&o));
+
+    // a different pipeline on an existing root is refused, and the root is untouched
+    let p = write(
+        dir.path(),
+        "other.toml",
+        &MINIMAL.replace("\"positive\"", "\"negative\""),
+    );
+    let o = run(&["run", p.to_str().unwrap(), "--out", r]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(std::fs::read(root.join("manifest.json")).unwrap(), before);
+}
+
+#[test]
+fn input_table_with_wrong_schema_is_rejected_with_file_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let r = root.to_str().unwrap();
+    let good = write(dir.path(), "good.toml", MINIMAL);
+    for stage in ["generate", "call"] {
+        assert!(
+            run(&[stage, good.to_str().unwrap(), "--out", r])
+                .status
+                .success()
+        );
+    }
+    // Replace the calls part with a table whose sample_idx is a string.
+    let part = std::fs::read_dir(root.join("calls"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let o = run(&[
+        "sql",
+        "SELECT call_id, case_id, model, provider, CAST(sample_idx AS VARCHAR) AS sample_idx FROM calls",
+        "--run",
+        r,
+        "--format",
+        "parquet",
+        "--output",
+        dir.path().join("bad.parquet").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::copy(dir.path().join("bad.parquet"), &part).unwrap();
+    let o = run(&["validate", good.to_str().unwrap(), "--out", r]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains(part.file_name().unwrap().to_str().unwrap()) && e.contains("sample_idx"),
+        "{e}"
+    );
+    assert!(
+        !root.join("validity").exists()
+            || std::fs::read_dir(root.join("validity")).unwrap().count() == 0
+    );
+}
+
+#[test]
+fn sql_formats_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let good = write(dir.path(), "good.toml", MINIMAL);
+    assert!(
+        run(&[
+            "run",
+            good.to_str().unwrap(),
+            "--out",
+            root.to_str().unwrap()
+        ])
+        .status
+        .success()
+    );
+    let o = run(&[
+        "sql",
+        "SELECT input, expected FROM cases ORDER BY input",
+        "--run",
+        root.to_str().unwrap(),
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(
+        stdout(&o),
+        "input,expected\nIt is bad.,positive\nIt is good.,positive\n"
+    );
+    let o = run(&[
+        "sql",
+        "SELECT nope FROM cases",
+        "--run",
+        root.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("nope"), "{}", stderr(&o));
+    // --table registers a Parquet folder by name
+    let o = run(&[
+        "sql",
+        "SELECT count(*) AS n FROM c",
+        "--table",
+        &format!("c={}", root.join("cases").display()),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(stdout(&o).trim(), r#"[{"n":2}]"#);
+}
