@@ -6,8 +6,8 @@
 -- d = B - A per case (positive means B passes more). The SE of mean(d) is clustered by
 -- template_id (Miller's formula). The MDE is the smallest difference this many cases could
 -- detect (alpha 0.05, power 0.8) at the observed clustered SE. Verdict: an interval that
--- excludes zero decides; otherwise the test could not tell, which is not evidence of no change.
--- Base rows are excluded; each run keeps its greatest scoring_version (edit to choose).
+-- excludes zero decides, otherwise the test could not tell, which is not evidence of no change.
+-- Base rows are excluded, each run keeps its greatest scoring_version (edit to choose).
 WITH a AS (
     SELECT case_id, test, capability, template_id, avg(score) AS score
     FROM a_scores
@@ -56,6 +56,7 @@ SELECT
     CASE
         WHEN d['lo'] > 0 THEN 'B better'
         WHEN d['hi'] < 0 THEN 'A better'
+        WHEN d['se'] = 0 AND d['mean_diff'] = 0 THEN 'no difference (identical on every case)'
         WHEN d['se'] IS NULL THEN 'could not tell (too few cases or templates)'
         ELSE 'could not tell (difference below the MDE of '
              || CAST(round(mde(d['n'], d['se'] * d['se'] * d['n']), 4) AS VARCHAR) || ')'
