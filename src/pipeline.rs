@@ -232,6 +232,9 @@ pub struct ScoreConfig {
     pub scorers: Vec<String>,
     /// A TOML file replacing the cue scorer's cue lists (relative to the pipeline file).
     pub cues: Option<PathBuf>,
+    /// A hand-labelled holdout (CSV `call_id,label`, relative to the pipeline file): when
+    /// set, `evalflow run` prints Rogan-Gladen corrected class rates of the first scorer.
+    pub holdout: Option<PathBuf>,
 }
 
 impl Default for ScoreConfig {
@@ -240,6 +243,7 @@ impl Default for ScoreConfig {
             tolerance: default_tolerance(),
             scorers: default_scorers(),
             cues: None,
+            holdout: None,
         }
     }
 }

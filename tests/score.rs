@@ -350,6 +350,45 @@ async fn validity_scores_check_rescore_and_holdout() {
     assert!(text(&o).contains("enumeration drift"), "{}", text(&o));
     std::fs::write(&csv, &body).unwrap();
 
+    // report: Rogan-Gladen correction from a holdout where the hand label disagrees once
+    // (call05 read as a recommendation): recommended has tp 4, fn 1, tn 7, fp 0, so
+    // sens 0.8, spec 1; raw 4/12 corrects to (1/3 + 1 - 1) / 0.8 = 41.7%, and the
+    // delta-method interval by hand is 0.4167 -+ 1.96 * 0.19395 = [3.7%, 79.7%].
+    let disagree = dir.path().join("disagree.csv");
+    std::fs::write(
+        &disagree,
+        body.replace("call05,neutral", "call05,recommended"),
+    )
+    .unwrap();
+    let o = bin(&[
+        "report",
+        r,
+        "--holdout",
+        disagree.to_str().unwrap(),
+        "--scorer",
+        "cue@1",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    let rec = t.lines().find(|l| l.starts_with("recommended")).unwrap();
+    let cells: Vec<&str> = rec
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(
+        cells,
+        [
+            "recommended",
+            "4 / 12",
+            "33.3%",
+            "41.7%",
+            "[3.7%, 79.7%]",
+            "80% / 100%"
+        ],
+        "{t}"
+    );
+
     // rescore with other cues writes a new version beside the old one and diffs it.
     let o = bin(&[
         "rescore",

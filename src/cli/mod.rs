@@ -1,7 +1,8 @@
 //! The command line: one enum of verbs, dispatched in one `match`.
 
 mod check;
-mod holdout;
+pub mod holdout;
+pub mod report;
 mod rescore;
 mod sql;
 
@@ -72,6 +73,8 @@ pub enum Command {
     Check(check::CheckArgs),
     /// Re-score archived calls with another scorer version (no model calls) and diff.
     Rescore(rescore::RescoreArgs),
+    /// Print a run's results, with Rogan-Gladen corrected class rates given a holdout.
+    Report(report::ReportArgs),
     /// The hand-labelled holdout regression gate.
     #[command(subcommand)]
     Holdout(holdout::HoldoutCmd),
@@ -95,6 +98,18 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             let rows = r.run_all().await?;
             println!("run {} ({})\n", r.manifest.run_id, r.store.display());
             println!("{}", aggregate::render(&rows));
+            if let Some(h) = &r.pipeline.score.holdout {
+                let path = r
+                    .pipeline
+                    .path
+                    .parent()
+                    .unwrap_or(std::path::Path::new("."))
+                    .join(h);
+                let labels = holdout::read_labels(&path)?;
+                let scorer = r.scorers()?.remove(0);
+                let p = report::prevalence(&r.store, scorer.as_ref(), &labels).await?;
+                println!("\n{}", report::render_prevalence(&p, labels.len()));
+            }
             Ok(())
         }
         Command::Generate(a) => {
@@ -141,6 +156,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Check(a) => check::run(a).await,
         Command::Rescore(a) => rescore::run(a).await,
         Command::Holdout(c) => holdout::run(c).await,
+        Command::Report(a) => report::run(a).await,
     }
 }
 
