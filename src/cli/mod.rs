@@ -1,6 +1,7 @@
 //! The command line: one enum of verbs, dispatched in one `match`.
 
 mod sql;
+mod suggest;
 
 use std::path::PathBuf;
 
@@ -66,6 +67,9 @@ pub enum Command {
     Aggregate(StageArgs),
     /// Run SQL over run tables and Parquet files, with the statistics functions registered.
     Sql(sql::SqlArgs),
+    /// Ask a model for fill-ins of a {mask} slot, to sort into lexicons (CheckList's
+    /// masked-LM suggestions).
+    Suggest(suggest::SuggestArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -130,6 +134,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Sql(a) => sql::run(a).await,
+        Command::Suggest(a) => suggest::run(a).await,
     }
 }
 
