@@ -161,9 +161,7 @@ pub fn apply(spec: &PerturbSpec, text: &str, rng: &mut SmallRng) -> Option<Strin
         "typo_insert" => Some(typos(text, count.unwrap_or(1), Some(2), rng)),
         "remove_phrase" => remove_phrase(text, phrases),
         "add_negation" => add_negation(text),
-        "remove_negation" => {
-            replace_first(text, NEGATED.iter().map(|(a, b)| (*a, *b))).map(|t| t.replace("  ", " "))
-        }
+        "remove_negation" => remove_negation(text),
         "add_suffix" => phrases
             .choose(rng)
             .map(|p| format!("{} {}", text.trim_end(), p)),
