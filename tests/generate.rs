@@ -812,3 +812,56 @@ fn case_stream_batches_are_bounded() {
     }
     assert_eq!(n, generate::expand(&p).unwrap().len());
 }
+
+/// The LLM-application suite expands (rephrasings from a stand-in model) into every
+/// capability x test type cell it promises.
+#[test]
+fn support_bot_suite_expands() {
+    let p = Pipeline::load(&repo().join("pipelines/support-bot.toml")).unwrap();
+    assert_eq!(p.model.provider, "openai");
+    assert_eq!(
+        p.model.base_url.as_deref(),
+        Some("http://127.0.0.1:8089/v1")
+    );
+    let provider = Arc::new(FakeRephraser {
+        calls: AtomicUsize::new(0),
+    });
+    let mut s = CaseStream::new(&p)
+        .unwrap()
+        .with_rephraser(provider.clone());
+    let mut cases = Vec::new();
+    while let Some(b) = futures::executor::block_on(s.next_batch(4096)).unwrap() {
+        cases.extend(b);
+    }
+    assert!(provider.calls.load(Ordering::SeqCst) > 0);
+    let cells: HashSet<(String, String)> = cases
+        .iter()
+        .map(|c| (c.capability.clone(), c.test_type.clone()))
+        .collect();
+    for cell in [
+        ("Scope", "MFT"),
+        ("Scope", "INV"),
+        ("Policy", "MFT"),
+        ("Policy", "INV"),
+        ("Refunds", "MFT"),
+        ("Refunds", "DIR"),
+    ] {
+        assert!(cells.contains(&(cell.0.into(), cell.1.into())), "{cell:?}");
+    }
+    assert!(cases.len() > 300 && cases.len() < 3000, "{}", cases.len());
+    // Known answers on MFT rows; DIR perturbed rows carry the label they should move to.
+    assert!(
+        cases
+            .iter()
+            .filter(|c| c.test_type == "MFT")
+            .all(|c| c.expected.is_some())
+    );
+    assert!(
+        cases
+            .iter()
+            .filter(|c| c.test_type == "DIR" && c.role == "perturbed")
+            .all(|c| c.expected.is_some() && c.expectation.is_some())
+    );
+    let ids: HashSet<&str> = cases.iter().map(|c| c.case_id.as_str()).collect();
+    assert_eq!(ids.len(), cases.len());
+}
