@@ -12,5 +12,6 @@ pub mod schema;
 pub mod stages;
 pub mod storage;
 pub mod udaf;
+pub mod vader;
 
 pub use udaf::register_all;

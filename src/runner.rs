@@ -28,6 +28,8 @@ pub enum RunError {
     Query(#[from] QueryError),
     #[error(transparent)]
     Call(#[from] CallError),
+    #[error(transparent)]
+    Generate(#[from] generate::GenerateError),
     #[error("{root}: {msg}")]
     Root { root: String, msg: String },
     #[error("{file}: [score] scorers: {source}")]
@@ -54,6 +56,8 @@ impl RunError {
                 )
             }
             RunError::Call(CallError::Provider(..)) => true,
+            RunError::Generate(generate::GenerateError::Rephrase { .. }) => false,
+            RunError::Generate(_) => true,
             _ => false,
         }
     }
@@ -146,12 +150,16 @@ impl Runner {
         self.manifest.start("generate");
         self.manifest.save(&self.store).await?;
         self.store.delete_dir("cases").await?;
-        let cases = generate::expand(&self.pipeline)?;
+        // Streamed: cases are built and written a batch at a time, never all held.
+        let mut cases = generate::CaseStream::new(&self.pipeline)?;
+        if let Some(m) = generate::rephrase_model_for(&self.pipeline) {
+            cases = cases.with_rephraser(call::build_provider(m)?);
+        }
         let mut w = self
             .store
             .part_writer("cases", crate::schema::Table::Cases.schema(), "part");
-        for chunk in cases.chunks(8192) {
-            w.write(generate::to_batch(chunk)).await?;
+        while let Some(batch) = cases.next_batch(8192).await? {
+            w.write(generate::to_batch(&batch)).await?;
         }
         let (rows, _) = w.finish().await?;
         let tests = self.pipeline.tests.len();

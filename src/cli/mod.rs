@@ -5,6 +5,7 @@ pub mod holdout;
 pub mod report;
 mod rescore;
 mod sql;
+mod suggest;
 
 use std::path::PathBuf;
 
@@ -78,6 +79,9 @@ pub enum Command {
     /// The hand-labelled holdout regression gate.
     #[command(subcommand)]
     Holdout(holdout::HoldoutCmd),
+    /// Ask a model for fill-ins of a {mask} slot, to sort into lexicons (CheckList's
+    /// masked-LM suggestions).
+    Suggest(suggest::SuggestArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -157,6 +161,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Rescore(a) => rescore::run(a).await,
         Command::Holdout(c) => holdout::run(c).await,
         Command::Report(a) => report::run(a).await,
+        Command::Suggest(a) => suggest::run(a).await,
     }
 }
 
