@@ -5,9 +5,9 @@
 -- Miller (2024): n = (z_{alpha/2} + z_{1-power})^2 * var_d / delta^2, where var_d is the
 -- variance of per-case differences. With K samples per case,
 --   var_d(K) = omega^2 + (sigma_A^2 + sigma_B^2) / K,
--- where sigma^2 is each run's within-case sampling variance (variance_components) and omega^2
+-- where sigma^2 is the within-case sampling variance (variance_components) and omega^2
 -- the variance of true per-case differences: var_samp(d) of the pilot minus its own sampling
--- part. The clustered column inflates var_d by the pilot's design effect
+-- part. The clustered column inflates var_d by the pilot design effect
 -- (clustered SE / naive SE)^2, floored at 1, for cases that share templates.
 WITH a_case AS (
     SELECT case_id, template_id, avg(score) AS score, count(score) AS k

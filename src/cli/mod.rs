@@ -1,5 +1,7 @@
 //! The command line: one enum of verbs, dispatched in one `match`.
 
+mod compare;
+mod plan;
 mod sql;
 
 use std::path::PathBuf;
@@ -66,6 +68,10 @@ pub enum Command {
     Aggregate(StageArgs),
     /// Run SQL over run tables and Parquet files, with the statistics functions registered.
     Sql(sql::SqlArgs),
+    /// Compare two runs on the same cases: paired difference, clustered SE, MDE, verdict.
+    Compare(compare::CompareArgs),
+    /// Cases needed to detect a difference (Miller's formula, with the K-samples terms).
+    Plan(plan::PlanArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -130,6 +136,8 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Sql(a) => sql::run(a).await,
+        Command::Compare(a) => compare::run(a).await,
+        Command::Plan(a) => plan::run(a).await,
     }
 }
 
