@@ -4,6 +4,8 @@ mod check;
 pub mod holdout;
 pub mod report;
 mod rescore;
+mod compare;
+mod plan;
 mod sql;
 mod suggest;
 
@@ -82,6 +84,10 @@ pub enum Command {
     /// Ask a model for fill-ins of a {mask} slot, to sort into lexicons (CheckList's
     /// masked-LM suggestions).
     Suggest(suggest::SuggestArgs),
+    /// Compare two runs on the same cases: paired difference, clustered SE, MDE, verdict.
+    Compare(compare::CompareArgs),
+    /// Cases needed to detect a difference (Miller's formula, with the K-samples terms).
+    Plan(plan::PlanArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -162,6 +168,8 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Holdout(c) => holdout::run(c).await,
         Command::Report(a) => report::run(a).await,
         Command::Suggest(a) => suggest::run(a).await,
+        Command::Compare(a) => compare::run(a).await,
+        Command::Plan(a) => plan::run(a).await,
     }
 }
 
