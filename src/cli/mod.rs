@@ -1,5 +1,6 @@
 //! The command line: one enum of verbs, dispatched in one `match`.
 
+mod mock_server;
 mod sql;
 
 use std::path::PathBuf;
@@ -66,6 +67,8 @@ pub enum Command {
     Aggregate(StageArgs),
     /// Run SQL over run tables and Parquet files, with the statistics functions registered.
     Sql(sql::SqlArgs),
+    /// Serve a fault-injecting OpenAI / Anthropic mock for tests and dry runs.
+    MockServer(mock_server::MockServerArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -130,6 +133,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Sql(a) => sql::run(a).await,
+        Command::MockServer(a) => mock_server::run(a).await,
     }
 }
 
