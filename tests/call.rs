@@ -700,3 +700,96 @@ fn a_planted_key_reaches_no_output() {
     assert!(hits.is_empty(), "the key leaked into {hits:?}");
     drop(server);
 }
+
+#[test]
+fn import_replays_a_recorded_corpus_into_validate_and_score() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = |c: &str, fin: &str| {
+        serde_json::json!({"choices": [{"message": {"role": "assistant", "content": c}, "finish_reason": fin}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 7, "completion_tokens_details": {"reasoning_tokens": 3}}})
+    };
+    let req = |t: &str| serde_json::json!({"model": "gpt-x", "messages": [{"role": "system", "content": "Label it."}, {"role": "user", "content": t}], "max_tokens": 16});
+    let lines = [
+        serde_json::json!({"request": req("I love it"), "response": ok("positive", "stop"), "expected": "positive"}),
+        serde_json::json!({"request": req("I love it"), "response": ok("negative", "stop"), "expected": "positive"}),
+        serde_json::json!({"request": req("I hate it"), "response": ok("", "length"), "expected": "negative"}),
+    ];
+    let file = dir.path().join("corpus.jsonl");
+    std::fs::write(
+        &file,
+        lines
+            .iter()
+            .map(|l| l.to_string() + "\n")
+            .collect::<String>(),
+    )
+    .unwrap();
+    let root = dir.path().join("imp");
+    let o = bin()
+        .args([
+            "import",
+            file.to_str().unwrap(),
+            "--out",
+            root.to_str().unwrap(),
+        ])
+        .output();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pipeline = root.join("import.toml");
+    for stage in ["validate", "score"] {
+        let o = bin()
+            .args([
+                stage,
+                pipeline.to_str().unwrap(),
+                "--out",
+                root.to_str().unwrap(),
+            ])
+            .output();
+        assert!(
+            o.status.success(),
+            "{stage}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let rows = rt.block_on(calls(&root));
+    assert_eq!(rows.len(), 3);
+    let samples: HashSet<_> = rows
+        .iter()
+        .map(|r| (r.case_id.clone(), r.sample_idx))
+        .collect();
+    assert_eq!(
+        samples.len(),
+        3,
+        "repeats of a prompt become samples 0 and 1"
+    );
+    let v = rt.block_on(validity(&root));
+    let mut verdicts: Vec<_> = v.values().cloned().collect();
+    verdicts.sort();
+    assert_eq!(
+        verdicts,
+        ["empty_due_to_budget", "valid_answer", "valid_answer"]
+    );
+
+    // A bad row names file:line and field; exit 2.
+    std::fs::write(
+        &file,
+        format!(
+            "{}\n{{\"request\": {{\"model\": \"m\"}}, \"response\": {{}}}}\n",
+            lines[0]
+        ),
+    )
+    .unwrap();
+    let o = bin()
+        .args([
+            "import",
+            file.to_str().unwrap(),
+            "--out",
+            dir.path().join("bad").to_str().unwrap(),
+        ])
+        .output();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("corpus.jsonl:2: field `request.messages`"),
+        "{err}"
+    );
+}

@@ -1,5 +1,6 @@
 //! The command line: one enum of verbs, dispatched in one `match`.
 
+mod import;
 mod mock_server;
 mod sql;
 
@@ -67,6 +68,8 @@ pub enum Command {
     Aggregate(StageArgs),
     /// Run SQL over run tables and Parquet files, with the statistics functions registered.
     Sql(sql::SqlArgs),
+    /// Turn a recorded corpus (JSONL request/response pairs or Parquet) into cases + calls.
+    Import(import::ImportArgs),
     /// Serve a fault-injecting OpenAI / Anthropic mock for tests and dry runs.
     MockServer(mock_server::MockServerArgs),
 }
@@ -134,6 +137,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Sql(a) => sql::run(a).await,
         Command::MockServer(a) => mock_server::run(a).await,
+        Command::Import(a) => import::run(a).await,
     }
 }
 

@@ -116,7 +116,7 @@ pub fn build_provider(model: &ModelConfig) -> Result<Arc<dyn Provider>, CallErro
     }
 }
 
-fn sha_hex(parts: &[&str]) -> String {
+pub(crate) fn sha_hex(parts: &[&str]) -> String {
     let mut h = Sha256::new();
     for p in parts {
         h.update(p.as_bytes());
