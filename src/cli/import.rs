@@ -397,7 +397,6 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
             res: r.result,
             latency_ms: r.latency_ms,
             started_at_us: now,
-            cached: false,
         });
     }
     let models: Vec<String> = by_model.keys().cloned().collect();

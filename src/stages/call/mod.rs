@@ -191,9 +191,6 @@ pub struct CallRow {
     pub res: CallResult,
     pub latency_ms: f64,
     pub started_at_us: i64,
-    /// Served from the response cache (not a table column).
-    #[serde(default)]
-    pub cached: bool,
 }
 
 /// Builds a `calls` record batch.
@@ -398,30 +395,31 @@ async fn committed_totals(store: &RunStore, stats: &mut CallStats) -> Result<(),
     Ok(())
 }
 
+/// Answers one request, from the cache when it can; the flag says it did.
 async fn call_one(
     provider: Arc<dyn Provider>,
     cache: Option<cache::Cache>,
     req: CallRequest,
-) -> CallRow {
+) -> (CallRow, bool) {
     let started = chrono::Utc::now();
     if let Some(hit) = cache.as_ref().and_then(|c| c.get(&req)) {
-        return CallRow {
+        let row = CallRow {
             latency_ms: hit.latency_ms,
             started_at_us: started.timestamp_micros(),
             req,
             res: hit.result,
-            cached: true,
         };
+        return (row, true);
     }
     let t0 = Instant::now();
     let res = provider.complete(&req).await;
-    CallRow {
+    let row = CallRow {
         latency_ms: t0.elapsed().as_secs_f64() * 1000.0,
         started_at_us: started.timestamp_micros(),
         req,
         res,
-        cached: false,
-    }
+    };
+    (row, false)
 }
 
 /// Runs the call stage: every case in `cases/` times K samples, skipping committed calls.
@@ -470,7 +468,7 @@ pub async fn run(
     // Each call is its own task, so requests progress while this task writes; a permit is
     // held from before the request until the answer is journaled.
     let sem = Arc::new(Semaphore::new(model.concurrency.max(1)));
-    let (tx, mut rx) = mpsc::unbounded_channel::<(CallRow, OwnedSemaphorePermit)>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<((CallRow, bool), OwnedSemaphorePermit)>();
     let producer = {
         let provider = provider.clone();
         let cache = cache.clone();
@@ -493,20 +491,22 @@ pub async fn run(
     let mut progress = progress::Progress::new(total);
     let mut pending: Vec<CallRow> = Vec::new();
     let mut last_commit = Instant::now();
-    let mut group: Vec<(CallRow, OwnedSemaphorePermit)> = Vec::new();
+    let mut group: Vec<((CallRow, bool), OwnedSemaphorePermit)> = Vec::new();
     while rx.recv_many(&mut group, GROUP_ROWS).await > 0 {
-        let (rows, permits): (Vec<CallRow>, Vec<OwnedSemaphorePermit>) = group.drain(..).unzip();
+        let (rows, permits): (Vec<(CallRow, bool)>, Vec<OwnedSemaphorePermit>) =
+            group.drain(..).unzip();
         let mut to_cache = Vec::new();
-        for r in &rows {
-            stats.sent += u64::from(!r.cached);
-            stats.cache_hits += u64::from(r.cached);
+        for (r, cached) in &rows {
+            stats.sent += u64::from(!cached);
+            stats.cache_hits += u64::from(*cached);
             if r.res.error.is_some() {
                 stats.errors += 1;
             }
-            if !r.cached && r.res.error.is_none() && cache.is_some() {
+            if !cached && r.res.error.is_none() && cache.is_some() {
                 to_cache.push(r.clone());
             }
         }
+        let rows: Vec<CallRow> = rows.into_iter().map(|(r, _)| r).collect();
         progress.advance(rows.len() as u64, stats.errors);
         if let Some(j) = journal.take() {
             let lines = journal::Journal::encode(&rows);
