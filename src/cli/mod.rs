@@ -2,6 +2,8 @@
 
 mod check;
 pub mod holdout;
+mod import;
+mod mock_server;
 pub mod report;
 mod rescore;
 mod compare;
@@ -72,6 +74,10 @@ pub enum Command {
     Aggregate(StageArgs),
     /// Run SQL over run tables and Parquet files, with the statistics functions registered.
     Sql(sql::SqlArgs),
+    /// Turn a recorded corpus (JSONL request/response pairs or Parquet) into cases + calls.
+    Import(import::ImportArgs),
+    /// Serve a fault-injecting OpenAI / Anthropic mock for tests and dry runs.
+    MockServer(mock_server::MockServerArgs),
     /// The six pre-flight checks, and the invalid-rate gate (--baseline).
     Check(check::CheckArgs),
     /// Re-score archived calls with another scorer version (no model calls) and diff.
@@ -163,6 +169,8 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Sql(a) => sql::run(a).await,
+        Command::MockServer(a) => mock_server::run(a).await,
+        Command::Import(a) => import::run(a).await,
         Command::Check(a) => check::run(a).await,
         Command::Rescore(a) => rescore::run(a).await,
         Command::Holdout(c) => holdout::run(c).await,
