@@ -6,6 +6,20 @@ use clap::Parser;
 use evalflow::cli::{self, Cli};
 
 fn main() -> ExitCode {
+    // A closed pipe (`evalflow sql ... | head`) is not an error: exit quietly.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default_hook(info);
+    }));
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -321,14 +321,29 @@ pub struct ScoreConfig {
     /// INV/DIR tolerance when a test names none (0.1, as in CheckList).
     #[serde(default = "default_tolerance")]
     pub tolerance: f64,
+    /// Scorers run by `evalflow run` and `evalflow score`; the first one is aggregated.
+    #[serde(default = "default_scorers")]
+    pub scorers: Vec<String>,
+    /// A TOML file replacing the cue scorer's cue lists (relative to the pipeline file).
+    pub cues: Option<PathBuf>,
+    /// A hand-labelled holdout (CSV `call_id,label`, relative to the pipeline file): when
+    /// set, `evalflow run` prints Rogan-Gladen corrected class rates of the first scorer.
+    pub holdout: Option<PathBuf>,
 }
 
 impl Default for ScoreConfig {
     fn default() -> Self {
         Self {
             tolerance: default_tolerance(),
+            scorers: default_scorers(),
+            cues: None,
+            holdout: None,
         }
     }
+}
+
+fn default_scorers() -> Vec<String> {
+    vec!["checklist".into()]
 }
 
 fn default_tolerance() -> f64 {

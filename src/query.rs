@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::array::Array;
 use datafusion::datasource::MemTable;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{
@@ -123,4 +124,50 @@ pub async fn register_run(
         register_parquet_paths(ctx, &name, &urls).await?;
     }
     Ok(())
+}
+
+/// Runs `sql` and returns every cell rendered as text (NULL as `None`): for reports,
+/// whose queries return a handful of rows.
+pub async fn text_rows(
+    ctx: &SessionContext,
+    sql: &str,
+) -> Result<Vec<Vec<Option<String>>>, QueryError> {
+    use datafusion::arrow::util::display::array_value_to_string;
+    let batches = ctx
+        .sql(sql)
+        .await
+        .map_err(QueryError::df(sql.to_string()))?
+        .collect()
+        .await
+        .map_err(QueryError::df(sql.to_string()))?;
+    let mut out = Vec::new();
+    for b in batches {
+        for i in 0..b.num_rows() {
+            out.push(
+                b.columns()
+                    .iter()
+                    .map(|c| {
+                        (!c.is_null(i)).then(|| array_value_to_string(c, i).unwrap_or_default())
+                    })
+                    .collect(),
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// Opens an existing run root (it must have a manifest) and registers its tables.
+pub async fn open_run(
+    root: &str,
+) -> Result<(SessionContext, RunStore, crate::storage::Manifest), QueryError> {
+    let store = RunStore::open(root)?;
+    let manifest = crate::storage::Manifest::load(&store)
+        .await?
+        .ok_or_else(|| StorageError::BadRoot {
+            root: root.to_string(),
+            msg: "not an evalflow run (no manifest.json)".into(),
+        })?;
+    let ctx = new_context();
+    register_run(&ctx, &store, "").await?;
+    Ok((ctx, store, manifest))
 }

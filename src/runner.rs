@@ -13,8 +13,8 @@ use crate::pipeline::{Pipeline, PipelineError};
 use crate::query::QueryError;
 use crate::stages::aggregate::ResultRow;
 use crate::stages::call::CallError;
-use crate::stages::score::{CHECKLIST, ScorerId};
-use crate::stages::{aggregate, call, generate, score, validate};
+use crate::stages::score::{self as score_stage, Scorer, ScorerError, ScorerId};
+use crate::stages::{aggregate, call, generate, validate};
 use crate::storage::{Manifest, RunStore, StorageError, manifest_now};
 
 /// Errors of a run. `is_bad_input` decides exit code 2.
@@ -32,13 +32,19 @@ pub enum RunError {
     Generate(#[from] generate::GenerateError),
     #[error("{root}: {msg}")]
     Root { root: String, msg: String },
+    #[error("{file}: [score] scorers: {source}")]
+    Scorer {
+        file: String,
+        #[source]
+        source: ScorerError,
+    },
 }
 
 impl RunError {
     /// Whether the user can fix this by changing their input (exit code 2).
     pub fn is_bad_input(&self) -> bool {
         match self {
-            RunError::Pipeline(_) | RunError::Root { .. } => true,
+            RunError::Pipeline(_) | RunError::Root { .. } | RunError::Scorer { .. } => true,
             RunError::Storage(e)
             | RunError::Query(QueryError::Storage(e))
             | RunError::Call(CallError::Storage(e)) => {
@@ -202,19 +208,45 @@ impl Runner {
         Ok(rows)
     }
 
+    /// The scorers named in `[score] scorers`, in order.
+    pub fn scorers(&self) -> Result<Vec<Box<dyn Scorer>>, RunError> {
+        let cues = self.pipeline.score.cues.as_ref().map(|c| {
+            self.pipeline
+                .path
+                .parent()
+                .unwrap_or(Path::new("."))
+                .join(c)
+        });
+        self.pipeline
+            .score
+            .scorers
+            .iter()
+            .map(|s| {
+                score_stage::build(s, cues.as_deref()).map_err(|source| RunError::Scorer {
+                    file: self.pipeline.path.display().to_string(),
+                    source,
+                })
+            })
+            .collect()
+    }
+
     /// Scores with `scorer`, replacing an incomplete earlier attempt of the same version.
-    pub async fn score(&mut self, scorer: ScorerId) -> Result<u64, RunError> {
+    pub async fn score(&mut self, scorer: &dyn Scorer) -> Result<u64, RunError> {
         self.require("score", "validate")?;
-        let stage = format!("score:{}@{}", scorer.name, scorer.version);
+        let id = scorer.id();
+        let stage = format!("score:{}", id.tag());
         self.manifest.start(&stage);
         self.manifest.save(&self.store).await?;
-        let rows = score::run(&self.store, scorer).await?;
-        let tag = format!("{}@{}", scorer.name, scorer.version);
-        if !self.manifest.scorer_versions.contains(&tag) {
-            self.manifest.scorer_versions.push(tag.clone());
+        let rows = score_stage::run(&self.store, scorer).await?;
+        if !self.manifest.scorer_versions.contains(&id.tag()) {
+            self.manifest.scorer_versions.push(id.tag());
         }
-        self.manifest
-            .complete(&stage, &format!("scores/{tag}"), rows, BTreeMap::new());
+        self.manifest.complete(
+            &stage,
+            &id.dir(),
+            rows,
+            BTreeMap::from([("logic_hash".into(), json!(score_stage::logic_hash(scorer)))]),
+        );
         self.manifest
             .stages
             .insert("score".into(), self.manifest.stages[&stage].clone());
@@ -223,7 +255,7 @@ impl Runner {
     }
 
     /// Aggregates the scores of `scorer` into `results/`.
-    pub async fn aggregate(&mut self, scorer: ScorerId) -> Result<Vec<ResultRow>, RunError> {
+    pub async fn aggregate(&mut self, scorer: &ScorerId) -> Result<Vec<ResultRow>, RunError> {
         self.require("aggregate", "score")?;
         self.manifest.start("aggregate");
         let rows = aggregate::run(&self.store, scorer).await?;
@@ -239,7 +271,11 @@ impl Runner {
         self.generate().await?;
         self.call().await?;
         self.validate().await?;
-        self.score(CHECKLIST).await?;
-        self.aggregate(CHECKLIST).await
+        let scorers = self.scorers()?;
+        for s in &scorers {
+            self.score(s.as_ref()).await?;
+        }
+        let primary = scorers[0].id();
+        self.aggregate(&primary).await
     }
 }

@@ -121,6 +121,20 @@ fn sentiment_run_end_to_end_and_resume() {
         "VADER fails some negation cases"
     );
 
+    // pyarrow and DuckDB read every table with the declared column types.
+    let py = Command::new("python3")
+        .args(["scripts/check_tables.py", root.to_str().unwrap()])
+        .current_dir(repo())
+        .output()
+        .expect("python3 runs (install pyarrow and duckdb: see README)");
+    assert!(py.status.success(), "{}{}", stdout(&py), stderr(&py));
+    assert!(stdout(&py).contains("scores: "), "{}", stdout(&py));
+
+    // A half-written part (the local store's staging name while a put is in flight) is
+    // invisible to readers and stages.
+    std::fs::write(root.join("calls/part-zzzz.parquet#7"), b"PAR1 half a part").unwrap();
+    assert_eq!(scalar(&root, "SELECT count(*) FROM calls"), cases);
+
     // Re-running on the same root resumes: nothing is called again, nothing duplicated.
     let o2 = run(&[
         "run",
@@ -357,4 +371,66 @@ fn sql_formats_and_errors() {
         "json",
     ]);
     assert_eq!(stdout(&o).trim(), r#"[{"n":2}]"#);
+}
+
+#[test]
+fn run_prints_rogan_gladen_corrected_rates_given_a_holdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let good = write(
+        dir.path(),
+        "good.toml",
+        &MINIMAL.replace(
+            "adj = [\"good\", \"bad\"]",
+            "adj = [\"good\", \"bad\", \"fine\", \"awful\"]",
+        ),
+    );
+    assert!(
+        run(&[
+            "run",
+            good.to_str().unwrap(),
+            "--out",
+            root.to_str().unwrap()
+        ])
+        .status
+        .success()
+    );
+    // Hand labels: the truth for each sentence, keyed by the deterministic call ids.
+    let v = sql_json(
+        &root,
+        "SELECT k.call_id, c.input FROM calls k JOIN cases c USING (case_id) ORDER BY c.input",
+    );
+    let truth = |input: &str| match input {
+        "It is good." | "It is fine." => "positive",
+        _ => "negative",
+    };
+    let mut csv = "call_id,label\n".to_string();
+    for r in v.as_array().unwrap() {
+        csv.push_str(&format!(
+            "{},{}\n",
+            r["call_id"].as_str().unwrap(),
+            truth(r["input"].as_str().unwrap())
+        ));
+    }
+    write(dir.path(), "labels.csv", &csv);
+    let with = write(
+        dir.path(),
+        "with.toml",
+        &std::fs::read_to_string(&good)
+            .unwrap()
+            .replace("[suite]", "[score]\nholdout = \"labels.csv\"\n\n[suite]"),
+    );
+    let o = run(&[
+        "run",
+        with.to_str().unwrap(),
+        "--out",
+        dir.path().join("r2").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("Rogan-Gladen"), "{out}");
+    // VADER reads "fine" as positive (compound 0.2023), so the labels agree with it on all
+    // four sentences: the corrected rate equals the raw one.
+    let pos = out.lines().find(|l| l.starts_with("positive")).unwrap();
+    assert!(pos.contains("2 / 4") && pos.contains("50.0%"), "{out}");
 }

@@ -1,5 +1,9 @@
 //! The command line: one enum of verbs, dispatched in one `match`.
 
+mod check;
+pub mod holdout;
+pub mod report;
+mod rescore;
 mod sql;
 mod suggest;
 
@@ -9,7 +13,6 @@ use clap::{Parser, Subcommand};
 
 use crate::runner::{RunError, Runner};
 use crate::stages::aggregate;
-use crate::stages::score::{self, CHECKLIST};
 
 /// Exit codes from DESIGN.md.
 pub const EXIT_GATE: u8 = 1;
@@ -67,6 +70,15 @@ pub enum Command {
     Aggregate(StageArgs),
     /// Run SQL over run tables and Parquet files, with the statistics functions registered.
     Sql(sql::SqlArgs),
+    /// The six pre-flight checks, and the invalid-rate gate (--baseline).
+    Check(check::CheckArgs),
+    /// Re-score archived calls with another scorer version (no model calls) and diff.
+    Rescore(rescore::RescoreArgs),
+    /// Print a run's results, with Rogan-Gladen corrected class rates given a holdout.
+    Report(report::ReportArgs),
+    /// The hand-labelled holdout regression gate.
+    #[command(subcommand)]
+    Holdout(holdout::HoldoutCmd),
     /// Ask a model for fill-ins of a {mask} slot, to sort into lexicons (CheckList's
     /// masked-LM suggestions).
     Suggest(suggest::SuggestArgs),
@@ -90,6 +102,18 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             let rows = r.run_all().await?;
             println!("run {} ({})\n", r.manifest.run_id, r.store.display());
             println!("{}", aggregate::render(&rows));
+            if let Some(h) = &r.pipeline.score.holdout {
+                let path = r
+                    .pipeline
+                    .path
+                    .parent()
+                    .unwrap_or(std::path::Path::new("."))
+                    .join(h);
+                let labels = holdout::read_labels(&path)?;
+                let scorer = r.scorers()?.remove(0);
+                let p = report::prevalence(&r.store, scorer.as_ref(), &labels).await?;
+                println!("\n{}", report::render_prevalence(&p, labels.len()));
+            }
             Ok(())
         }
         Command::Generate(a) => {
@@ -119,21 +143,24 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Score(a) => {
             let mut r = open_stage(&a).await?;
-            let n = r.score(CHECKLIST).await?;
-            println!(
-                "scores: {n} rows in {}/{}",
-                r.store.display(),
-                CHECKLIST.dir()
-            );
+            for s in r.scorers()? {
+                let n = r.score(s.as_ref()).await?;
+                println!("scores: {n} rows in {}/{}", r.store.display(), s.id().dir());
+            }
             Ok(())
         }
         Command::Aggregate(a) => {
             let mut r = open_stage(&a).await?;
-            let rows = r.aggregate(CHECKLIST).await?;
+            let primary = r.scorers()?[0].id();
+            let rows = r.aggregate(&primary).await?;
             println!("{}", aggregate::render(&rows));
             Ok(())
         }
         Command::Sql(a) => sql::run(a).await,
+        Command::Check(a) => check::run(a).await,
+        Command::Rescore(a) => rescore::run(a).await,
+        Command::Holdout(c) => holdout::run(c).await,
+        Command::Report(a) => report::run(a).await,
         Command::Suggest(a) => suggest::run(a).await,
     }
 }
@@ -146,6 +173,3 @@ async fn open_stage(a: &StageArgs) -> Result<Runner, CliError> {
     }
     Ok(Runner::open(&a.pipeline, a.out.as_deref()).await?)
 }
-
-#[allow(unused_imports)]
-use score as _;

@@ -91,13 +91,25 @@ pub async fn run(a: SqlArgs) -> Result<(), CliError> {
     print(&a, &batches)
 }
 
-/// Splits a script on `;` outside quotes; the last statement's rows are printed.
+/// Splits a script on `;` outside quotes and `--` comments; the last statement's rows are
+/// printed.
 fn split_statements(q: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut cur = String::new();
     let mut quote = None;
-    for ch in q.chars() {
+    let mut chars = q.chars().peekable();
+    while let Some(ch) = chars.next() {
         match (ch, quote) {
+            ('-', None) if chars.peek() == Some(&'-') => {
+                // A comment runs to the end of the line; keep it out of the statement.
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        cur.push('\n');
+                        break;
+                    }
+                }
+                continue;
+            }
             ('\'' | '"', None) => quote = Some(ch),
             (c, Some(o)) if c == o => quote = None,
             (';', None) => {
@@ -109,13 +121,7 @@ fn split_statements(q: &str) -> Vec<String> {
         cur.push(ch);
     }
     out.push(cur);
-    out.into_iter()
-        .filter(|s| {
-            s.lines()
-                .map(|l| l.split("--").next().unwrap_or("").trim())
-                .any(|l| !l.is_empty())
-        })
-        .collect()
+    out.into_iter().filter(|s| !s.trim().is_empty()).collect()
 }
 
 fn print(a: &SqlArgs, batches: &[RecordBatch]) -> Result<(), CliError> {
@@ -163,4 +169,19 @@ fn print(a: &SqlArgs, batches: &[RecordBatch]) -> Result<(), CliError> {
         _ => unreachable!("clap restricts --format"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_statements;
+
+    #[test]
+    fn splits_outside_quotes_and_comments() {
+        let s = split_statements(
+            "-- a; comment\nSELECT ';' AS x; -- trailing; note\nSELECT 2;\n-- end",
+        );
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].trim(), "SELECT ';' AS x");
+        assert_eq!(s[1].trim(), "SELECT 2");
+    }
 }

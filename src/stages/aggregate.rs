@@ -108,12 +108,12 @@ const SQL: &str = "SELECT model, capability, test_type, test, role, template_id,
     GROUP BY model, capability, test_type, test, role, template_id, validity, score IS NOT NULL, passed";
 
 /// Computes the results of one scorer version: test-level rows, then capability x test type.
-pub async fn compute(store: &RunStore, scorer: ScorerId) -> Result<Vec<ResultRow>, QueryError> {
+pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRow>, QueryError> {
     let ctx = new_context();
     register_run(&ctx, store, "").await?;
     let sql = SQL
-        .replace("{name}", scorer.name)
-        .replace("{version}", scorer.version);
+        .replace("{name}", &scorer.name)
+        .replace("{version}", &scorer.version);
     let mut s = ctx
         .sql(&sql)
         .await
@@ -225,7 +225,7 @@ pub async fn compute(store: &RunStore, scorer: ScorerId) -> Result<Vec<ResultRow
 }
 
 /// Builds a `results` batch.
-pub fn to_batch(scorer: ScorerId, rows: &[ResultRow]) -> RecordBatch {
+pub fn to_batch(scorer: &ScorerId, rows: &[ResultRow]) -> RecordBatch {
     let s = |f: &dyn Fn(&ResultRow) -> &str| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
     };
@@ -245,8 +245,14 @@ pub fn to_batch(scorer: ScorerId, rows: &[ResultRow]) -> RecordBatch {
                 .collect::<StringArray>(),
         ),
         s(&|r| &r.model),
-        s(&|_| scorer.name),
-        s(&|_| scorer.version),
+        Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+            scorer.name.as_str(),
+            rows.len(),
+        ))),
+        Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+            scorer.version.as_str(),
+            rows.len(),
+        ))),
         i(&|r| r.n),
         i(&|r| r.failures),
         f(&|r| r.failure_rate),
@@ -265,7 +271,7 @@ pub fn to_batch(scorer: ScorerId, rows: &[ResultRow]) -> RecordBatch {
 }
 
 /// Computes and writes `results/` (replacing an earlier aggregate of this run).
-pub async fn run(store: &RunStore, scorer: ScorerId) -> Result<Vec<ResultRow>, QueryError> {
+pub async fn run(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRow>, QueryError> {
     let rows = compute(store, scorer).await?;
     store.delete_dir("results").await?;
     let mut w = store.part_writer("results", Table::Results.schema(), "part");

@@ -1,6 +1,75 @@
 //! The CheckList scorer: MFT label match, INV invariance and DIR direction against the
 //! base case of each group, with a tolerance on the continuous score (CheckList's 0.1).
 
+use super::{BaseAnswer, Outcome, ScoreInput, Scorer, ScorerId, source_logic};
+
+/// The CheckList scorer: MFT label match, INV and DIR against the group's base case.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChecklistScorer;
+
+impl Scorer for ChecklistScorer {
+    fn id(&self) -> ScorerId {
+        ScorerId {
+            name: "checklist".into(),
+            version: "1".into(),
+        }
+    }
+
+    fn logic(&self) -> Vec<String> {
+        vec![source_logic(include_str!("checklist.rs"))]
+    }
+
+    fn compares_to_base(&self) -> bool {
+        true
+    }
+
+    fn score(&self, row: &ScoreInput, base: Option<&BaseAnswer>) -> Outcome {
+        let answer = Answer {
+            label: normalise_label(row.response),
+            score: row.response_score,
+        };
+        let mut out = Outcome {
+            label: Some(answer.label.clone()),
+            prob: answer.score,
+            ..Outcome::default()
+        };
+        let verdict = match (row.test_type, row.role) {
+            (_, "base") => {
+                out.detail = serde_json::json!({ "role": "base" });
+                return out;
+            }
+            ("MFT", _) | (_, "single") => Some(mft(&answer, row.expected.unwrap_or_default())),
+            (tt, _) => match base {
+                Some(Ok(b)) if tt == "INV" => Some(inv(&answer, b, row.tolerance.unwrap_or(0.1))),
+                Some(Ok(b)) => dir(
+                    &answer,
+                    b,
+                    row.expectation.unwrap_or_default(),
+                    row.tolerance.unwrap_or(0.1),
+                ),
+                Some(Err(v)) => {
+                    out.detail =
+                        serde_json::json!({ "not_comparable": format!("base case answer is {v}") });
+                    return out;
+                }
+                None => {
+                    out.detail = serde_json::json!({ "not_comparable": "base case has no call" });
+                    return out;
+                }
+            },
+        };
+        match verdict {
+            Some(v) => {
+                out.passed = Some(v.passed);
+                out.score = Some(if v.passed { 1.0 } else { 0.0 });
+                out.detail = v.detail;
+            }
+            None => out.detail = serde_json::json!({ "not_comparable": "no score to compare" }),
+        }
+        out
+    }
+}
+
 /// A model answer reduced to what the CheckList comparisons need.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {

@@ -6,58 +6,155 @@
 //! Re-scoring writes `scores/<scorer>@<version>/` beside older versions, never over them.
 
 pub mod checklist;
+pub mod cue;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, BooleanArray, Float64Array, Int32Array, ListArray, RecordBatch, StringArray,
+    Array, ArrayRef, BooleanArray, BooleanBuilder, Float64Array, Int32Array, ListBuilder,
+    RecordBatch, StringArray,
 };
-use datafusion::arrow::datatypes::{DataType, Field};
 use futures::StreamExt;
+use sha2::{Digest, Sha256};
 
 use crate::query::{QueryError, new_context, register_run};
 use crate::schema::Table;
 use crate::storage::RunStore;
 use checklist::{Answer, normalise_label};
 
-/// A scorer's identity. The version changes whenever its logic or cue lists change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A scorer's identity: its name and a version that changes whenever its logic or cue
+/// lists change.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ScorerId {
-    pub name: &'static str,
-    pub version: &'static str,
+    pub name: String,
+    pub version: String,
 }
 
 impl ScorerId {
-    /// The folder under `scores/`: `<name>@<version>`.
+    /// `<name>@<version>`.
+    pub fn tag(&self) -> String {
+        format!("{}@{}", self.name, self.version)
+    }
+
+    /// The folder under the run root: `scores/<name>@<version>`.
     pub fn dir(&self) -> String {
-        format!("scores/{}@{}", self.name, self.version)
+        format!("scores/{}", self.tag())
+    }
+
+    /// Parses `name@version`.
+    pub fn parse(tag: &str) -> Option<ScorerId> {
+        let (n, v) = tag.split_once('@')?;
+        Some(ScorerId {
+            name: n.to_string(),
+            version: v.to_string(),
+        })
     }
 }
 
-/// The CheckList scorer (MFT / INV / DIR).
-pub const CHECKLIST: ScorerId = ScorerId {
-    name: "checklist",
-    version: "1",
-};
+/// What a scorer sees of one valid call.
+#[derive(Debug, Clone, Copy)]
+pub struct ScoreInput<'a> {
+    pub input: &'a str,
+    pub response: &'a str,
+    pub response_score: Option<f64>,
+    pub language: &'a str,
+    pub test_type: &'a str,
+    pub role: &'a str,
+    pub expected: Option<&'a str>,
+    pub expectation: Option<&'a str>,
+    pub tolerance: Option<f64>,
+}
 
-/// Every registered scorer.
-pub const REGISTRY: &[ScorerId] = &[CHECKLIST];
+/// A scorer's verdict on one valid call.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    pub score: Option<f64>,
+    pub label: Option<String>,
+    pub prob: Option<f64>,
+    pub passed: Option<bool>,
+    pub detail: serde_json::Value,
+    pub answers: Option<Vec<bool>>,
+    /// Set when the answer cannot be scored after all (e.g. an unparseable judge answer):
+    /// the row gets this validity and a NULL score, never a default verdict.
+    pub invalid: Option<&'static str>,
+}
 
-/// Finds a scorer by `name` or `name@version`.
-pub fn find(spec: &str) -> Option<ScorerId> {
+/// The base answer of a perturbed case's group, or why there is none.
+pub type BaseAnswer = Result<Answer, String>;
+
+/// A versioned scorer.
+pub trait Scorer: Send + Sync {
+    fn id(&self) -> ScorerId;
+    /// The text its behaviour depends on (its source and cue lists), hashed into the
+    /// version lock so a logic change without a version bump fails a test.
+    fn logic(&self) -> Vec<String>;
+    /// Whether perturbed cases are compared with their base case (INV / DIR).
+    fn compares_to_base(&self) -> bool {
+        false
+    }
+    fn score(&self, row: &ScoreInput, base: Option<&BaseAnswer>) -> Outcome;
+}
+
+/// A stable hash of a scorer's logic.
+pub fn logic_hash(s: &dyn Scorer) -> String {
+    let mut h = Sha256::new();
+    for part in s.logic() {
+        h.update(part.as_bytes());
+        h.update([0u8]);
+    }
+    hex::encode(h.finalize())[..16].to_string()
+}
+
+/// The part of a source file that is logic (everything before its unit tests).
+pub fn source_logic(src: &str) -> String {
+    src.split("#[cfg(test)]").next().unwrap_or(src).to_string()
+}
+
+/// Errors choosing or configuring a scorer.
+#[derive(Debug, thiserror::Error)]
+pub enum ScorerError {
+    #[error("unknown scorer `{0}` (known: {1})")]
+    Unknown(String, String),
+    #[error(
+        "scorer `{spec}`: this build has version {have}; a scores folder of another version can be read but not re-made"
+    )]
+    Version { spec: String, have: String },
+    #[error("{file}: {msg}")]
+    Cues { file: String, msg: String },
+}
+
+/// Names of every registered scorer.
+pub const NAMES: &[&str] = &["checklist", "cue"];
+
+/// Builds a scorer by `name` or `name@version`. `cues` optionally replaces the cue
+/// scorer's lists (its version then carries the lists' hash).
+pub fn build(spec: &str, cues: Option<&std::path::Path>) -> Result<Box<dyn Scorer>, ScorerError> {
     let (name, version) = spec
         .split_once('@')
         .map_or((spec, None), |(n, v)| (n, Some(v)));
-    REGISTRY
-        .iter()
-        .copied()
-        .find(|s| s.name == name && version.is_none_or(|v| v == s.version))
+    let scorer: Box<dyn Scorer> = match name {
+        "checklist" => Box::new(checklist::ChecklistScorer),
+        "cue" => Box::new(match cues {
+            Some(f) => cue::CueScorer::from_file(f)?,
+            None => cue::CueScorer::default(),
+        }),
+        _ => return Err(ScorerError::Unknown(spec.to_string(), NAMES.join(", "))),
+    };
+    if let Some(v) = version
+        && v != scorer.id().version
+    {
+        return Err(ScorerError::Version {
+            spec: spec.to_string(),
+            have: scorer.id().tag(),
+        });
+    }
+    Ok(scorer)
 }
 
 const JOIN_SQL: &str = "SELECT k.call_id, k.case_id, k.model, k.sample_idx, k.response, k.response_score, \
-     k.response_hash, v.validity, c.test, c.capability, c.test_type, c.role, c.template_id, \
-     c.group_id, c.expected, c.expectation, c.tolerance \
+     k.response_hash, v.validity, v.language, c.input, c.test, c.capability, c.test_type, c.role, \
+     c.template_id, c.group_id, c.expected, c.expectation, c.tolerance \
      FROM calls k JOIN validity v ON k.call_id = v.call_id JOIN cases c ON k.case_id = c.case_id";
 
 /// One scored row before it becomes Arrow.
@@ -69,11 +166,7 @@ struct Row {
     sample_idx: i32,
     response_hash: Option<String>,
     validity: String,
-    score: Option<f64>,
-    label: Option<String>,
-    prob: Option<f64>,
-    passed: Option<bool>,
-    detail: Option<String>,
+    out: Outcome,
     test: String,
     capability: String,
     test_type: String,
@@ -81,8 +174,7 @@ struct Row {
     template_id: String,
 }
 
-/// Typed access to a joined batch. Columns are cast to plain Utf8 first, so a view-typed
-/// string column can never read as empty strings.
+/// Typed access to a joined batch (string columns already cast to plain Utf8).
 struct Cols<'a> {
     b: &'a RecordBatch,
 }
@@ -110,21 +202,79 @@ impl<'a> Cols<'a> {
 
 type BaseKey = (String, String, i32);
 
-/// Runs the CheckList scorer over the run's calls, writing `scores/checklist@1/`.
-/// Returns the number of rows written.
-pub async fn run(store: &RunStore, scorer: ScorerId) -> Result<u64, QueryError> {
-    let ctx = new_context();
-    register_run(&ctx, store, "").await?;
-    // Base answers first: memory grows with groups, not rows.
-    let mut bases: HashMap<BaseKey, Result<Answer, String>> = HashMap::new();
-    let base_sql = format!("{JOIN_SQL} WHERE c.role = 'base'");
-    let mut s = ctx
-        .sql(&base_sql)
+async fn stream(
+    ctx: &datafusion::prelude::SessionContext,
+    sql: &str,
+) -> Result<datafusion::physical_plan::SendableRecordBatchStream, QueryError> {
+    ctx.sql(sql)
         .await
-        .map_err(QueryError::df("score: joining base cases"))?
+        .map_err(QueryError::df("score: joining calls, validity and cases"))?
         .execute_stream()
         .await
-        .map_err(QueryError::df("score: joining base cases"))?;
+        .map_err(QueryError::df("score: joining calls, validity and cases"))
+}
+
+/// Scores every call of the run with `scorer`, replacing `scores/<name>@<version>/`
+/// (score pays for no model call, so an interrupted attempt is simply redone).
+/// `only` restricts scoring to some call ids (the holdout). Returns rows written.
+pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryError> {
+    let ctx = new_context();
+    register_run(&ctx, store, "").await?;
+    let bases = if scorer.compares_to_base() {
+        load_bases(&ctx).await?
+    } else {
+        HashMap::new()
+    };
+    let id = scorer.id();
+    store.delete_dir(&id.dir()).await?;
+    let mut writer = store.part_writer(&id.dir(), Table::Scores.schema(), "part");
+    let mut s = stream(&ctx, JOIN_SQL).await?;
+    let mut rows_written = 0u64;
+    while let Some(b) = s.next().await {
+        let b =
+            crate::schema::plain_strings(b.map_err(QueryError::df("score: reading joined rows"))?);
+        let rows = score_batch(&b, scorer, &bases);
+        rows_written += rows.len() as u64;
+        writer.write(to_batch(&id, &rows)).await?;
+    }
+    writer.finish().await?;
+    Ok(rows_written)
+}
+
+/// Scores the joined rows of the given call ids in memory (used by the holdout gate).
+pub async fn score_calls(
+    store: &RunStore,
+    scorer: &dyn Scorer,
+    call_ids: &[String],
+) -> Result<HashMap<String, (String, Outcome)>, QueryError> {
+    let ctx = new_context();
+    register_run(&ctx, store, "").await?;
+    let bases = if scorer.compares_to_base() {
+        load_bases(&ctx).await?
+    } else {
+        HashMap::new()
+    };
+    let wanted: std::collections::HashSet<&str> = call_ids.iter().map(String::as_str).collect();
+    let mut out = HashMap::new();
+    let mut s = stream(&ctx, JOIN_SQL).await?;
+    while let Some(b) = s.next().await {
+        let b =
+            crate::schema::plain_strings(b.map_err(QueryError::df("score: reading joined rows"))?);
+        for r in score_batch(&b, scorer, &bases) {
+            if wanted.contains(r.call_id.as_str()) {
+                out.insert(r.call_id.clone(), (r.validity.clone(), r.out));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Base answers by (group, model, sample): memory grows with groups, not rows.
+async fn load_bases(
+    ctx: &datafusion::prelude::SessionContext,
+) -> Result<HashMap<BaseKey, BaseAnswer>, QueryError> {
+    let mut bases = HashMap::new();
+    let mut s = stream(ctx, &format!("{JOIN_SQL} WHERE c.role = 'base'")).await?;
     while let Some(b) = s.next().await {
         let b =
             crate::schema::plain_strings(b.map_err(QueryError::df("score: reading base cases"))?);
@@ -147,28 +297,14 @@ pub async fn run(store: &RunStore, scorer: ScorerId) -> Result<u64, QueryError> 
             bases.insert(key, v);
         }
     }
-    store.delete_dir(&scorer.dir()).await?;
-    let mut writer = store.part_writer(&scorer.dir(), Table::Scores.schema(), "part");
-    let mut s = ctx
-        .sql(JOIN_SQL)
-        .await
-        .map_err(QueryError::df("score: joining calls, validity and cases"))?
-        .execute_stream()
-        .await
-        .map_err(QueryError::df("score: joining calls, validity and cases"))?;
-    let mut rows_written = 0u64;
-    while let Some(b) = s.next().await {
-        let b =
-            crate::schema::plain_strings(b.map_err(QueryError::df("score: reading joined rows"))?);
-        let rows = score_batch(&b, &bases);
-        rows_written += rows.len() as u64;
-        writer.write(to_batch(scorer, &rows)).await?;
-    }
-    writer.finish().await?;
-    Ok(rows_written)
+    Ok(bases)
 }
 
-fn score_batch(b: &RecordBatch, bases: &HashMap<BaseKey, Result<Answer, String>>) -> Vec<Row> {
+fn score_batch(
+    b: &RecordBatch,
+    scorer: &dyn Scorer,
+    bases: &HashMap<BaseKey, BaseAnswer>,
+) -> Vec<Row> {
     let c = Cols { b };
     (0..b.num_rows())
         .map(|i| {
@@ -188,64 +324,62 @@ fn score_batch(b: &RecordBatch, bases: &HashMap<BaseKey, Result<Answer, String>>
                 ..Default::default()
             };
             if row.validity != "valid_answer" {
-                row.detail = Some(serde_json::json!({ "unscored": row.validity }).to_string());
+                // Never scored: the validity and its reason are the whole story.
+                row.out.detail = serde_json::json!({ "unscored": row.validity });
                 return row;
             }
-            let answer = Answer {
-                label: normalise_label(c.s("response", i).unwrap_or_default()),
-                score: c.f("response_score", i),
+            let input = ScoreInput {
+                input: c.s("input", i).unwrap_or_default(),
+                response: c.s("response", i).unwrap_or_default(),
+                response_score: c.f("response_score", i),
+                language: c.s("language", i).unwrap_or_default(),
+                test_type: &row.test_type,
+                role: &row.role,
+                expected: c.s("expected", i),
+                expectation: c.s("expectation", i),
+                tolerance: c.f("tolerance", i),
             };
-            row.label = Some(answer.label.clone());
-            row.prob = answer.score;
-            let tol = c.f("tolerance", i).unwrap_or(0.1);
-            let verdict = match (row.test_type.as_str(), row.role.as_str()) {
-                (_, "base") => {
-                    row.detail = Some(serde_json::json!({ "role": "base" }).to_string());
-                    return row;
-                }
-                ("MFT", _) | (_, "single") => Some(checklist::mft(&answer, c.s("expected", i).unwrap_or_default())),
-                (tt, _) => {
-                    let key = (s("group_id"), row.model.clone(), row.sample_idx);
-                    match bases.get(&key) {
-                        Some(Ok(base)) if tt == "INV" => Some(checklist::inv(&answer, base, tol)),
-                        Some(Ok(base)) => checklist::dir(&answer, base, c.s("expectation", i).unwrap_or_default(), tol),
-                        Some(Err(v)) => {
-                            row.detail = Some(serde_json::json!({ "not_comparable": format!("base case answer is {v}") }).to_string());
-                            return row;
-                        }
-                        None => {
-                            row.detail = Some(serde_json::json!({ "not_comparable": "base case has no call" }).to_string());
-                            return row;
-                        }
-                    }
-                }
-            };
-            match verdict {
-                Some(v) => {
-                    row.passed = Some(v.passed);
-                    row.score = Some(if v.passed { 1.0 } else { 0.0 });
-                    row.detail = Some(v.detail.to_string());
-                }
-                None => {
-                    row.detail = Some(serde_json::json!({ "not_comparable": "no score to compare" }).to_string());
-                }
+            let base = (scorer.compares_to_base() && row.role == "perturbed").then(|| {
+                bases
+                    .get(&(s("group_id"), row.model.clone(), row.sample_idx))
+                    .cloned()
+                    .unwrap_or_else(|| Err("missing (the base case has no call)".into()))
+            });
+            let mut out = scorer.score(&input, base.as_ref());
+            if let Some(v) = out.invalid {
+                row.validity = v.to_string();
+                out.score = None;
+                out.passed = None;
             }
+            row.out = out;
             row
         })
         .collect()
 }
 
-fn to_batch(scorer: ScorerId, rows: &[Row]) -> RecordBatch {
+fn to_batch(id: &ScorerId, rows: &[Row]) -> RecordBatch {
     let s = |f: &dyn Fn(&Row) -> &str| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
     };
     let os = |f: &dyn Fn(&Row) -> Option<&str>| -> ArrayRef {
         Arc::new(rows.iter().map(f).collect::<StringArray>())
     };
-    let answers = ListArray::new_null(
-        Arc::new(Field::new_list_field(DataType::Boolean, true)),
-        rows.len(),
-    );
+    let mut answers = ListBuilder::new(BooleanBuilder::new());
+    for r in rows {
+        match &r.out.answers {
+            Some(a) => {
+                for x in a {
+                    answers.values().append_value(*x);
+                }
+                answers.append(true);
+            }
+            None => answers.append(false),
+        }
+    }
+    let details: Vec<Option<String>> = rows
+        .iter()
+        .map(|r| (!r.out.detail.is_null()).then(|| r.out.detail.to_string()))
+        .collect();
     let cols: Vec<ArrayRef> = vec![
         s(&|r| &r.call_id),
         s(&|r| &r.case_id),
@@ -253,16 +387,22 @@ fn to_batch(scorer: ScorerId, rows: &[Row]) -> RecordBatch {
         Arc::new(Int32Array::from_iter_values(
             rows.iter().map(|r| r.sample_idx),
         )),
-        s(&|_| scorer.name),
-        s(&|_| scorer.version),
+        Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+            id.name.as_str(),
+            rows.len(),
+        ))),
+        Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+            id.version.as_str(),
+            rows.len(),
+        ))),
         os(&|r| r.response_hash.as_deref()),
         s(&|r| &r.validity),
-        Arc::new(rows.iter().map(|r| r.score).collect::<Float64Array>()),
-        os(&|r| r.label.as_deref()),
-        Arc::new(rows.iter().map(|r| r.prob).collect::<Float64Array>()),
-        Arc::new(rows.iter().map(|r| r.passed).collect::<BooleanArray>()),
-        os(&|r| r.detail.as_deref()),
-        Arc::new(answers),
+        Arc::new(rows.iter().map(|r| r.out.score).collect::<Float64Array>()),
+        os(&|r| r.out.label.as_deref()),
+        Arc::new(rows.iter().map(|r| r.out.prob).collect::<Float64Array>()),
+        Arc::new(rows.iter().map(|r| r.out.passed).collect::<BooleanArray>()),
+        Arc::new(details.into_iter().collect::<StringArray>()),
+        Arc::new(answers.finish()),
         s(&|r| &r.test),
         s(&|r| &r.capability),
         s(&|r| &r.test_type),
@@ -271,4 +411,66 @@ fn to_batch(scorer: ScorerId, rows: &[Row]) -> RecordBatch {
     ];
     RecordBatch::try_new(Table::Scores.schema(), cols)
         .expect("scores batch matches schemas/scores.json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The version lock: `versions.lock` records the logic hash of every scorer version.
+    /// Changing a scorer's logic or cue lists without bumping its version fails here.
+    #[test]
+    fn scorer_logic_changes_need_a_version_bump() {
+        let lock = include_str!("versions.lock");
+        let mut seen = std::collections::HashSet::new();
+        for line in lock
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(f.len(), 3, "versions.lock line `{line}`: name version hash");
+            assert!(
+                seen.insert((f[0], f[1])),
+                "versions.lock lists {}@{} twice",
+                f[0],
+                f[1]
+            );
+        }
+        for name in NAMES {
+            let s = build(name, None).unwrap();
+            let id = s.id();
+            let hash = logic_hash(s.as_ref());
+            let line = lock
+                .lines()
+                .find(|l| {
+                    l.split_whitespace()
+                        .take(2)
+                        .eq([id.name.as_str(), id.version.as_str()])
+                })
+                .unwrap_or_else(|| {
+                    panic!(
+                        "versions.lock has no line for {} (logic hash {hash}): add `{} {} {hash}`",
+                        id.tag(),
+                        id.name,
+                        id.version
+                    )
+                });
+            assert_eq!(
+                line.split_whitespace().nth(2).unwrap(),
+                hash,
+                "the logic of {} changed without a version bump: bump its version and add a new versions.lock line",
+                id.tag()
+            );
+        }
+    }
+
+    #[test]
+    fn build_checks_names_and_versions() {
+        assert!(build("checklist@1", None).is_ok());
+        assert!(matches!(
+            build("checklist@0", None),
+            Err(ScorerError::Version { .. })
+        ));
+        assert!(matches!(build("nope", None), Err(ScorerError::Unknown(..))));
+    }
 }

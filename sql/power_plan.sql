@@ -1,0 +1,71 @@
+-- Power plan from a pilot pair of runs: how many cases does a paired comparison need?
+--
+--   evalflow sql --file sql/power_plan.sql --run runs/<pilot_A> --run runs/<pilot_B>
+--
+-- Miller (2024): n = (z_{alpha/2} + z_{1-power})^2 * var_d / delta^2, where var_d is the
+-- variance of per-case differences. With K samples per case,
+--   var_d(K) = omega^2 + (sigma_A^2 + sigma_B^2) / K,
+-- where sigma^2 is each run's within-case sampling variance (variance_components) and omega^2
+-- the variance of true per-case differences: var_samp(d) of the pilot minus its own sampling
+-- part. The clustered column inflates var_d by the pilot's design effect
+-- (clustered SE / naive SE)^2, floored at 1, for cases that share templates.
+WITH a_case AS (
+    SELECT case_id, template_id, avg(score) AS score, count(score) AS k
+    FROM a_scores
+    WHERE (role IS DISTINCT FROM 'base') AND scoring_version = (SELECT max(scoring_version) FROM a_scores)
+    GROUP BY case_id, template_id
+),
+b_case AS (
+    SELECT case_id, avg(score) AS score, count(score) AS k
+    FROM b_scores
+    WHERE (role IS DISTINCT FROM 'base') AND scoring_version = (SELECT max(scoring_version) FROM b_scores)
+    GROUP BY case_id
+),
+pilot AS (
+    SELECT
+        count(*) AS n_cases,
+        var_samp(b.score - a.score) AS var_d,
+        mean_se(b.score - a.score) AS se_naive,
+        clustered_se(b.score - a.score, a.template_id) AS se_clustered,
+        avg(a.k) AS k_a,
+        avg(b.k) AS k_b
+    FROM a_case a JOIN b_case b ON a.case_id = b.case_id
+    WHERE a.score IS NOT NULL AND b.score IS NOT NULL
+),
+noise AS (
+    SELECT
+        (SELECT variance_components(score, case_id)['within_var'] FROM a_scores
+          WHERE (role IS DISTINCT FROM 'base') AND scoring_version = (SELECT max(scoring_version) FROM a_scores)) AS sigma2_a,
+        (SELECT variance_components(score, case_id)['within_var'] FROM b_scores
+          WHERE (role IS DISTINCT FROM 'base') AND scoring_version = (SELECT max(scoring_version) FROM b_scores)) AS sigma2_b
+),
+parts AS (
+    SELECT
+        p.*,
+        COALESCE(n.sigma2_a, 0.0) AS sigma2_a,
+        COALESCE(n.sigma2_b, 0.0) AS sigma2_b,
+        greatest(0.0, p.var_d - COALESCE(n.sigma2_a, 0.0) / p.k_a - COALESCE(n.sigma2_b, 0.0) / p.k_b) AS omega2,
+        CASE WHEN p.se_naive > 0 THEN greatest(1.0, (p.se_clustered / p.se_naive) * (p.se_clustered / p.se_naive)) ELSE 1.0 END AS design_effect
+    FROM pilot p CROSS JOIN noise n
+),
+plan AS (
+    SELECT t.delta, k.k, parts.*,
+           parts.omega2 + (parts.sigma2_a + parts.sigma2_b) / k.k AS var_d_k
+    FROM parts
+    CROSS JOIN (VALUES (0.01), (0.02), (0.03), (0.05), (0.10)) AS t(delta)
+    CROSS JOIN (VALUES (1), (2), (4), (8)) AS k(k)
+)
+SELECT
+    delta,
+    k AS samples_per_case,
+    n_cases AS pilot_cases,
+    var_d AS pilot_var_d,
+    omega2,
+    sigma2_a,
+    sigma2_b,
+    var_d_k,
+    sample_size(delta, var_d_k) AS cases_needed,
+    sample_size(delta, var_d_k * design_effect) AS cases_needed_clustered,
+    mde(n_cases, var_d) AS pilot_mde
+FROM plan
+ORDER BY delta, k

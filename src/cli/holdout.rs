@@ -1,0 +1,313 @@
+//! `evalflow holdout check|accept`: a hand-labelled holdout (call_id -> true label) is
+//! re-scored with today's scorer and its per-class precision and recall are compared with
+//! a recorded baseline.
+//!
+//! A regression gate nobody has watched fail is one you don't know works: the tests gut a
+//! cue list and watch this exit 1. Labels keyed to rows that are no longer scorable (the
+//! enumeration drifted) make every metric fiction, so that exits 2 with its own message.
+//! The baseline moves only with `accept`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::CliError;
+use crate::query::open_run;
+use crate::stages::aggregate::render_table;
+use crate::stages::score;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum HoldoutCmd {
+    /// Re-score the holdout and compare with the baseline (exit 1 on a regression).
+    Check(HoldoutArgs),
+    /// Re-score the holdout and record the result as the new baseline.
+    Accept(HoldoutArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct HoldoutArgs {
+    /// The run holding the labelled calls.
+    pub run: String,
+    /// CSV with a header and columns `call_id,label`.
+    #[arg(long)]
+    pub labels: PathBuf,
+    /// The scorer under test (NAME or NAME@VERSION).
+    #[arg(long, default_value = "cue")]
+    pub scorer: String,
+    /// Replacement cue lists for the cue scorer.
+    #[arg(long)]
+    pub cues: Option<PathBuf>,
+    /// The baseline file (JSON).
+    #[arg(long)]
+    pub baseline: PathBuf,
+    /// Largest drop of a class's precision or recall, in percentage points.
+    #[arg(long, default_value_t = 5.0)]
+    pub max_drop_pp: f64,
+}
+
+/// One class's metrics.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct ClassMetrics {
+    pub support: u64,
+    pub predicted: u64,
+    pub precision: Option<f64>,
+    pub recall: Option<f64>,
+}
+
+/// The recorded baseline.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct HoldoutBaseline {
+    pub scorer: String,
+    pub labels: u64,
+    /// Hash of the sorted labelled call ids: the enumeration the metrics belong to.
+    pub ids_hash: String,
+    pub classes: BTreeMap<String, ClassMetrics>,
+}
+
+/// Reads `call_id,label` rows (header required).
+pub fn read_labels(path: &std::path::Path) -> Result<Vec<(String, String)>, CliError> {
+    let file = path.display().to_string();
+    let text =
+        std::fs::read_to_string(path).map_err(|e| CliError::BadInput(format!("{file}: {e}")))?;
+    let mut lines = text.lines().enumerate();
+    let (_, header) = lines.next().ok_or_else(|| {
+        CliError::BadInput(format!("{file}: empty; expected a header `call_id,label`"))
+    })?;
+    let cols: Vec<&str> = header
+        .split(',')
+        .map(|c| c.trim().trim_matches('"'))
+        .collect();
+    let find = |name: &str| {
+        cols.iter().position(|c| *c == name).ok_or_else(|| {
+            CliError::BadInput(format!("{file}:1: no column `{name}` in the header"))
+        })
+    };
+    let (ci, li) = (find("call_id")?, find("label")?);
+    let mut out = Vec::new();
+    for (n, line) in lines {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line
+            .split(',')
+            .map(|c| c.trim().trim_matches('"'))
+            .collect();
+        let get = |i: usize, name: &str| {
+            f.get(i)
+                .filter(|v| !v.is_empty())
+                .map(|v| v.to_string())
+                .ok_or_else(|| {
+                    CliError::BadInput(format!("{file}:{}: field `{name}` is missing", n + 1))
+                })
+        };
+        out.push((get(ci, "call_id")?, get(li, "label")?));
+    }
+    Ok(out)
+}
+
+/// Per-class support, precision and recall of `pred` against `truth`.
+pub fn metrics(pairs: &[(String, String)]) -> BTreeMap<String, ClassMetrics> {
+    let classes: BTreeSet<&str> = pairs
+        .iter()
+        .flat_map(|(t, p)| [t.as_str(), p.as_str()])
+        .collect();
+    classes
+        .into_iter()
+        .map(|c| {
+            let support = pairs.iter().filter(|(t, _)| t == c).count() as u64;
+            let predicted = pairs.iter().filter(|(_, p)| p == c).count() as u64;
+            let tp = pairs.iter().filter(|(t, p)| t == c && p == c).count() as f64;
+            let m = ClassMetrics {
+                support,
+                predicted,
+                precision: (predicted > 0).then(|| tp / predicted as f64),
+                recall: (support > 0).then(|| tp / support as f64),
+            };
+            (c.to_string(), m)
+        })
+        .collect()
+}
+
+fn ids_hash(labels: &[(String, String)]) -> String {
+    let ids: BTreeSet<&str> = labels.iter().map(|(i, _)| i.as_str()).collect();
+    let mut h = Sha256::new();
+    for id in ids {
+        h.update(id.as_bytes());
+        h.update([b'\n']);
+    }
+    hex::encode(h.finalize())[..16].to_string()
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map(|v| format!("{:.0}%", v * 100.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn delta(now: Option<f64>, then: Option<f64>) -> String {
+    match (now, then) {
+        (Some(a), Some(b)) => format!(" ({:+.0}pp)", (a - b) * 100.0),
+        _ => String::new(),
+    }
+}
+
+pub async fn run(cmd: HoldoutCmd) -> Result<(), CliError> {
+    let (accept, a) = match cmd {
+        HoldoutCmd::Check(a) => (false, a),
+        HoldoutCmd::Accept(a) => (true, a),
+    };
+    let labels = read_labels(&a.labels)?;
+    let (_, store, _) = open_run(&a.run)
+        .await
+        .map_err(|e| CliError::BadInput(e.to_string()))?;
+    let scorer = score::build(&a.scorer, a.cues.as_deref())
+        .map_err(|e| CliError::BadInput(format!("--scorer: {e}")))?;
+    let ids: Vec<String> = labels.iter().map(|(i, _)| i.clone()).collect();
+    let scored = score::score_calls(&store, scorer.as_ref(), &ids)
+        .await
+        .map_err(|e| CliError::Internal(e.to_string()))?;
+    // Enumeration drift: every label must point at a row that is scorable today.
+    let unscorable: Vec<String> = labels
+        .iter()
+        .filter_map(|(id, _)| match scored.get(id) {
+            None => Some(format!("{id} (not in the run)")),
+            Some((v, o)) if v != "valid_answer" || o.label.is_none() => Some(format!("{id} ({v})")),
+            _ => None,
+        })
+        .collect();
+    let drift = |msg: String| {
+        Err(CliError::BadInput(format!(
+            "enumeration drift: {msg}; the labels no longer line up with the scorable rows, so no metric is computed"
+        )))
+    };
+    if !unscorable.is_empty() {
+        return drift(format!(
+            "{} of {} labelled calls are not scorable now: {}",
+            unscorable.len(),
+            labels.len(),
+            unscorable
+                .iter()
+                .take(5)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let by_id: HashMap<&str, &str> = scored
+        .iter()
+        .map(|(k, (_, o))| (k.as_str(), o.label.as_deref().unwrap_or("")))
+        .collect();
+    let pairs: Vec<(String, String)> = labels
+        .iter()
+        .map(|(id, truth)| (truth.clone(), by_id[id.as_str()].to_string()))
+        .collect();
+    let now = metrics(&pairs);
+    let current = HoldoutBaseline {
+        scorer: scorer.id().tag(),
+        labels: labels.len() as u64,
+        ids_hash: ids_hash(&labels),
+        classes: now.clone(),
+    };
+    let baseline: Option<HoldoutBaseline> = match std::fs::read(&a.baseline) {
+        Ok(b) => Some(serde_json::from_slice(&b).map_err(|e| {
+            CliError::BadInput(format!(
+                "{}: not a holdout baseline: {e}",
+                a.baseline.display()
+            ))
+        })?),
+        Err(_) if accept => None,
+        Err(e) => {
+            return Err(CliError::BadInput(format!(
+                "{}: {e} (record one with `holdout accept`)",
+                a.baseline.display()
+            )));
+        }
+    };
+    if let Some(b) = &baseline
+        && !accept
+        && (b.labels != current.labels || b.ids_hash != current.ids_hash)
+    {
+        return drift(format!(
+            "the baseline was recorded on {} labelled calls (ids {}), these labels are {} (ids {})",
+            b.labels, b.ids_hash, current.labels, current.ids_hash
+        ));
+    }
+    let mut rows = Vec::new();
+    let mut regressions = Vec::new();
+    for (class, m) in &now {
+        let old = baseline
+            .as_ref()
+            .and_then(|b| b.classes.get(class))
+            .copied();
+        let (op, or) = (old.and_then(|o| o.precision), old.and_then(|o| o.recall));
+        rows.push(vec![
+            class.clone(),
+            m.support.to_string(),
+            format!("{}{}", pct(m.precision), delta(m.precision, op)),
+            format!("{}{}", pct(m.recall), delta(m.recall, or)),
+        ]);
+        for (what, a_now, then) in [("precision", m.precision, op), ("recall", m.recall, or)] {
+            if let (Some(x), Some(y)) = (a_now, then)
+                && (y - x) * 100.0 > a.max_drop_pp
+            {
+                regressions.push(format!("{class} {what} dropped {:.0}pp", (y - x) * 100.0));
+            }
+        }
+    }
+    println!(
+        "holdout: {} labelled calls, scorer {}{}\n",
+        labels.len(),
+        current.scorer,
+        baseline
+            .as_ref()
+            .map(|b| format!(", baseline scorer {}", b.scorer))
+            .unwrap_or_default()
+    );
+    println!(
+        "{}",
+        render_table(&["class", "support", "precision", "recall"], &rows)
+    );
+    if accept {
+        let tmp = a.baseline.with_extension("json.tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec_pretty(&current).expect("serialises"),
+        )
+        .map_err(|e| CliError::Internal(e.to_string()))?;
+        std::fs::rename(&tmp, &a.baseline).map_err(|e| CliError::Internal(e.to_string()))?;
+        println!("\nbaseline recorded in {}", a.baseline.display());
+        return Ok(());
+    }
+    if !regressions.is_empty() {
+        return Err(CliError::Gate(format!(
+            "holdout regression: {}",
+            regressions.join("; ")
+        )));
+    }
+    println!("\nno class dropped more than {:.0}pp", a.max_drop_pp);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_class_metrics_by_hand() {
+        let p = |t: &str, q: &str| (t.to_string(), q.to_string());
+        let pairs = vec![
+            p("rej", "rej"),
+            p("rej", "neu"),
+            p("rej", "rej"),
+            p("rec", "rec"),
+            p("neu", "rej"),
+        ];
+        let m = metrics(&pairs);
+        assert_eq!(m["rej"].support, 3);
+        assert_eq!(m["rej"].precision, Some(2.0 / 3.0));
+        assert_eq!(m["rej"].recall, Some(2.0 / 3.0));
+        assert_eq!(m["rec"].precision, Some(1.0));
+        assert_eq!(m["neu"].recall, Some(0.0));
+    }
+}

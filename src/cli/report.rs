@@ -1,0 +1,218 @@
+//! `evalflow report RUN`: the results table with its validity distribution and, given a
+//! hand-labelled holdout, each class's rate corrected for the scorer's measured error
+//! (Rogan-Gladen, with a delta-method 95% interval from `rogan_gladen_ci`).
+//!
+//! You are never claiming the scorer is right, only quantifying how wrong it is: the
+//! labelled sample sizes the error estimate, not the corpus.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+
+use super::CliError;
+use crate::query::{open_run, text_rows};
+use crate::stages::aggregate::{self, render_table};
+use crate::stages::score::{self, ScorerId};
+use crate::storage::RunStore;
+
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// The run root.
+    pub run: String,
+    /// A hand-labelled holdout (CSV `call_id,label`) for the Rogan-Gladen correction.
+    #[arg(long)]
+    pub holdout: Option<PathBuf>,
+    /// The scorer whose labels are corrected (NAME or NAME@VERSION; default: the run's first).
+    #[arg(long)]
+    pub scorer: Option<String>,
+    /// Replacement cue lists for the cue scorer.
+    #[arg(long)]
+    pub cues: Option<PathBuf>,
+}
+
+fn internal(e: impl std::fmt::Display) -> CliError {
+    CliError::Internal(e.to_string())
+}
+
+/// One class's raw and corrected prevalence.
+#[derive(Debug, Clone)]
+pub struct Prevalence {
+    pub class: String,
+    pub pos: u64,
+    pub n: u64,
+    pub tp: u64,
+    pub fn_: u64,
+    pub tn: u64,
+    pub fp: u64,
+    /// `[estimate, se, lo, hi]` from `rogan_gladen_ci`; None when sens + spec <= 1.
+    pub corrected: Option<[f64; 4]>,
+}
+
+/// Corrects each class's rate among the run's valid scored rows of `scorer` using the
+/// holdout's one-vs-rest confusion matrices.
+pub async fn prevalence(
+    store: &RunStore,
+    scorer: &dyn score::Scorer,
+    labels: &[(String, String)],
+) -> Result<Vec<Prevalence>, CliError> {
+    let ids: Vec<String> = labels.iter().map(|(i, _)| i.clone()).collect();
+    let scored = score::score_calls(store, scorer, &ids)
+        .await
+        .map_err(internal)?;
+    let pairs: Vec<(&str, &str)> = labels
+        .iter()
+        .filter_map(|(id, truth)| {
+            let (v, o) = scored.get(id)?;
+            (v == "valid_answer").then_some((truth.as_str(), o.label.as_deref()?))
+        })
+        .collect();
+    if pairs.len() < labels.len() {
+        return Err(CliError::BadInput(format!(
+            "enumeration drift: {} of {} holdout labels point at calls that are missing or not scorable",
+            labels.len() - pairs.len(),
+            labels.len()
+        )));
+    }
+    let id = scorer.id();
+    let ctx = crate::query::new_context();
+    crate::query::register_run(&ctx, store, "")
+        .await
+        .map_err(internal)?;
+    let counts = text_rows(
+        &ctx,
+        &format!(
+            "SELECT label, count(*) FROM scores WHERE scorer = '{}' AND scoring_version = '{}' \
+             AND validity = 'valid_answer' AND label IS NOT NULL GROUP BY label",
+            id.name, id.version
+        ),
+    )
+    .await
+    .map_err(|e| CliError::BadInput(format!("{e} (score the run with {} first)", id.tag())))?;
+    let by_label: HashMap<String, u64> = counts
+        .iter()
+        .map(|r| {
+            (
+                r[0].clone().unwrap_or_default(),
+                r[1].as_deref().and_then(|x| x.parse().ok()).unwrap_or(0),
+            )
+        })
+        .collect();
+    let n: u64 = by_label.values().sum();
+    let classes: BTreeSet<&str> = pairs.iter().flat_map(|(t, p)| [*t, *p]).collect();
+    let mut out = Vec::new();
+    for c in classes {
+        let count = |f: &dyn Fn(bool, bool) -> bool| {
+            pairs.iter().filter(|(t, p)| f(*t == c, *p == c)).count() as u64
+        };
+        let (tp, fn_, tn, fp) = (
+            count(&|t, p| t && p),
+            count(&|t, p| t && !p),
+            count(&|t, p| !t && !p),
+            count(&|t, p| !t && p),
+        );
+        let pos = by_label.get(c).copied().unwrap_or(0);
+        let r = text_rows(
+            &ctx,
+            &format!(
+                "SELECT x.estimate, x.se, x.lo, x.hi FROM (SELECT rogan_gladen_ci({pos}, {n}, {tp}, {fn_}, {tn}, {fp}) AS x)"
+            ),
+        )
+        .await
+        .map_err(internal)?;
+        let vals: Option<Vec<f64>> = r[0]
+            .iter()
+            .map(|v| v.as_deref().and_then(|s| s.parse().ok()))
+            .collect();
+        out.push(Prevalence {
+            class: c.to_string(),
+            pos,
+            n,
+            tp,
+            fn_,
+            tn,
+            fp,
+            corrected: vals.map(|v| [v[0], v[1], v[2], v[3]]),
+        });
+    }
+    Ok(out)
+}
+
+/// Renders the prevalence table.
+pub fn render_prevalence(rows: &[Prevalence], labelled: usize) -> String {
+    let pct = |x: f64| format!("{:.1}%", x * 100.0);
+    let t: Vec<Vec<String>> = rows
+        .iter()
+        .map(|p| {
+            let sens = p.tp as f64 / (p.tp + p.fn_).max(1) as f64;
+            let spec = p.tn as f64 / (p.tn + p.fp).max(1) as f64;
+            vec![
+                p.class.clone(),
+                format!("{} / {}", p.pos, p.n),
+                pct(p.pos as f64 / p.n.max(1) as f64),
+                p.corrected
+                    .map(|c| pct(c[0]))
+                    .unwrap_or_else(|| "- (sens + spec <= 1)".into()),
+                p.corrected
+                    .map(|c| format!("[{}, {}]", pct(c[2]), pct(c[3])))
+                    .unwrap_or_else(|| "-".into()),
+                format!("{:.0}% / {:.0}%", sens * 100.0, spec * 100.0),
+            ]
+        })
+        .collect();
+    format!(
+        "Prevalence per class, corrected for the scorer's error on {labelled} hand-labelled calls (Rogan-Gladen)\n{}",
+        render_table(
+            &[
+                "class",
+                "rows",
+                "raw rate",
+                "corrected",
+                "95% CI",
+                "sens / spec"
+            ],
+            &t
+        )
+    )
+}
+
+pub async fn run(a: ReportArgs) -> Result<(), CliError> {
+    let (_, store, manifest) = open_run(&a.run)
+        .await
+        .map_err(|e| CliError::BadInput(e.to_string()))?;
+    let tag = a
+        .scorer
+        .clone()
+        .or_else(|| manifest.scorer_versions.first().cloned())
+        .ok_or_else(|| {
+            CliError::BadInput(format!("{}: the run has no scores yet", store.display()))
+        })?;
+    let id = match ScorerId::parse(&tag) {
+        Some(id) => id,
+        None => score::build(&tag, a.cues.as_deref())
+            .map_err(|e| CliError::BadInput(format!("--scorer: {e}")))?
+            .id(),
+    };
+    println!(
+        "run {} ({}), scorer {}\n",
+        manifest.run_id,
+        store.display(),
+        id.tag()
+    );
+    let rows = aggregate::compute(&store, &id).await.map_err(internal)?;
+    println!("{}", aggregate::render(&rows));
+    if let Some(h) = &a.holdout {
+        let labels = super::holdout::read_labels(h)?;
+        let scorer = score::build(&id.name, a.cues.as_deref())
+            .map_err(|e| CliError::BadInput(format!("--scorer: {e}")))?;
+        if scorer.id() != id {
+            return Err(CliError::BadInput(format!(
+                "the holdout re-scores with {} but the report is of {}: pass --scorer {}",
+                scorer.id().tag(),
+                id.tag(),
+                scorer.id().tag()
+            )));
+        }
+        let p = prevalence(&store, scorer.as_ref(), &labels).await?;
+        println!("\n{}", render_prevalence(&p, labels.len()));
+    }
+    Ok(())
+}

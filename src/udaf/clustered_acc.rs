@@ -1,0 +1,513 @@
+//! The shared accumulator of the clustered statistics: per group, the overall [`Moments`] and
+//! one [`Moments`] per cluster.
+//!
+//! `clustered_se`, `clustered_se_cr1`, `clustered_mean_ci`, `paired_diff_clustered` and
+//! `variance_components` all need, per group, per-cluster counts and means; they differ in
+//! how a row becomes a value ([`Input`]) and in the `finish` function.
+//!
+//! State: four lists aligned by cluster: `keys` (Int64 or Utf8), `counts` (UInt64), `means`
+//! and `m2s` (Float64). The group's overall moments are the merge of its clusters' moments,
+//! computed once when a group is emitted, so the per-row loop updates one cell only.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, BooleanArray, Float64Array, ListArray, UInt64Array,
+};
+use datafusion::arrow::buffer::OffsetBuffer;
+use datafusion::arrow::compute::{cast, filter};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
+use datafusion::common::cast::{as_float64_array, as_list_array, as_uint64_array};
+use datafusion::common::{HashMap, Result};
+use datafusion::logical_expr::utils::format_state_name;
+use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
+
+use super::cluster_keys::{Interner, KeyKind, NULL_ID};
+use super::common::{Moments, f64_array, filter_ok};
+use super::moments_acc::Input;
+use super::single_group::Grow;
+
+/// One group's partial sums: overall moments and per-cluster moments.
+#[derive(Debug, Clone, Default)]
+pub struct GroupCells {
+    /// Moments over every row of the group (filled when the group is emitted).
+    pub total: Moments,
+    /// `(cluster id, moments of that cluster)`.
+    pub cells: Vec<(u32, Moments)>,
+}
+
+impl GroupCells {
+    /// Number of clusters.
+    pub fn n_clusters(&self) -> usize {
+        self.cells.len()
+    }
+
+    /// `sum over clusters of (sum over i in the cluster of (x_i - mean))^2`.
+    pub fn cluster_score_sq(&self) -> f64 {
+        let m = self.total.mean;
+        self.cells
+            .iter()
+            .map(|(_, c)| {
+                let s = c.n as f64 * (c.mean - m);
+                s * s
+            })
+            .sum()
+    }
+
+    /// Miller's clustered SE: sqrt(mean_se^2 + (1/n^2) sum_c sum_{i != j in c} (x_i - m)(x_j - m)).
+    ///
+    /// With `A = sum_c (sum_{i in c} (x_i - m))^2` the cross terms are `A - m2`, so
+    /// `SE^2 = m2 / (n (n - 1)) + (A - m2) / n^2 = A / n^2 + m2 / (n^2 (n - 1))`, which has no
+    /// cancellation and is never negative. `None` below two rows or two clusters.
+    pub fn miller_se(&self) -> Option<f64> {
+        let n = self.total.n;
+        if n < 2 || self.n_clusters() < 2 {
+            return None;
+        }
+        let nf = n as f64;
+        let var =
+            self.cluster_score_sq() / (nf * nf) + self.total.m2.max(0.0) / (nf * nf * (nf - 1.0));
+        super::common::finite(var.sqrt())
+    }
+
+    /// CR1 cluster-robust SE: sqrt(G / (G - 1) * A) / n. `None` below two clusters.
+    pub fn cr1_se(&self) -> Option<f64> {
+        let g = self.n_clusters();
+        if g < 2 {
+            return None;
+        }
+        let gf = g as f64;
+        super::common::finite(
+            (gf / (gf - 1.0) * self.cluster_score_sq()).sqrt() / self.total.n as f64,
+        )
+    }
+}
+
+/// Turns final per-group cells into the result column.
+pub type ClusterFinish = Arc<dyn Fn(&[GroupCells]) -> Result<ArrayRef> + Send + Sync>;
+
+fn list_of(t: DataType) -> DataType {
+    DataType::List(Arc::new(Field::new_list_field(t, true)))
+}
+
+/// State fields of the clustered accumulator for cluster keys of `kind`.
+pub fn state_fields(name: &str, kind: KeyKind) -> Vec<FieldRef> {
+    let f = |n: &str, t: DataType| Arc::new(Field::new(format_state_name(name, n), t, true));
+    vec![
+        f("cluster_keys", list_of(kind.state_type())),
+        f("cluster_counts", list_of(DataType::UInt64)),
+        f("cluster_means", list_of(DataType::Float64)),
+        f("cluster_m2s", list_of(DataType::Float64)),
+    ]
+}
+
+/// Coerces `(scores..., cluster [, level])`: `names` names every argument in order, the
+/// cluster sits at `cluster_idx`, and arguments after it are numeric constants.
+pub fn coerce_args(
+    fname: &str,
+    types: &[DataType],
+    names: &[&str],
+    cluster_idx: usize,
+) -> Result<Vec<DataType>> {
+    super::common::check_arity(fname, types, cluster_idx + 1, names.len())?;
+    types
+        .iter()
+        .zip(names)
+        .enumerate()
+        .map(|(i, (t, a))| {
+            if i == cluster_idx {
+                super::common::coerce_cluster(fname, a, t)
+            } else {
+                super::common::coerce_score(fname, a, t)
+            }
+        })
+        .collect()
+}
+
+/// The key kind of the (coerced) cluster argument at `idx`.
+pub fn key_kind(fields: &[FieldRef], idx: usize) -> KeyKind {
+    fields
+        .get(idx)
+        .map_or(KeyKind::Str, |f| KeyKind::of(f.data_type()))
+}
+
+const NO_GROUP: u32 = u32::MAX;
+
+/// A cluster's inline partial sums and the group they belong to.
+///
+/// Sums are of `x - shift`, `shift` being the cell's first value (the shifted-data algorithm):
+/// no division per row, and stable because the shift lies within the data.
+#[derive(Debug, Clone, Copy)]
+struct DenseCell {
+    group: u32,
+    n: u32,
+    shift: f64,
+    s1: f64,
+    s2: f64,
+}
+
+impl DenseCell {
+    const EMPTY: DenseCell = DenseCell {
+        group: NO_GROUP,
+        n: 0,
+        shift: 0.0,
+        s1: 0.0,
+        s2: 0.0,
+    };
+
+    #[inline]
+    fn start(group: usize, x: f64) -> Self {
+        DenseCell {
+            group: group as u32,
+            n: 1,
+            shift: x,
+            s1: 0.0,
+            s2: 0.0,
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, x: f64) {
+        let d = x - self.shift;
+        self.n += 1;
+        self.s1 += d;
+        self.s2 += d * d;
+    }
+
+    fn moments(&self) -> Moments {
+        let n = self.n as f64;
+        Moments {
+            n: self.n as u64,
+            mean: self.shift + self.s1 / n,
+            m2: (self.s2 - self.s1 * self.s1 / n).max(0.0),
+        }
+    }
+}
+
+#[inline]
+fn slot_key(group: usize, cluster: u32) -> u64 {
+    ((group as u64) << 32) | cluster as u64
+}
+
+/// Per-group, per-cluster moments.
+#[derive(Clone)]
+pub struct ClusteredGroups {
+    input: Input,
+    interner: Interner,
+    groups: Vec<GroupCells>,
+    /// (group, cluster id) -> position in that group's `cells`.
+    index: HashMap<u64, u32>,
+    n_cells: usize,
+    /// Per cluster id: the group accumulating it inline, and its moments. Rows of a cluster
+    /// usually fall in one group (a template belongs to one test; without GROUP BY there is one
+    /// group), so a row costs one array access; a row of another group spills the inline
+    /// moments into that group's `cells` (a hash lookup) and takes the slot over.
+    dense: Vec<DenseCell>,
+    ids: Vec<u32>,
+    finish: ClusterFinish,
+}
+
+impl fmt::Debug for ClusteredGroups {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusteredGroups")
+            .field("input", &self.input)
+            .field("groups", &self.groups.len())
+            .field("cells", &self.n_cells)
+            .finish()
+    }
+}
+
+impl ClusteredGroups {
+    /// A new accumulator for cluster keys of `kind`.
+    pub fn new(input: Input, kind: KeyKind, finish: ClusterFinish) -> Self {
+        Self {
+            input,
+            interner: Interner::new(kind),
+            groups: Vec::new(),
+            index: HashMap::default(),
+            n_cells: 0,
+            dense: Vec::new(),
+            ids: Vec::new(),
+            finish,
+        }
+    }
+
+    /// Folds cluster `c`'s inline moments into its group's cells.
+    fn spill(&mut self, c: usize) {
+        let d = self.dense[c];
+        if d.group != NO_GROUP {
+            let g = d.group as usize;
+            let p = self.slot_slow(g, c as u32);
+            self.groups[g].cells[p].1.merge(&d.moments());
+            self.dense[c] = DenseCell::EMPTY;
+        }
+    }
+
+    /// Spills every inline cell, so `groups` holds all partial sums.
+    fn spill_all(&mut self) {
+        for c in 0..self.dense.len() {
+            self.spill(c);
+        }
+    }
+
+    fn slot_slow(&mut self, group: usize, cid: u32) -> usize {
+        let groups = &mut self.groups;
+        let n_cells = &mut self.n_cells;
+        *self.index.entry(slot_key(group, cid)).or_insert_with(|| {
+            let cells = &mut groups[group].cells;
+            cells.push((cid, Moments::default()));
+            *n_cells += 1;
+            (cells.len() - 1) as u32
+        }) as usize
+    }
+
+    fn take(&mut self, emit_to: EmitTo) -> Vec<GroupCells> {
+        self.spill_all();
+        let mut out = emit_to.take_needed(&mut self.groups);
+        for g in &mut out {
+            let mut total = Moments::default();
+            g.cells.iter().for_each(|(_, m)| total.merge(m));
+            g.total = total;
+        }
+        self.index.clear();
+        self.dense.clear();
+        match emit_to {
+            EmitTo::All => {
+                self.interner.clear();
+                self.n_cells = 0;
+            }
+            EmitTo::First(_) => {
+                self.n_cells = 0;
+                for (g, gc) in self.groups.iter().enumerate() {
+                    for (p, (cid, _)) in gc.cells.iter().enumerate() {
+                        self.index.insert(slot_key(g, *cid), p as u32);
+                    }
+                    self.n_cells += gc.cells.len();
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Grow for ClusteredGroups {
+    fn grow(&mut self, total_num_groups: usize) {
+        if self.groups.len() < total_num_groups {
+            self.groups
+                .resize_with(total_num_groups, GroupCells::default);
+        }
+    }
+}
+
+impl GroupsAccumulator for ClusteredGroups {
+    fn update_batch(
+        &mut self,
+        values: &[ArrayRef],
+        group_indices: &[usize],
+        opt_filter: Option<&BooleanArray>,
+        total_num_groups: usize,
+    ) -> Result<()> {
+        self.grow(total_num_groups);
+        let x = self.input.values(values)?;
+        let x = f64_array(&x)?;
+        let mut ids = std::mem::take(&mut self.ids);
+        self.interner
+            .ids(&values[self.input.cluster_idx()], &mut ids)?;
+        if self.dense.len() < self.interner.len() {
+            self.dense.resize(self.interner.len(), DenseCell::EMPTY);
+        }
+        let dense_input = x.null_count() == 0 && opt_filter.is_none();
+        for (i, (&g, &v)) in group_indices.iter().zip(x.values().iter()).enumerate() {
+            let cid = ids[i];
+            if cid == NULL_ID
+                || v.is_nan()
+                || !(dense_input || (x.is_valid(i) && filter_ok(opt_filter, i)))
+            {
+                continue;
+            }
+            let c = cid as usize;
+            let d = &mut self.dense[c];
+            // The u32 count spills before it could overflow.
+            if d.group as usize == g && d.n < u32::MAX {
+                d.push(v);
+            } else {
+                self.spill(c);
+                self.dense[c] = DenseCell::start(g, v);
+            }
+        }
+        self.ids = ids;
+        Ok(())
+    }
+
+    fn merge_batch(
+        &mut self,
+        values: &[ArrayRef],
+        group_indices: &[usize],
+        total_num_groups: usize,
+    ) -> Result<()> {
+        self.grow(total_num_groups);
+        let keys = as_list_array(&values[0])?;
+        let counts = as_list_array(&values[1])?;
+        let means = as_list_array(&values[2])?;
+        let m2s = as_list_array(&values[3])?;
+        let (ko, co, mo, m2o) = (
+            keys.value_offsets(),
+            counts.value_offsets(),
+            means.value_offsets(),
+            m2s.value_offsets(),
+        );
+        let cv = as_uint64_array(counts.values())?;
+        let mv = as_float64_array(means.values())?;
+        let m2v = as_float64_array(m2s.values())?;
+        let start = ko[0] as usize;
+        let end = ko[keys.len()] as usize;
+        let mut ids = std::mem::take(&mut self.ids);
+        self.interner
+            .ids(&keys.values().slice(start, end - start), &mut ids)?;
+        for (i, &g) in group_indices.iter().enumerate() {
+            if keys.is_null(i) {
+                continue;
+            }
+            let len = (ko[i + 1] - ko[i]) as usize;
+            for j in 0..len {
+                let cid = ids[ko[i] as usize - start + j];
+                let cell = Moments {
+                    n: cv.value(co[i] as usize + j),
+                    mean: mv.value(mo[i] as usize + j),
+                    m2: m2v.value(m2o[i] as usize + j),
+                };
+                let p = self.slot_slow(g, cid);
+                self.groups[g].cells[p].1.merge(&cell);
+            }
+        }
+        self.ids = ids;
+        Ok(())
+    }
+
+    fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
+        let groups = self.take(emit_to);
+        (self.finish)(&groups)
+    }
+
+    fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
+        self.spill_all();
+        // Keys must be resolved before `take` may clear the interner.
+        let n_emit = match emit_to {
+            EmitTo::All => self.groups.len(),
+            EmitTo::First(k) => k,
+        };
+        let emitted = &self.groups[..n_emit];
+        let offsets = OffsetBuffer::<i32>::from_lengths(emitted.iter().map(|g| g.cells.len()));
+        let cells = || emitted.iter().flat_map(|g| g.cells.iter());
+        let keys = self.interner.keys_array(cells().map(|(cid, _)| *cid));
+        let counts: ArrayRef = Arc::new(UInt64Array::from_iter_values(cells().map(|(_, m)| m.n)));
+        let means: ArrayRef =
+            Arc::new(Float64Array::from_iter_values(cells().map(|(_, m)| m.mean)));
+        let m2s: ArrayRef = Arc::new(Float64Array::from_iter_values(cells().map(|(_, m)| m.m2)));
+        let list = |v: ArrayRef| -> ArrayRef {
+            let field = Arc::new(Field::new_list_field(v.data_type().clone(), true));
+            Arc::new(ListArray::new(field, offsets.clone(), v, None))
+        };
+        let out = vec![list(keys), list(counts), list(means), list(m2s)];
+        self.take(emit_to);
+        Ok(out)
+    }
+
+    fn convert_to_state(
+        &self,
+        values: &[ArrayRef],
+        opt_filter: Option<&BooleanArray>,
+    ) -> Result<Vec<ArrayRef>> {
+        let x = self.input.values(values)?;
+        let x = f64_array(&x)?;
+        let cluster = &values[self.input.cluster_idx()];
+        let len = x.len();
+        let mask: BooleanArray = (0..len)
+            .map(|i| {
+                Some(
+                    x.is_valid(i)
+                        && !x.value(i).is_nan()
+                        && cluster.is_valid(i)
+                        && filter_ok(opt_filter, i),
+                )
+            })
+            .collect();
+        let keys = filter(&cast(cluster, &self.interner.kind().state_type())?, &mask)?;
+        let kept = keys.len();
+        let offsets = OffsetBuffer::<i32>::from_lengths(mask.values().iter().map(usize::from));
+        let list = |v: ArrayRef| -> ArrayRef {
+            let field = Arc::new(Field::new_list_field(v.data_type().clone(), true));
+            Arc::new(ListArray::new(field, offsets.clone(), v, None))
+        };
+        let xs = filter(x, &mask)?;
+        Ok(vec![
+            list(keys),
+            list(Arc::new(UInt64Array::from(vec![1u64; kept]))),
+            list(xs),
+            list(Arc::new(Float64Array::from(vec![0.0; kept]))),
+        ])
+    }
+
+    fn size(&self) -> usize {
+        self.groups.capacity() * size_of::<GroupCells>()
+            + self.n_cells * (size_of::<(u32, Moments)>() + 16)
+            + self.index.capacity() * 16
+            + self.interner.size()
+            + self.ids.capacity() * 4
+            + self.dense.capacity() * size_of::<DenseCell>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cells(rows: &[(u32, f64)]) -> GroupCells {
+        let mut g = GroupCells::default();
+        for &(c, x) in rows {
+            g.total.push(x);
+            match g.cells.iter_mut().find(|(id, _)| *id == c) {
+                Some((_, m)) => m.push(x),
+                None => {
+                    let mut m = Moments::default();
+                    m.push(x);
+                    g.cells.push((c, m));
+                }
+            }
+        }
+        g
+    }
+
+    /// Miller's formula term by term, O(n^2).
+    fn miller_brute(rows: &[(u32, f64)]) -> f64 {
+        let n = rows.len() as f64;
+        let m = rows.iter().map(|r| r.1).sum::<f64>() / n;
+        let var = rows.iter().map(|r| (r.1 - m).powi(2)).sum::<f64>() / (n - 1.0);
+        let mut cross = 0.0;
+        for (i, a) in rows.iter().enumerate() {
+            for (j, b) in rows.iter().enumerate() {
+                if i != j && a.0 == b.0 {
+                    cross += (a.1 - m) * (b.1 - m);
+                }
+            }
+        }
+        (var / n + cross / (n * n)).sqrt()
+    }
+
+    #[test]
+    fn miller_matches_brute_force() {
+        let rows: Vec<(u32, f64)> = (0..60)
+            .map(|i| ((i % 7) as u32, (((i * 31) % 11) as f64) / 10.0))
+            .collect();
+        let g = cells(&rows);
+        assert!((g.miller_se().unwrap() - miller_brute(&rows)).abs() < 1e-12);
+        let singles: Vec<(u32, f64)> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i as u32, r.1))
+            .collect();
+        let g = cells(&singles);
+        assert!((g.miller_se().unwrap() - g.total.mean_se().unwrap()).abs() < 1e-12);
+    }
+}

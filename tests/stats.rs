@@ -1,0 +1,856 @@
+//! SQL-level tests of the statistics functions against independently computed values.
+//!
+//! Reference values: `tests/fixtures/stats/expected.json`, made by `scripts/stats_reference.py`
+//! (numpy / scipy / statsmodels) from `tests/fixtures/stats/scores.csv`. Plus hand-worked cases
+//! from the seeds, edge cases, partitioning and the skip-partial-aggregation path.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type};
+use datafusion::catalog::MemTable;
+use datafusion::common::ScalarValue;
+use datafusion::prelude::{CsvReadOptions, SessionConfig, SessionContext};
+use evalflow::udaf::register_all;
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/stats")
+        .join(name)
+}
+
+fn expected() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap()
+}
+
+fn ctx_with(partitions: usize) -> SessionContext {
+    let cfg = SessionConfig::new()
+        .with_target_partitions(partitions)
+        .with_batch_size(64);
+    let ctx = SessionContext::new_with_config(cfg);
+    register_all(&ctx);
+    ctx
+}
+
+/// The fixture as table `s`, split into `partitions` memory partitions of small batches.
+async fn fixture_ctx(partitions: usize) -> SessionContext {
+    let ctx = ctx_with(partitions);
+    let batches = ctx
+        .read_csv(
+            fixture("scores.csv").to_str().unwrap(),
+            CsvReadOptions::new(),
+        )
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let schema = batches[0].schema();
+    let all = concat_batches(&schema, &batches).unwrap();
+    let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); partitions];
+    let chunk = 37;
+    let mut off = 0;
+    let mut i = 0;
+    while off < all.num_rows() {
+        let len = chunk.min(all.num_rows() - off);
+        parts[i % partitions].push(all.slice(off, len));
+        off += len;
+        i += 1;
+    }
+    ctx.register_table("s", Arc::new(MemTable::try_new(schema, parts).unwrap()))
+        .unwrap();
+    ctx
+}
+
+async fn batches(ctx: &SessionContext, sql: &str) -> Vec<RecordBatch> {
+    match ctx.sql(sql).await {
+        Ok(df) => df.collect().await.unwrap_or_else(|e| panic!("{sql}: {e}")),
+        Err(e) => panic!("{sql}: {e}"),
+    }
+}
+
+/// All rows as scalars, row-major.
+async fn rows(ctx: &SessionContext, sql: &str) -> Vec<Vec<ScalarValue>> {
+    let mut out = Vec::new();
+    for b in batches(ctx, sql).await {
+        for r in 0..b.num_rows() {
+            out.push(
+                b.columns()
+                    .iter()
+                    .map(|c| ScalarValue::try_from_array(c, r).unwrap())
+                    .collect(),
+            );
+        }
+    }
+    out
+}
+
+async fn one(ctx: &SessionContext, sql: &str) -> ScalarValue {
+    let r = rows(ctx, sql).await;
+    assert_eq!(r.len(), 1, "{sql}: expected one row");
+    r[0][0].clone()
+}
+
+fn f(s: &ScalarValue) -> Option<f64> {
+    match s {
+        ScalarValue::Float64(v) => *v,
+        ScalarValue::Int64(v) => v.map(|v| v as f64),
+        ScalarValue::Null => None,
+        other => panic!("not a number: {other:?}"),
+    }
+}
+
+async fn num(ctx: &SessionContext, sql: &str) -> Option<f64> {
+    f(&one(ctx, sql).await)
+}
+
+fn close(a: f64, b: f64, rel: f64) -> bool {
+    (a - b).abs() <= rel * a.abs().max(b.abs()).max(1e-300)
+}
+
+#[track_caller]
+fn assert_close(got: Option<f64>, want: f64, what: &str) {
+    let got = got.unwrap_or_else(|| panic!("{what}: got NULL, want {want}"));
+    assert!(close(got, want, 1e-9), "{what}: got {got}, want {want}");
+}
+
+fn ev(e: &Value, k: &str) -> f64 {
+    e[k].as_f64().unwrap_or_else(|| panic!("missing {k}"))
+}
+
+/// The numbers every fixture query checks, as SQL select items with their expected key.
+const CHECKS: &[(&str, &str)] = &[
+    ("mean_se(x)", "mean_se"),
+    ("clustered_se(x, cluster_str)", "clustered_se"),
+    ("clustered_se(x, cluster_int)", "clustered_se"),
+    ("clustered_se_cr1(x, cluster_str)", "clustered_se_cr1"),
+    ("clustered_se_cr1(x, cluster_int)", "clustered_se_cr1"),
+    ("mean_ci(x)['lo']", "mean_ci_lo"),
+    ("mean_ci(x)['hi']", "mean_ci_hi"),
+    ("mean_ci(x, 0.9)['lo']", "mean_ci90_lo"),
+    ("mean_ci(x)['n']", "n"),
+    ("clustered_mean_ci(x, cluster_str)['lo']", "clustered_ci_lo"),
+    ("clustered_mean_ci(x, cluster_str)['hi']", "clustered_ci_hi"),
+    (
+        "clustered_mean_ci(x, cluster_int)['n_clusters']",
+        "n_clusters",
+    ),
+    ("paired_diff(a, b)['n']", "paired_n"),
+    ("paired_diff(a, b)['mean_diff']", "paired_mean_diff"),
+    ("paired_diff(a, b)['se']", "paired_se"),
+    ("paired_diff(a, b)['z']", "paired_z"),
+    ("paired_diff(a, b)['p_value']", "paired_p"),
+    (
+        "paired_diff_clustered(a, b, cluster_str)['se']",
+        "paired_clustered_se",
+    ),
+    (
+        "paired_diff_clustered(a, b, cluster_int)['p_value']",
+        "paired_clustered_p",
+    ),
+    ("variance_components(x, case_id)['n_cases']", "vc_n_cases"),
+    ("variance_components(x, case_id)['k_mean']", "vc_k_mean"),
+    (
+        "variance_components(x, case_id)['within_var']",
+        "vc_within_var",
+    ),
+    (
+        "variance_components(x, case_id)['between_var']",
+        "vc_between_var",
+    ),
+    (
+        "conformal_quantile(CASE WHEN b IS NOT NULL THEN a END, 0.1)",
+        "conformal_a10",
+    ),
+    (
+        "conformal_quantile(CASE WHEN b IS NOT NULL THEN a END, 0.05)",
+        "conformal_a05",
+    ),
+    (
+        "self_consistency(CASE WHEN b IS NOT NULL THEN a END)",
+        "self_consistency_a",
+    ),
+];
+
+fn check_sql(group_by: bool) -> String {
+    let items: Vec<String> = CHECKS.iter().map(|(e, _)| e.to_string()).collect();
+    if group_by {
+        format!(
+            "SELECT grp, {} FROM s GROUP BY grp ORDER BY grp",
+            items.join(", ")
+        )
+    } else {
+        format!("SELECT {} FROM s", items.join(", "))
+    }
+}
+
+fn check_row(row: &[ScalarValue], e: &Value, what: &str) {
+    for ((expr, key), got) in CHECKS.iter().zip(row) {
+        assert_close(f(got), ev(e, key), &format!("{what}: {expr}"));
+    }
+}
+
+#[tokio::test]
+async fn fixture_matches_reference_overall() {
+    let e = expected();
+    for p in [1, 16] {
+        let ctx = fixture_ctx(p).await;
+        let r = rows(&ctx, &check_sql(false)).await;
+        check_row(&r[0], &e["overall"], &format!("overall, {p} partitions"));
+        let conf = rows(&ctx, "SELECT c['tp'], c['fp'], c['tn'], c['fn'] FROM (SELECT confusion(pred, truth) AS c FROM s)").await;
+        let want: Vec<f64> = e["overall"]["confusion"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let got: Vec<f64> = conf[0].iter().map(|v| f(v).unwrap()).collect();
+        assert_eq!(got, want);
+    }
+}
+
+#[tokio::test]
+async fn fixture_matches_reference_by_group() {
+    let e = expected();
+    for p in [1, 16] {
+        let ctx = fixture_ctx(p).await;
+        let r = rows(&ctx, &check_sql(true)).await;
+        assert_eq!(r.len(), 3);
+        for row in r {
+            let (ScalarValue::Utf8(Some(g)) | ScalarValue::Utf8View(Some(g))) = &row[0] else {
+                panic!("{:?}", row[0])
+            };
+            check_row(
+                &row[1..],
+                &e["by_grp"][g.as_str()],
+                &format!("group {g}, {p} partitions"),
+            );
+        }
+    }
+}
+
+/// Miller's SE and CR1 differ exactly by the small-sample factor and Miller's extra term:
+/// miller^2 = cr1^2 * (G - 1) / G + mean_se^2 / n.
+#[tokio::test]
+async fn miller_and_cr1_differ_by_g_over_g_minus_1() {
+    let ctx = fixture_ctx(4).await;
+    let r = rows(
+        &ctx,
+        "SELECT clustered_se(x, cluster_str), clustered_se_cr1(x, cluster_str), mean_se(x), \
+         count(x), count(DISTINCT CASE WHEN x IS NOT NULL THEN cluster_str END) FROM s",
+    )
+    .await;
+    let v: Vec<f64> = r[0].iter().map(|s| f(s).unwrap()).collect();
+    let (miller, cr1, se, n, g) = (v[0], v[1], v[2], v[3], v[4]);
+    assert!(cr1 > miller, "CR1 {cr1} should exceed Miller {miller} here");
+    assert!(close(
+        miller * miller,
+        cr1 * cr1 * (g - 1.0) / g + se * se / n,
+        1e-12
+    ));
+    // Both far above the naive SE: the fixture has strong cluster effects.
+    assert!(miller > 1.5 * se);
+}
+
+#[tokio::test]
+async fn seeds_worked_numbers() {
+    let ctx = ctx_with(4);
+    // 80% pass on 400 binary cases.
+    let t = "(SELECT CASE WHEN value <= 320 THEN 1.0 ELSE 0.0 END AS x FROM generate_series(1, 400)) AS t";
+    let se = num(&ctx, &format!("SELECT mean_se(x) FROM {t}"))
+        .await
+        .unwrap();
+    assert!((se - 0.020).abs() < 0.0005, "{se}");
+    assert_close(Some(se), (0.8f64 * 0.2 / 399.0).sqrt(), "mean_se");
+    let lo = num(&ctx, &format!("SELECT mean_ci(x)['lo'] FROM {t}"))
+        .await
+        .unwrap();
+    let hi = num(&ctx, &format!("SELECT mean_ci(x)['hi'] FROM {t}"))
+        .await
+        .unwrap();
+    assert!(
+        (lo - 0.76).abs() < 0.002 && (hi - 0.84).abs() < 0.002,
+        "{lo}..{hi}"
+    );
+    // Miller: omega^2 = 1/9, delta = 0.03 needs 969 questions.
+    assert_eq!(
+        num(&ctx, "SELECT sample_size(0.03, 1.0 / 9)").await,
+        Some(969.0)
+    );
+    assert_eq!(
+        num(&ctx, "SELECT sample_size(0.03, 1.0 / 9, 0.05, 0.8)").await,
+        Some(969.0)
+    );
+    let e = expected();
+    assert_eq!(ev(&e["seed"], "sample_size_0_03_1_9"), 969.0);
+    assert_close(
+        num(&ctx, "SELECT mde(969, 1.0 / 9)").await,
+        ev(&e["seed"], "mde_969"),
+        "mde",
+    );
+    // Conformal: n = 99, alpha = 0.1 is the 90th smallest (not 89th or 91st).
+    let q = num(
+        &ctx,
+        "SELECT conformal_quantile(CAST(value AS DOUBLE), 0.1) FROM generate_series(1, 99)",
+    )
+    .await;
+    assert_eq!(q, Some(90.0));
+    let q = num(&ctx, "SELECT conformal_quantile(CAST(100 - value AS DOUBLE) / 7, 0.1) FROM generate_series(1, 99)").await;
+    assert_eq!(q, Some(90.0 / 7.0));
+    let q = num(
+        &ctx,
+        "SELECT conformal_quantile(CAST(value AS DOUBLE), 0.01) FROM generate_series(1, 98)",
+    )
+    .await;
+    assert_eq!(q, Some(f64::INFINITY));
+    // Rogan-Gladen on the seed's "rejected" class: 13 of 36 flagged, truth 29 of 36, the
+    // scorer never flags a true negative (tp 13, fn 16, tn 7, fp 0): corrected 29/36 = 0.806.
+    assert_close(
+        num(&ctx, "SELECT rogan_gladen(13.0 / 36, 13.0 / 29, 1.0)").await,
+        29.0 / 36.0,
+        "rogan_gladen",
+    );
+    let est = num(
+        &ctx,
+        "SELECT rogan_gladen_ci(13, 36, 13, 16, 7, 0)['estimate']",
+    )
+    .await
+    .unwrap();
+    assert!((est - 0.806).abs() < 0.001);
+    assert_eq!(num(&ctx, "SELECT rogan_gladen(0.3, 0.5, 0.5)").await, None);
+    assert_eq!(num(&ctx, "SELECT rogan_gladen(0.3, 0.4, 0.5)").await, None);
+    assert_eq!(
+        num(&ctx, "SELECT rogan_gladen_ci(13, 36, 1, 1, 1, 1)['se']").await,
+        None
+    );
+    // Clipping to [0, 1].
+    assert_eq!(
+        num(&ctx, "SELECT rogan_gladen(0.01, 0.9, 0.9)").await,
+        Some(0.0)
+    );
+}
+
+/// The delta-method variance of DESIGN.md, worked by hand for the seed numbers.
+#[tokio::test]
+async fn rogan_gladen_ci_delta_method() {
+    let ctx = ctx_with(1);
+    let (pos, n, tp, fn_, tn, fp) = (13.0f64, 36.0f64, 13.0f64, 16.0f64, 7.0f64, 0.0f64);
+    let p = pos / n;
+    let (sens, spec) = (tp / (tp + fn_), tn / (tn + fp));
+    let j = sens + spec - 1.0;
+    let e = (p + spec - 1.0) / j;
+    let var = (p * (1.0 - p) / n
+        + e * e * sens * (1.0 - sens) / (tp + fn_)
+        + (1.0 - e).powi(2) * spec * (1.0 - spec) / (tn + fp))
+        / (j * j);
+    let r = rows(&ctx, "SELECT c['estimate'], c['se'], c['lo'], c['hi'] FROM (SELECT rogan_gladen_ci(13, 36, 13, 16, 7, 0) AS c)").await;
+    let v: Vec<f64> = r[0].iter().map(|s| f(s).unwrap()).collect();
+    assert_close(Some(v[0]), e, "estimate");
+    assert_close(Some(v[1]), var.sqrt(), "se");
+    assert_close(
+        Some(v[2]),
+        (e - 1.959963984540054 * var.sqrt()).max(0.0),
+        "lo",
+    );
+    assert_close(
+        Some(v[3]),
+        (e + 1.959963984540054 * var.sqrt()).min(1.0),
+        "hi",
+    );
+    assert_eq!(v[3], 1.0, "upper bound clipped to 1");
+    // Confusion feeds it: counts from SQL.
+    let m = rows(&ctx, "SELECT confusion(p, t)['sensitivity'], confusion(p, t)['specificity'] FROM (VALUES (true, true), (false, true), (false, false), (true, false), (NULL, true)) AS v(p, t)").await;
+    assert_eq!((f(&m[0][0]), f(&m[0][1])), (Some(0.5), Some(0.5)));
+}
+
+#[tokio::test]
+async fn edge_cases() {
+    let ctx = ctx_with(4);
+    let v = |body: &str| format!("(VALUES {body}) AS t(x, c)");
+    // One cluster: the clustered SE is not identifiable -> NULL; the naive one exists.
+    let one = v("(1.0, 'a'), (0.0, 'a'), (1.0, 'a')");
+    assert_eq!(
+        num(&ctx, &format!("SELECT clustered_se(x, c) FROM {one}")).await,
+        None
+    );
+    assert_eq!(
+        num(&ctx, &format!("SELECT clustered_se_cr1(x, c) FROM {one}")).await,
+        None
+    );
+    assert_eq!(
+        num(
+            &ctx,
+            &format!("SELECT clustered_mean_ci(x, c)['n_clusters'] FROM {one}")
+        )
+        .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        num(
+            &ctx,
+            &format!("SELECT clustered_mean_ci(x, c)['se'] FROM {one}")
+        )
+        .await,
+        None
+    );
+    assert!(
+        num(&ctx, &format!("SELECT mean_se(x) FROM {one}"))
+            .await
+            .is_some()
+    );
+    // Every cluster of size one: clustered_se equals mean_se.
+    let singles = v("(1.0, 'a'), (0.0, 'b'), (1.0, 'c'), (0.5, 'd'), (0.25, 'e')");
+    let r = rows(
+        &ctx,
+        &format!("SELECT clustered_se(x, c), mean_se(x) FROM {singles}"),
+    )
+    .await;
+    assert_close(f(&r[0][0]), f(&r[0][1]).unwrap(), "singletons");
+    // n = 1 -> NULL everywhere; mean_ci keeps n and mean.
+    let n1 = v("(1.0, 'a')");
+    for e in [
+        "mean_se(x)",
+        "clustered_se(x, c)",
+        "clustered_se_cr1(x, c)",
+        "mean_ci(x)['se']",
+        "paired_diff(x, x)['se']",
+        "self_consistency(x)",
+    ] {
+        assert_eq!(
+            num(&ctx, &format!("SELECT {e} FROM {n1}")).await,
+            None,
+            "{e}"
+        );
+    }
+    assert_eq!(
+        num(&ctx, &format!("SELECT mean_ci(x)['mean'] FROM {n1}")).await,
+        Some(1.0)
+    );
+    // All scores equal: zero SE, degenerate interval, z undefined.
+    let eq = v("(1.0, 'a'), (1.0, 'a'), (1.0, 'b'), (1.0, 'b')");
+    assert_eq!(
+        num(&ctx, &format!("SELECT mean_se(x) FROM {eq}")).await,
+        Some(0.0)
+    );
+    assert_eq!(
+        num(&ctx, &format!("SELECT clustered_se(x, c) FROM {eq}")).await,
+        Some(0.0)
+    );
+    assert_eq!(
+        num(&ctx, &format!("SELECT mean_ci(x)['lo'] FROM {eq}")).await,
+        Some(1.0)
+    );
+    assert_eq!(
+        num(&ctx, &format!("SELECT paired_diff(x, x)['z'] FROM {eq}")).await,
+        None
+    );
+    assert_eq!(
+        num(
+            &ctx,
+            &format!("SELECT paired_diff(x, x)['p_value'] FROM {eq}")
+        )
+        .await,
+        None
+    );
+    assert_eq!(
+        num(&ctx, &format!("SELECT self_consistency(x) FROM {eq}")).await,
+        Some(1.0)
+    );
+    // NULLs are ignored, in the score and in the cluster.
+    let nulls = v("(1.0, 'a'), (NULL, 'a'), (0.0, 'b'), (1.0, NULL), (1.0, 'c')");
+    let clean = v("(1.0, 'a'), (0.0, 'b'), (1.0, 'c')");
+    for e in ["clustered_se(x, c)", "clustered_mean_ci(x, c)['n']"] {
+        let a = num(&ctx, &format!("SELECT {e} FROM {nulls}")).await;
+        let b = num(&ctx, &format!("SELECT {e} FROM {clean}")).await;
+        assert_eq!(a, b, "{e}");
+    }
+    assert_eq!(
+        num(&ctx, &format!("SELECT mean_ci(x)['n'] FROM {nulls}")).await,
+        Some(4.0)
+    );
+    // Only NULLs, and empty input without GROUP BY: NULL, struct with n = 0.
+    let allnull = "(SELECT CAST(NULL AS DOUBLE) AS x, 'a' AS c) AS t";
+    assert_eq!(
+        num(&ctx, &format!("SELECT mean_se(x) FROM {allnull}")).await,
+        None
+    );
+    assert_eq!(
+        num(&ctx, &format!("SELECT mean_ci(x)['n'] FROM {allnull}")).await,
+        Some(0.0)
+    );
+    assert_eq!(
+        num(
+            &ctx,
+            &format!("SELECT clustered_mean_ci(x, c)['mean'] FROM {allnull}")
+        )
+        .await,
+        None
+    );
+    assert_eq!(
+        num(
+            &ctx,
+            &format!("SELECT conformal_quantile(x, 0.1) FROM {allnull}")
+        )
+        .await,
+        None
+    );
+    let empty = format!("{} WHERE x > 5", v("(1.0, 'a'), (0.0, 'b')"));
+    for e in [
+        "mean_se(x)",
+        "clustered_se(x, c)",
+        "clustered_se_cr1(x, c)",
+        "mean_ci(x)['mean']",
+        "variance_components(x, c)['between_var']",
+        "conformal_quantile(x, 0.5)",
+        "self_consistency(x)",
+    ] {
+        assert_eq!(
+            num(&ctx, &format!("SELECT {e} FROM {empty}")).await,
+            None,
+            "{e}"
+        );
+    }
+    assert_eq!(
+        num(&ctx, &format!("SELECT mean_ci(x)['n'] FROM {empty}")).await,
+        Some(0.0)
+    );
+    // Empty groups: GROUP BY over no rows gives no rows (not an error).
+    assert!(
+        rows(
+            &ctx,
+            &format!("SELECT c, mean_se(x), clustered_se(x, c) FROM {empty} GROUP BY c")
+        )
+        .await
+        .is_empty()
+    );
+    // A group whose values are all NULL gives NULL next to a normal group.
+    let r = rows(&ctx, "SELECT c, mean_se(x), clustered_se(x, c) FROM (VALUES (CAST(NULL AS DOUBLE), 'a'), (NULL, 'a'), (1.0, 'b'), (0.0, 'b')) AS t(x, c) GROUP BY c ORDER BY c").await;
+    assert_eq!(f(&r[0][1]), None);
+    assert_eq!(f(&r[1][1]), Some((0.5f64 / 2.0).sqrt()));
+}
+
+#[tokio::test]
+async fn nan_is_treated_as_missing() {
+    let ctx = ctx_with(2);
+    let with_nan = "(VALUES (1.0, 'a', 0.5), (CAST('NaN' AS DOUBLE), 'b', 0.5), (0.0, 'b', CAST('NaN' AS DOUBLE)), (1.0, 'c', 0.25), (0.0, 'c', 0.0)) AS t(x, c, y)";
+    let without = "(VALUES (1.0, 'a', 0.5), (0.0, 'b', NULL), (1.0, 'c', 0.25), (0.0, 'c', 0.0)) AS t(x, c, y)";
+    for e in [
+        "mean_se(x)",
+        "clustered_se(x, c)",
+        "clustered_se_cr1(x, c)",
+        "mean_ci(x)['n']",
+        "clustered_mean_ci(x, c)['hi']",
+        "paired_diff(x, y)['mean_diff']",
+        "paired_diff(x, y)['n']",
+        "paired_diff_clustered(x, y, c)['se']",
+        "variance_components(x, c)['within_var']",
+        "conformal_quantile(x, 0.2)",
+        "self_consistency(x)",
+    ] {
+        let a = num(&ctx, &format!("SELECT {e} FROM {with_nan}")).await;
+        let b = num(&ctx, &format!("SELECT {e} FROM {without}")).await;
+        assert_eq!(a, b, "{e}");
+        if let Some(a) = a {
+            assert!(a.is_finite() || e.starts_with("conformal"), "{e} = {a}");
+        }
+    }
+    assert_eq!(
+        num(&ctx, "SELECT sample_size(CAST('NaN' AS DOUBLE), 0.1)").await,
+        None
+    );
+    assert_eq!(
+        num(&ctx, "SELECT rogan_gladen(CAST('NaN' AS DOUBLE), 0.9, 0.9)").await,
+        None
+    );
+}
+
+/// Every cluster id type gives the same answer.
+#[tokio::test]
+async fn cluster_argument_types() {
+    let ctx = fixture_ctx(3).await;
+    let base = num(&ctx, "SELECT clustered_se(x, cluster_int) FROM s")
+        .await
+        .unwrap();
+    for cast in [
+        "SMALLINT",
+        "INT",
+        "BIGINT",
+        "INT UNSIGNED",
+        "BIGINT UNSIGNED",
+        "VARCHAR",
+        "STRING",
+    ] {
+        let got = num(
+            &ctx,
+            &format!("SELECT clustered_se(x, CAST(cluster_int AS {cast})) FROM s"),
+        )
+        .await;
+        assert_close(got, base, cast);
+    }
+    let got = num(
+        &ctx,
+        "SELECT clustered_se(x, arrow_cast(CAST(cluster_int AS VARCHAR), 'Utf8View')) FROM s",
+    )
+    .await;
+    assert_close(got, base, "Utf8View");
+    let got = num(&ctx, "SELECT clustered_se(x, arrow_cast(CAST(cluster_int AS VARCHAR), 'Dictionary(Int32, Utf8)')) FROM s").await;
+    assert_close(got, base, "Dictionary");
+    // Boolean scores read as 1/0.
+    let a = num(&ctx, "SELECT mean_se(pred) FROM s").await;
+    let b = num(
+        &ctx,
+        "SELECT mean_se(CASE WHEN pred THEN 1.0 ELSE 0.0 END) FROM s",
+    )
+    .await;
+    assert_eq!(a, b);
+}
+
+#[tokio::test]
+async fn bad_calls_are_plan_errors() {
+    let ctx = fixture_ctx(1).await;
+    for sql in [
+        "SELECT mean_ci(x, x) FROM s",
+        "SELECT mean_ci(x, 1.5) FROM s",
+        "SELECT clustered_mean_ci(x, cluster_str, 0) FROM s",
+        "SELECT conformal_quantile(x, 0) FROM s",
+        "SELECT conformal_quantile(x, a) FROM s",
+        "SELECT clustered_se(x, 1.5) FROM s",
+        "SELECT clustered_se(x) FROM s",
+        "SELECT mean_se(cluster_str) FROM s",
+        "SELECT mean_se(x, x, x) FROM s",
+    ] {
+        let res = match ctx.sql(sql).await {
+            Ok(df) => df.collect().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        assert!(res.is_err(), "{sql} should fail");
+    }
+}
+
+/// GROUP BY many groups with 1 and 16 partitions, also with partial aggregation skipped
+/// (`convert_to_state`): same numbers up to rounding.
+#[tokio::test]
+async fn partitions_and_skip_partial_aggregation_agree() {
+    let q = "SELECT case_id, mean_se(x), mean_ci(x)['hi'], paired_diff(a, b)['se'], \
+             clustered_se(x, sample), clustered_se_cr1(a, sample), clustered_mean_ci(x, sample)['lo'], \
+             paired_diff_clustered(a, b, sample)['se'], variance_components(a, sample)['within_var'] \
+             FROM s GROUP BY case_id ORDER BY case_id";
+    let q2 = "SELECT cluster_str, mean_se(x), clustered_se(x, case_id), clustered_mean_ci(a, case_id)['hi'], \
+              paired_diff_clustered(a, b, case_id)['p_value'], variance_components(x, case_id)['between_var'] \
+              FROM s GROUP BY cluster_str ORDER BY cluster_str";
+    for q in [q, q2] {
+        let base = rows(&fixture_ctx(1).await, q).await;
+        assert!(base.len() > 60, "many groups");
+        let ctx16 = fixture_ctx(16).await;
+        let skip = fixture_ctx(4).await;
+        for (k, v) in [
+            (
+                "datafusion.execution.skip_partial_aggregation_probe_rows_threshold",
+                "1",
+            ),
+            (
+                "datafusion.execution.skip_partial_aggregation_probe_ratio_threshold",
+                "0.0",
+            ),
+        ] {
+            skip.sql(&format!("SET {k} = {v}"))
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap();
+        }
+        for (name, ctx) in [("16 partitions", &ctx16), ("skip partial", &skip)] {
+            let other = rows(ctx, q).await;
+            assert_eq!(base.len(), other.len());
+            for (r1, r2) in base.iter().zip(&other) {
+                assert_eq!(r1[0], r2[0]);
+                for (a, b) in r1[1..].iter().zip(&r2[1..]) {
+                    match (f(a), f(b)) {
+                        (Some(x), Some(y)) => assert!(
+                            close(x, y, 1e-9) || (x - y).abs() < 1e-12,
+                            "{name}: {x} vs {y} in {r1:?}"
+                        ),
+                        (x, y) => assert_eq!(x, y, "{name}: {r1:?}"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `convert_to_state` followed by `merge_batch` equals `update_batch`, and merging partial
+/// states equals one pass (checked directly on the accumulators).
+#[tokio::test]
+async fn convert_to_state_and_merge_equal_one_pass() {
+    use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
+    use evalflow::udaf::cluster_keys::KeyKind;
+    use evalflow::udaf::clustered_acc::{ClusteredGroups, GroupCells};
+    use evalflow::udaf::moments_acc::Input;
+
+    let ctx = fixture_ctx(1).await;
+    let b = batches(
+        &ctx,
+        "SELECT x, cluster_str, CAST(sample AS BIGINT) AS g FROM s",
+    )
+    .await;
+    let all = concat_batches(&b[0].schema(), &b).unwrap();
+    let vals: Vec<ArrayRef> = vec![all.column(0).clone(), all.column(1).clone()];
+    let groups: Vec<usize> = all
+        .column(2)
+        .as_primitive::<Int64Type>()
+        .values()
+        .iter()
+        .map(|g| *g as usize)
+        .collect();
+    let finish = Arc::new(|g: &[GroupCells]| {
+        Ok(Arc::new(
+            g.iter()
+                .map(GroupCells::miller_se)
+                .collect::<datafusion::arrow::array::Float64Array>(),
+        ) as ArrayRef)
+    });
+    let kind = KeyKind::of(vals[1].data_type());
+    let mut one = ClusteredGroups::new(Input::Single, kind, finish.clone());
+    one.update_batch(&vals, &groups, None, 3).unwrap();
+    let want = one.evaluate(EmitTo::All).unwrap();
+
+    // convert_to_state on two halves, merged.
+    let mut merged = ClusteredGroups::new(Input::Single, kind, finish.clone());
+    let half = all.num_rows() / 2;
+    for (off, len) in [(0, half), (half, all.num_rows() - half)] {
+        let part: Vec<ArrayRef> = vals.iter().map(|v| v.slice(off, len)).collect();
+        let state = merged.convert_to_state(&part, None).unwrap();
+        merged
+            .merge_batch(&state, &groups[off..off + len], 3)
+            .unwrap();
+    }
+    let got = merged.evaluate(EmitTo::All).unwrap();
+    // Partial states of thirds, emitted First(1) then All, merged.
+    let mut final_acc = ClusteredGroups::new(Input::Single, kind, finish.clone());
+    let third = all.num_rows() / 3;
+    for (off, len) in [
+        (0, third),
+        (third, third),
+        (2 * third, all.num_rows() - 2 * third),
+    ] {
+        let mut p = ClusteredGroups::new(Input::Single, kind, finish.clone());
+        let part: Vec<ArrayRef> = vals.iter().map(|v| v.slice(off, len)).collect();
+        p.update_batch(&part, &groups[off..off + len], None, 3)
+            .unwrap();
+        let first = p.state(EmitTo::First(1)).unwrap();
+        final_acc.merge_batch(&first, &[0], 3).unwrap();
+        let rest = p.state(EmitTo::All).unwrap();
+        final_acc.merge_batch(&rest, &[1, 2], 3).unwrap();
+    }
+    let merged_states = final_acc.evaluate(EmitTo::All).unwrap();
+    for arr in [got, merged_states] {
+        let (a, b) = (
+            want.as_primitive::<Float64Type>(),
+            arr.as_primitive::<Float64Type>(),
+        );
+        assert_eq!(a.len(), 3);
+        for i in 0..3 {
+            assert!(
+                close(a.value(i), b.value(i), 1e-12),
+                "group {i}: {} vs {}",
+                a.value(i),
+                b.value(i)
+            );
+        }
+    }
+    assert_eq!(want.data_type(), &DataType::Float64);
+}
+
+/// `docs/functions.md` is generated from the functions' documentation and examples.
+#[tokio::test]
+async fn docs_reference() {
+    let md = evalflow::udaf::reference_markdown().await.unwrap();
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/functions.md");
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &md).unwrap();
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == md,
+        "docs/functions.md is out of date: run `UPDATE_DOCS=1 cargo test --test stats docs_reference`"
+    );
+    for name in evalflow::udaf::function_names() {
+        assert!(
+            md.contains(&format!("\n## {name}\n")),
+            "{name} undocumented"
+        );
+    }
+}
+
+/// A small `scores` table shaped like the real one (DESIGN.md columns plus test, capability,
+/// test_type, role, template_id), and the same for two runs `a_scores`, `b_scores`.
+async fn report_ctx() -> SessionContext {
+    let ctx = ctx_with(4);
+    let make = |run: &str, shift: f64| {
+        format!(
+            "SELECT 'call' || CAST(value AS VARCHAR) AS call_id, 'case' || CAST(value % 240 AS VARCHAR) AS case_id, \
+             'model-{run}' AS model, CAST(value / 240 AS INT) AS sample_idx, 'exact' AS scorer, 'exact@1' AS scoring_version, \
+             CASE WHEN value % 240 % 10 = 0 THEN 'base' ELSE 'perturbed' END AS role, \
+             'test' || CAST(value % 240 % 4 AS VARCHAR) AS test, \
+             CASE WHEN value % 240 % 4 < 2 THEN 'negation' ELSE 'vocabulary' END AS capability, \
+             CASE WHEN value % 240 % 3 = 0 THEN 'MFT' WHEN value % 240 % 3 = 1 THEN 'INV' ELSE 'DIR' END AS test_type, \
+             'tpl' || CAST(value % 240 % 24 AS VARCHAR) AS template_id, \
+             CASE WHEN value % 240 % 10 = 0 THEN 'valid_answer' WHEN value % 17 = 0 THEN 'empty_due_to_budget' ELSE 'valid_answer' END AS validity, \
+             CASE WHEN value % 240 % 10 = 0 OR value % 17 = 0 THEN NULL \
+                  WHEN (value * 7919 + {seed}) % 100 < {pct} THEN 1.0 ELSE 0.0 END AS score \
+             FROM generate_series(0, 719)",
+            seed = (shift * 1000.0) as i64,
+            pct = (70.0 + shift * 100.0) as i64,
+        )
+    };
+    for (name, sql) in [
+        ("scores", make("a", 0.0)),
+        ("a_scores", make("a", 0.0)),
+        ("b_scores", make("b", 0.05)),
+    ] {
+        let df = ctx.sql(&sql).await.unwrap();
+        ctx.register_table(name, df.into_view()).unwrap();
+    }
+    ctx
+}
+
+/// The ready report queries in `sql/` run and return sane numbers.
+#[tokio::test]
+async fn report_queries_run() {
+    let ctx = report_ctx().await;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sql");
+    let mut seen = 0;
+    for name in [
+        "results_by_capability.sql",
+        "paired_comparison.sql",
+        "power_plan.sql",
+    ] {
+        let sql = std::fs::read_to_string(dir.join(name)).unwrap();
+        let out = batches(&ctx, &sql).await;
+        let n: usize = out.iter().map(|b| b.num_rows()).sum();
+        assert!(n > 0, "{name} returned no rows");
+        println!(
+            "{name}:\n{}",
+            datafusion::arrow::util::pretty::pretty_format_batches(&out).unwrap()
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 3);
+    // Failure rates exclude base rows (NULL score) and lie in [0, 1].
+    let out = batches(
+        &ctx,
+        &std::fs::read_to_string(dir.join("results_by_capability.sql")).unwrap(),
+    )
+    .await;
+    let schema = out[0].schema();
+    let idx = schema.index_of("failure_rate").unwrap();
+    for b in &out {
+        let fr = b.column(idx).as_primitive::<Float64Type>();
+        assert!(fr.iter().flatten().all(|v| (0.0..=1.0).contains(&v)));
+    }
+}
