@@ -329,6 +329,26 @@ pub struct ScoreConfig {
     /// A hand-labelled holdout (CSV `call_id,label`, relative to the pipeline file): when
     /// set, `evalflow run` prints Rogan-Gladen corrected class rates of the first scorer.
     pub holdout: Option<PathBuf>,
+    /// The judge checklist (CheckEval): YES/NO questions the `[judge]` model answers.
+    pub judge: Option<JudgeChecklist>,
+}
+
+/// `[score.judge]`: a checklist of atomic YES/NO questions for the judge scorer.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JudgeChecklist {
+    /// Question ids and texts, in order; the answers vector follows this order.
+    pub questions: Vec<JudgeQuestion>,
+    /// Extra instructions placed before the questions.
+    pub instructions: Option<String>,
+}
+
+/// One checklist question.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JudgeQuestion {
+    pub id: String,
+    pub text: String,
 }
 
 impl Default for ScoreConfig {
@@ -338,6 +358,7 @@ impl Default for ScoreConfig {
             scorers: default_scorers(),
             cues: None,
             holdout: None,
+            judge: None,
         }
     }
 }

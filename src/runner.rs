@@ -208,8 +208,54 @@ impl Runner {
         Ok(rows)
     }
 
-    /// The scorers named in `[score] scorers`, in order.
+    /// The scorers named in `[score] scorers`, in order; a judge scorer first runs its
+    /// judge over the run's valid answers (through the call stage, resumable).
+    pub async fn prepared_scorers(&self) -> Result<Vec<Box<dyn Scorer>>, RunError> {
+        let mut out = Vec::new();
+        for name in &self.pipeline.score.scorers {
+            if name == "judge" || name.starts_with("judge@") {
+                let bad = |msg: &str| RunError::Root {
+                    root: self.pipeline.path.display().to_string(),
+                    msg: msg.to_string(),
+                };
+                let checklist = self.pipeline.score.judge.as_ref().ok_or_else(|| {
+                    bad("the judge scorer needs a [score.judge] checklist of questions")
+                })?;
+                let model = self
+                    .pipeline
+                    .judge
+                    .as_ref()
+                    .ok_or_else(|| bad("the judge scorer needs a [judge] model"))?;
+                let provider = call::build_provider(model)?;
+                let s = score_stage::judge::JudgeScorer::prepare(
+                    &self.store,
+                    checklist,
+                    model,
+                    provider,
+                )
+                .await?;
+                out.push(Box::new(s) as Box<dyn Scorer>);
+            } else {
+                out.extend(self.scorers_named(std::slice::from_ref(name))?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The scorers named in `[score] scorers`, in order (without preparing a judge).
     pub fn scorers(&self) -> Result<Vec<Box<dyn Scorer>>, RunError> {
+        let names: Vec<String> = self
+            .pipeline
+            .score
+            .scorers
+            .iter()
+            .filter(|n| !n.starts_with("judge"))
+            .cloned()
+            .collect();
+        self.scorers_named(&names)
+    }
+
+    fn scorers_named(&self, names: &[String]) -> Result<Vec<Box<dyn Scorer>>, RunError> {
         let cues = self.pipeline.score.cues.as_ref().map(|c| {
             self.pipeline
                 .path
@@ -217,9 +263,7 @@ impl Runner {
                 .unwrap_or(Path::new("."))
                 .join(c)
         });
-        self.pipeline
-            .score
-            .scorers
+        names
             .iter()
             .map(|s| {
                 score_stage::build(s, cues.as_deref()).map_err(|source| RunError::Scorer {
@@ -271,7 +315,8 @@ impl Runner {
         self.generate().await?;
         self.call().await?;
         self.validate().await?;
-        let scorers = self.scorers()?;
+        self.require("score", "validate")?;
+        let scorers = self.prepared_scorers().await?;
         for s in &scorers {
             self.score(s.as_ref()).await?;
         }

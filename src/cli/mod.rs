@@ -110,7 +110,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                     .unwrap_or(std::path::Path::new("."))
                     .join(h);
                 let labels = holdout::read_labels(&path)?;
-                let scorer = r.scorers()?.remove(0);
+                let scorer = r.prepared_scorers().await?.remove(0);
                 let p = report::prevalence(&r.store, scorer.as_ref(), &labels).await?;
                 println!("\n{}", report::render_prevalence(&p, labels.len()));
             }
@@ -143,7 +143,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Score(a) => {
             let mut r = open_stage(&a).await?;
-            for s in r.scorers()? {
+            for s in r.prepared_scorers().await? {
                 let n = r.score(s.as_ref()).await?;
                 println!("scores: {n} rows in {}/{}", r.store.display(), s.id().dir());
             }
@@ -151,7 +151,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Aggregate(a) => {
             let mut r = open_stage(&a).await?;
-            let primary = r.scorers()?[0].id();
+            let primary = r.prepared_scorers().await?[0].id();
             let rows = r.aggregate(&primary).await?;
             println!("{}", aggregate::render(&rows));
             Ok(())
