@@ -1,13 +1,13 @@
 //! The command line: one enum of verbs, dispatched in one `match`.
 
 mod check;
+mod compare;
 pub mod holdout;
 mod import;
 mod mock_server;
+mod plan;
 pub mod report;
 mod rescore;
-mod compare;
-mod plan;
 mod sql;
 mod suggest;
 
