@@ -121,6 +121,21 @@ fn sentiment_run_end_to_end_and_resume() {
         "VADER fails some negation cases"
     );
 
+    // The results table's clustered SE is Miller's, as the `clustered_se` function computes it.
+    let v = sql_json(
+        &root,
+        "SELECT r.test, r.se, f.se AS se_sql FROM results r JOIN \
+         (SELECT test, clustered_se(1 - score, template_id) AS se FROM scores \
+          WHERE scorer = 'checklist' AND role <> 'base' GROUP BY test) f ON r.test = f.test \
+         WHERE r.level = 'test' AND f.se IS NOT NULL",
+    );
+    let rows = v.as_array().unwrap();
+    assert!(rows.len() > 20, "{v}");
+    for r in rows {
+        let (a, b) = (r["se"].as_f64().unwrap(), r["se_sql"].as_f64().unwrap());
+        assert!((a - b).abs() < 1e-12, "{r}");
+    }
+
     // pyarrow and DuckDB read every table with the declared column types.
     let py = Command::new("python3")
         .args(["scripts/check_tables.py", root.to_str().unwrap()])
