@@ -2,6 +2,7 @@
 
 mod check;
 pub mod holdout;
+pub mod judge;
 pub mod report;
 mod rescore;
 mod sql;
@@ -78,6 +79,9 @@ pub enum Command {
     /// The hand-labelled holdout regression gate.
     #[command(subcommand)]
     Holdout(holdout::HoldoutCmd),
+    /// Learned judge aggregation: GBDT over checklist answers, SHAP, conformal intervals.
+    #[command(subcommand)]
+    Judge(judge::JudgeCmd),
 }
 
 #[derive(Debug, clap::Args)]
@@ -157,6 +161,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Rescore(a) => rescore::run(a).await,
         Command::Holdout(c) => holdout::run(c).await,
         Command::Report(a) => report::run(a).await,
+        Command::Judge(c) => judge::run(c).await,
     }
 }
 
