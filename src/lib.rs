@@ -13,5 +13,6 @@ pub mod schema;
 pub mod stages;
 pub mod storage;
 pub mod udaf;
+pub mod vader;
 
 pub use udaf::register_all;

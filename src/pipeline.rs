@@ -43,6 +43,9 @@ pub struct Pipeline {
     pub model: ModelConfig,
     /// A judge model, for judge scorers (same keys as `[model]`).
     pub judge: Option<ModelConfig>,
+    /// The model that rewrites base cases for the `rephrase` perturbation and answers
+    /// `evalflow suggest` (same keys as `[model]`; default: `[judge]`, then `[model]`).
+    pub rephrase: Option<ModelConfig>,
     pub suite: SuiteConfig,
     /// Named word lists shared by every test of the suite.
     #[serde(default)]
@@ -59,6 +62,12 @@ pub struct Pipeline {
     /// The file's text, for hashing and for locating lines in error messages.
     #[serde(skip)]
     pub source: String,
+    /// Where each lexicon (own or included) was defined.
+    #[serde(skip)]
+    pub lexicon_origins: BTreeMap<String, LexiconOrigin>,
+    /// The text of every included file, for the pipeline hash.
+    #[serde(skip)]
+    pub included_sources: Vec<String>,
 }
 
 /// `[run]`: naming of runs.
@@ -130,12 +139,16 @@ pub struct SuiteConfig {
     /// Seed for sampling and perturbations; the same seed gives the same cases.
     #[serde(default = "default_seed")]
     pub seed: u64,
-    /// Cap on cases per test after expansion (seeded sample when exceeded).
+    /// Cap on base cases per test after expansion (seeded sample when exceeded).
     #[serde(default = "default_max_cases")]
     pub max_cases_per_test: usize,
     /// A template whose cartesian expansion exceeds this is an error, not a slow run.
     #[serde(default = "default_blowup")]
-    pub max_expansion: usize,
+    pub max_expansion: u64,
+    /// Lexicon files (TOML with a `[lexicons]` table), relative to this file, shared
+    /// across suites: `include = ["lexicons/common.toml"]`.
+    #[serde(default)]
+    pub include: Vec<String>,
 }
 
 fn default_seed() -> u64 {
@@ -144,7 +157,7 @@ fn default_seed() -> u64 {
 fn default_max_cases() -> usize {
     500
 }
-fn default_blowup() -> usize {
+fn default_blowup() -> u64 {
     1_000_000
 }
 
@@ -155,11 +168,24 @@ pub enum PerturbSpec {
     Name(String),
     Table {
         op: String,
+        /// `add_prefix` / `add_suffix` / `remove_phrase`: the phrases (one picked per
+        /// variant, seeded).
         #[serde(default)]
         phrases: Vec<String>,
         /// How many typos, swaps, etc. to apply per perturbed case.
         #[serde(default)]
         count: Option<usize>,
+        /// DIR: the label the perturbed case should get (e.g. a support bot's decision
+        /// after a detail is added); written to `cases.expected` of perturbed rows.
+        #[serde(default)]
+        expected: Option<String>,
+        /// `rephrase`: which model rewrites the text: `rephrase` (the `[rephrase]` table,
+        /// the default when present), `judge` or `model`.
+        #[serde(default)]
+        model: Option<String>,
+        /// `rephrase`: the instruction; `{text}` is replaced by the base case.
+        #[serde(default)]
+        prompt: Option<String>,
     },
 }
 
@@ -170,9 +196,57 @@ impl PerturbSpec {
             PerturbSpec::Table { op, .. } => op,
         }
     }
+
+    /// The label written to `expected` on perturbed cases, if the spec names one.
+    pub fn expected(&self) -> Option<&str> {
+        match self {
+            PerturbSpec::Table { expected, .. } => expected.as_deref(),
+            PerturbSpec::Name(_) => None,
+        }
+    }
 }
 
-/// One `[[test]]`: a capability, a test type and templates.
+/// A template: a string, or a table giving the template its own expected label
+/// (`{ text = "Where is my order {n}?", expected = "tracking" }`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum TemplateSpec {
+    Text(String),
+    Labelled {
+        text: String,
+        expected: Option<String>,
+    },
+}
+
+impl TemplateSpec {
+    pub fn text(&self) -> &str {
+        match self {
+            TemplateSpec::Text(t) | TemplateSpec::Labelled { text: t, .. } => t,
+        }
+    }
+
+    pub fn expected(&self) -> Option<&str> {
+        match self {
+            TemplateSpec::Labelled { expected, .. } => expected.as_deref(),
+            TemplateSpec::Text(_) => None,
+        }
+    }
+}
+
+/// Base cases read from an unlabelled dataset instead of templates:
+/// `source = { file = "data/tweets.csv", column = "text" }`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSpec {
+    /// CSV (with a header row), JSONL or Parquet, by extension; relative to the pipeline file.
+    pub file: String,
+    /// The text column (CSV header, JSON key or Parquet column).
+    pub column: String,
+    /// Overrides the format guessed from the extension: `csv`, `jsonl` or `parquet`.
+    pub format: Option<String>,
+}
+
+/// One `[[test]]`: a capability, a test type and templates (or a source dataset).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TestConfig {
@@ -180,8 +254,11 @@ pub struct TestConfig {
     pub capability: String,
     #[serde(rename = "type")]
     pub test_type: String,
-    pub templates: Vec<String>,
-    /// MFT: the expected label; `a|b` accepts either.
+    #[serde(default)]
+    pub templates: Vec<TemplateSpec>,
+    /// INV/DIR: base cases from an unlabelled dataset (needs no labels).
+    pub source: Option<SourceSpec>,
+    /// MFT: the expected label; `a|b` accepts either. A labelled template overrides it.
     pub expected: Option<String>,
     /// DIR: `not_more_positive`, `not_less_positive`, `more_positive`, `less_positive`.
     pub expectation: Option<String>,
@@ -192,12 +269,29 @@ pub struct TestConfig {
     /// INV/DIR: perturbed variants per base case.
     #[serde(default = "default_n_perturb")]
     pub n_perturb: usize,
+    /// Base cases for this test (default `suite.max_cases_per_test`); templates are
+    /// expanded in full when they fit, else sampled with the suite seed.
     pub max_cases: Option<usize>,
     pub description: Option<String>,
 }
 
 fn default_n_perturb() -> usize {
     2
+}
+
+/// A lexicon included from another file (`[suite] include`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LexiconFile {
+    #[serde(default)]
+    lexicons: BTreeMap<String, Vec<String>>,
+}
+
+/// Where a lexicon was defined, for error messages.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct LexiconOrigin {
+    pub file: String,
+    pub line: usize,
 }
 
 /// `[validate]`: which answer languages the scorers cover.
@@ -235,6 +329,26 @@ pub struct ScoreConfig {
     /// A hand-labelled holdout (CSV `call_id,label`, relative to the pipeline file): when
     /// set, `evalflow run` prints Rogan-Gladen corrected class rates of the first scorer.
     pub holdout: Option<PathBuf>,
+    /// The judge checklist (CheckEval): YES/NO questions the `[judge]` model answers.
+    pub judge: Option<JudgeChecklist>,
+}
+
+/// `[score.judge]`: a checklist of atomic YES/NO questions for the judge scorer.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JudgeChecklist {
+    /// Question ids and texts, in order; the answers vector follows this order.
+    pub questions: Vec<JudgeQuestion>,
+    /// Extra instructions placed before the questions.
+    pub instructions: Option<String>,
+}
+
+/// One checklist question.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JudgeQuestion {
+    pub id: String,
+    pub text: String,
 }
 
 impl Default for ScoreConfig {
@@ -244,6 +358,7 @@ impl Default for ScoreConfig {
             scorers: default_scorers(),
             cues: None,
             holdout: None,
+            judge: None,
         }
     }
 }
@@ -291,13 +406,93 @@ impl Pipeline {
         })?;
         p.path = path.to_path_buf();
         p.source = source.to_string();
+        for name in p.lexicons.keys() {
+            p.lexicon_origins.insert(
+                name.clone(),
+                LexiconOrigin {
+                    file: file.clone(),
+                    line: p.line_of(&format!("{name} =")),
+                },
+            );
+        }
+        p.load_includes()?;
         p.check()?;
         Ok(p)
     }
 
-    /// A stable hash of the pipeline text.
+    /// A stable hash of the pipeline text (and of the files it includes).
     pub fn hash(&self) -> String {
-        hex::encode(Sha256::digest(self.source.as_bytes()))[..16].to_string()
+        let mut h = Sha256::new();
+        h.update(self.source.as_bytes());
+        for inc in &self.included_sources {
+            h.update([0u8]);
+            h.update(inc.as_bytes());
+        }
+        hex::encode(h.finalize())[..16].to_string()
+    }
+
+    /// A path named in this file, resolved against the file's folder.
+    pub fn resolve(&self, rel: &str) -> PathBuf {
+        let p = Path::new(rel);
+        if p.is_absolute() {
+            return p.to_path_buf();
+        }
+        self.path
+            .parent()
+            .map(|d| d.join(p))
+            .unwrap_or_else(|| p.to_path_buf())
+    }
+
+    /// Reads `[suite] include` files into `lexicons`.
+    fn load_includes(&mut self) -> Result<(), PipelineError> {
+        for inc in self.suite.include.clone() {
+            let path = self.resolve(&inc);
+            let file = path.display().to_string();
+            let text = std::fs::read_to_string(&path).map_err(|source| {
+                let line = self.line_of(&format!("\"{inc}\""));
+                PipelineError::Invalid {
+                    file: self.path.display().to_string(),
+                    line,
+                    field: "suite.include".into(),
+                    msg: format!("cannot read `{file}`: {source}"),
+                }
+            })?;
+            let lf: LexiconFile = toml::from_str(&text).map_err(|e| PipelineError::Parse {
+                file: file.clone(),
+                line: e
+                    .span()
+                    .map(|s| line_of_offset(&text, s.start))
+                    .unwrap_or(0),
+                msg: e.message().to_string(),
+            })?;
+            for (name, words) in lf.lexicons {
+                let line = text
+                    .find(&format!("{name} ="))
+                    .map(|i| line_of_offset(&text, i))
+                    .unwrap_or(0);
+                if let Some(prev) = self.lexicon_origins.get(&name) {
+                    return Err(PipelineError::Invalid {
+                        file: file.clone(),
+                        line,
+                        field: format!("lexicons.{name}"),
+                        msg: format!(
+                            "lexicon `{name}` is already defined at {}:{}",
+                            prev.file, prev.line
+                        ),
+                    });
+                }
+                self.lexicon_origins.insert(
+                    name.clone(),
+                    LexiconOrigin {
+                        file: file.clone(),
+                        line,
+                    },
+                );
+                self.lexicons.insert(name, words);
+            }
+            self.included_sources.push(text);
+        }
+        Ok(())
     }
 
     /// The 1-based line where `needle` first appears (0 when it does not).
@@ -354,15 +549,38 @@ impl Pipeline {
                     format!("`{}` is not one of MFT, INV, DIR", t.test_type),
                 ));
             }
-            if t.templates.is_empty() {
-                return Err(self.invalid(
-                    &needle,
-                    "test.templates",
-                    "a test needs at least one template",
-                ));
+            match (&t.source, t.templates.is_empty()) {
+                (None, true) => {
+                    return Err(self.invalid(
+                        &needle,
+                        "test.templates",
+                        "a test needs at least one template (or an INV/DIR `source` dataset)",
+                    ));
+                }
+                (Some(_), false) => {
+                    return Err(self.invalid(
+                        &needle,
+                        "test.source",
+                        "a test takes its base cases from `templates` or from `source`, not both",
+                    ));
+                }
+                (Some(_), true) if t.test_type == "MFT" => {
+                    return Err(self.invalid(
+                        &needle,
+                        "test.source",
+                        "a `source` dataset has no labels: use it in INV or DIR tests",
+                    ));
+                }
+                _ => {}
+            }
+            if t.n_perturb == 0 && t.test_type != "MFT" {
+                return Err(self.invalid(&needle, "test.n_perturb", "must be at least 1"));
             }
             match t.test_type.as_str() {
-                "MFT" if t.expected.is_none() => {
+                "MFT"
+                    if t.expected.is_none()
+                        && t.templates.iter().any(|tp| tp.expected().is_none()) =>
+                {
                     return Err(self.invalid(
                         &needle,
                         "test.expected",
@@ -394,11 +612,13 @@ impl Pipeline {
         }
         for (name, words) in &self.lexicons {
             if words.is_empty() {
-                return Err(self.invalid(
-                    &format!("{name} ="),
-                    &format!("lexicons.{name}"),
-                    "lexicon is empty",
-                ));
+                let o = self.lexicon_origins.get(name).cloned().unwrap_or_default();
+                return Err(PipelineError::Invalid {
+                    file: o.file,
+                    line: o.line,
+                    field: format!("lexicons.{name}"),
+                    msg: "lexicon is empty".into(),
+                });
             }
         }
         Ok(())

@@ -28,6 +28,8 @@ pub enum RunError {
     Query(#[from] QueryError),
     #[error(transparent)]
     Call(#[from] CallError),
+    #[error(transparent)]
+    Generate(#[from] generate::GenerateError),
     #[error("{root}: {msg}")]
     Root { root: String, msg: String },
     #[error("{file}: [score] scorers: {source}")]
@@ -54,6 +56,8 @@ impl RunError {
                 )
             }
             RunError::Call(CallError::Provider(..)) => true,
+            RunError::Generate(generate::GenerateError::Rephrase { .. }) => false,
+            RunError::Generate(_) => true,
             _ => false,
         }
     }
@@ -146,12 +150,16 @@ impl Runner {
         self.manifest.start("generate");
         self.manifest.save(&self.store).await?;
         self.store.delete_dir("cases").await?;
-        let cases = generate::expand(&self.pipeline)?;
+        // Streamed: cases are built and written a batch at a time, never all held.
+        let mut cases = generate::CaseStream::new(&self.pipeline)?;
+        if let Some(m) = generate::rephrase_model_for(&self.pipeline) {
+            cases = cases.with_rephraser(call::build_provider(m)?);
+        }
         let mut w = self
             .store
             .part_writer("cases", crate::schema::Table::Cases.schema(), "part");
-        for chunk in cases.chunks(8192) {
-            w.write(generate::to_batch(chunk)).await?;
+        while let Some(batch) = cases.next_batch(8192).await? {
+            w.write(generate::to_batch(&batch)).await?;
         }
         let (rows, _) = w.finish().await?;
         let tests = self.pipeline.tests.len();
@@ -200,8 +208,54 @@ impl Runner {
         Ok(rows)
     }
 
-    /// The scorers named in `[score] scorers`, in order.
+    /// The scorers named in `[score] scorers`, in order; a judge scorer first runs its
+    /// judge over the run's valid answers (through the call stage, resumable).
+    pub async fn prepared_scorers(&self) -> Result<Vec<Box<dyn Scorer>>, RunError> {
+        let mut out = Vec::new();
+        for name in &self.pipeline.score.scorers {
+            if name == "judge" || name.starts_with("judge@") {
+                let bad = |msg: &str| RunError::Root {
+                    root: self.pipeline.path.display().to_string(),
+                    msg: msg.to_string(),
+                };
+                let checklist = self.pipeline.score.judge.as_ref().ok_or_else(|| {
+                    bad("the judge scorer needs a [score.judge] checklist of questions")
+                })?;
+                let model = self
+                    .pipeline
+                    .judge
+                    .as_ref()
+                    .ok_or_else(|| bad("the judge scorer needs a [judge] model"))?;
+                let provider = call::build_provider(model)?;
+                let s = score_stage::judge::JudgeScorer::prepare(
+                    &self.store,
+                    checklist,
+                    model,
+                    provider,
+                )
+                .await?;
+                out.push(Box::new(s) as Box<dyn Scorer>);
+            } else {
+                out.extend(self.scorers_named(std::slice::from_ref(name))?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The scorers named in `[score] scorers`, in order (without preparing a judge).
     pub fn scorers(&self) -> Result<Vec<Box<dyn Scorer>>, RunError> {
+        let names: Vec<String> = self
+            .pipeline
+            .score
+            .scorers
+            .iter()
+            .filter(|n| !n.starts_with("judge"))
+            .cloned()
+            .collect();
+        self.scorers_named(&names)
+    }
+
+    fn scorers_named(&self, names: &[String]) -> Result<Vec<Box<dyn Scorer>>, RunError> {
         let cues = self.pipeline.score.cues.as_ref().map(|c| {
             self.pipeline
                 .path
@@ -209,9 +263,7 @@ impl Runner {
                 .unwrap_or(Path::new("."))
                 .join(c)
         });
-        self.pipeline
-            .score
-            .scorers
+        names
             .iter()
             .map(|s| {
                 score_stage::build(s, cues.as_deref()).map_err(|source| RunError::Scorer {
@@ -263,7 +315,8 @@ impl Runner {
         self.generate().await?;
         self.call().await?;
         self.validate().await?;
-        let scorers = self.scorers()?;
+        self.require("score", "validate")?;
+        let scorers = self.prepared_scorers().await?;
         for s in &scorers {
             self.score(s.as_ref()).await?;
         }

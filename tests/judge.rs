@@ -321,3 +321,40 @@ fn summeval_loader_and_labels() {
     let e = data::parse_labels("unit,label\na,1\na,2\n", "t.csv").unwrap_err();
     assert!(e.to_string().contains("t.csv:3"), "{e}");
 }
+
+#[test]
+fn boolean_labels_train_a_classifier() {
+    let s = synth::generate(&SynthConfig {
+        units: 300,
+        trials: 2,
+        ..SynthConfig::default()
+    });
+    let labels = Labels {
+        kind: LabelKind::Binary,
+        values: s
+            .labels
+            .iter()
+            .map(|(u, v)| (u.clone(), f64::from(u8::from(*v >= 3.0))))
+            .collect(),
+    };
+    let opts = TrainOptions {
+        grid: Grid::small(),
+        ..TrainOptions::default()
+    };
+    let m = model::train(&s.data, &labels, &opts).unwrap();
+    assert_eq!(m.meta.kind, LabelKind::Binary);
+    let t = m.meta.test;
+    assert!(t.rmse_gbdt < t.rmse_baseline, "{t:?}");
+    let x: Vec<Vec<f64>> = s.data.obs.iter().take(50).map(|o| o.features()).collect();
+    for p in m.predict(&x) {
+        assert!(
+            (0.0..=1.0).contains(&p.mean) && 0.0 <= p.lo && p.hi <= 1.0,
+            "{p:?}"
+        );
+    }
+    // Contributions are in log-odds and still sum to the raw prediction.
+    let raw = model::predict_raw(&m.mean, &x);
+    for (c, r) in m.contributions(&x).iter().zip(raw) {
+        assert!((c.iter().sum::<f64>() - r).abs() < 1e-4);
+    }
+}

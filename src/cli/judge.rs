@@ -53,6 +53,14 @@ pub struct ScoresArg {
     /// Only this judge scorer (`name` or `name@version`).
     #[arg(long)]
     pub scorer: Option<String>,
+    /// SQL expression for the unit (default: `unit` if present, else `case_id`); in a run
+    /// judged by the `judge` scorer: `concat(case_id, '/', model)`.
+    #[arg(long)]
+    pub unit_col: Option<String>,
+    /// SQL expression for the judge (default: `model`); in a run judged by several judge
+    /// models: `scoring_version`.
+    #[arg(long)]
+    pub judge_col: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -161,7 +169,11 @@ fn err(e: JudgeError) -> CliError {
 }
 
 async fn scores(a: &ScoresArg) -> Result<data::Dataset, CliError> {
-    data::read_scores(&a.scores, a.scorer.as_deref())
+    let columns = data::Columns {
+        unit: a.unit_col.clone(),
+        judge: a.judge_col.clone(),
+    };
+    data::read_scores(&a.scores, a.scorer.as_deref(), &columns)
         .await
         .map_err(err)
 }

@@ -6,6 +6,7 @@ pub mod judge;
 pub mod report;
 mod rescore;
 mod sql;
+mod suggest;
 
 use std::path::PathBuf;
 
@@ -79,6 +80,9 @@ pub enum Command {
     /// The hand-labelled holdout regression gate.
     #[command(subcommand)]
     Holdout(holdout::HoldoutCmd),
+    /// Ask a model for fill-ins of a {mask} slot, to sort into lexicons (CheckList's
+    /// masked-LM suggestions).
+    Suggest(suggest::SuggestArgs),
     /// Learned judge aggregation: GBDT over checklist answers, SHAP, conformal intervals.
     #[command(subcommand)]
     Judge(judge::JudgeCmd),
@@ -110,7 +114,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                     .unwrap_or(std::path::Path::new("."))
                     .join(h);
                 let labels = holdout::read_labels(&path)?;
-                let scorer = r.scorers()?.remove(0);
+                let scorer = r.prepared_scorers().await?.remove(0);
                 let p = report::prevalence(&r.store, scorer.as_ref(), &labels).await?;
                 println!("\n{}", report::render_prevalence(&p, labels.len()));
             }
@@ -143,7 +147,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Score(a) => {
             let mut r = open_stage(&a).await?;
-            for s in r.scorers()? {
+            for s in r.prepared_scorers().await? {
                 let n = r.score(s.as_ref()).await?;
                 println!("scores: {n} rows in {}/{}", r.store.display(), s.id().dir());
             }
@@ -151,7 +155,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Aggregate(a) => {
             let mut r = open_stage(&a).await?;
-            let primary = r.scorers()?[0].id();
+            let primary = r.prepared_scorers().await?[0].id();
             let rows = r.aggregate(&primary).await?;
             println!("{}", aggregate::render(&rows));
             Ok(())
@@ -161,6 +165,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Rescore(a) => rescore::run(a).await,
         Command::Holdout(c) => holdout::run(c).await,
         Command::Report(a) => report::run(a).await,
+        Command::Suggest(a) => suggest::run(a).await,
         Command::Judge(c) => judge::run(c).await,
     }
 }

@@ -233,10 +233,20 @@ pub fn write_labels(path: &Path, labels: &BTreeMap<String, f64>) -> Result<(), J
 /// `sample_idx`. Question ids come from the `questions` array of the first row's `detail` JSON,
 /// else `q1..qd`. `scorer` restricts to one scorer name (or `name@version`).
 ///
+/// `columns` overrides the unit and judge with SQL expressions over `scores`. In an evalflow
+/// run the `judge` scorer's `model` is the model under test and each judge model gets its own
+/// `scoring_version`, so there the paper's layout is `unit = concat(case_id, '/', model)` and
+/// `judge = scoring_version` (answers from several versions are then accepted, as long as the
+/// question count agrees).
+///
 /// # Errors
 /// No judge rows, several checklist versions without `scorer`, or answer vectors of different
 /// lengths (naming the row's unit, judge and trial).
-pub async fn read_scores(src: &str, scorer: Option<&str>) -> Result<Dataset, JudgeError> {
+pub async fn read_scores(
+    src: &str,
+    scorer: Option<&str>,
+    columns: &Columns,
+) -> Result<Dataset, JudgeError> {
     let is_run = Path::new(src).join("manifest.json").exists();
     let ctx = if is_run {
         query::open_run(src).await?.0
@@ -263,7 +273,12 @@ pub async fn read_scores(src: &str, scorer: Option<&str>) -> Result<Dataset, Jud
         }
     }
     let has = |c: &str| schema.field_with_unqualified_name(c).is_ok();
-    let unit = if has("unit") { "unit" } else { "case_id" };
+    let unit = match &columns.unit {
+        Some(u) => u.as_str(),
+        None if has("unit") => "unit",
+        None => "case_id",
+    };
+    let judge = columns.judge.as_deref().unwrap_or("model");
     let version = if has("scorer") && has("scoring_version") {
         "concat(scorer, '@', scoring_version)"
     } else {
@@ -271,7 +286,7 @@ pub async fn read_scores(src: &str, scorer: Option<&str>) -> Result<Dataset, Jud
     };
     let detail = if has("detail") { "detail" } else { "NULL" };
     let mut sql = format!(
-        "SELECT CAST({unit} AS VARCHAR) AS unit, CAST(model AS VARCHAR) AS judge, \
+        "SELECT CAST({unit} AS VARCHAR) AS unit, CAST({judge} AS VARCHAR) AS judge, \
          CAST(sample_idx AS INT) AS trial, answers, {version} AS checklist, \
          CAST({detail} AS VARCHAR) AS detail FROM scores WHERE answers IS NOT NULL"
     );
@@ -333,13 +348,13 @@ pub async fn read_scores(src: &str, scorer: Option<&str>) -> Result<Dataset, Jud
             "{src}: no scores rows with an `answers` list (is a judge scorer's output here?)"
         )));
     }
-    if versions.len() > 1 {
+    if versions.len() > 1 && !judge.contains("scoring_version") {
         return Err(JudgeError::BadInput(format!(
             "{src}: answers from several checklists ({}); choose one with --scorer",
             versions.into_iter().collect::<Vec<_>>().join(", ")
         )));
     }
-    ds.checklist = versions.into_iter().next().unwrap_or_default();
+    ds.checklist = versions.into_iter().collect::<Vec<_>>().join(",");
     let d = ds.obs[0].answers.len();
     if let Some(o) = ds.obs.iter().find(|o| o.answers.len() != d) {
         return Err(JudgeError::BadInput(format!(
@@ -362,6 +377,13 @@ pub async fn read_scores(src: &str, scorer: Option<&str>) -> Result<Dataset, Jud
         .filter(|q| q.len() == d)
         .unwrap_or_else(|| (1..=d).map(|i| format!("q{i}")).collect());
     Ok(ds)
+}
+
+/// SQL expressions for the unit and judge of each `scores` row (`None`: the defaults).
+#[derive(Debug, Clone, Default)]
+pub struct Columns {
+    pub unit: Option<String>,
+    pub judge: Option<String>,
 }
 
 /// The SummEval quality axes.

@@ -94,6 +94,16 @@ impl RunStore {
         })
     }
 
+    /// A run root nested under this one (the judge's own calls live in one).
+    pub fn child(&self, rel: &str) -> RunStore {
+        RunStore {
+            store: self.store.clone(),
+            base_url: self.base_url.clone(),
+            root: self.path(rel),
+            display: format!("{}/{}", self.display.trim_end_matches('/'), rel),
+        }
+    }
+
     /// The root as the user named it (an absolute path for local roots).
     pub fn display(&self) -> &str {
         &self.display

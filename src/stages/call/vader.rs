@@ -3,19 +3,15 @@
 //! It needs no network and no key, so `evalflow run pipelines/sentiment.toml` works on a
 //! fresh machine. The answer is a label (positive / negative / neutral at compound
 //! at least 0.05 / at most -0.05, VADER's published thresholds) and `response_score` is the compound
-//! score, so INV/DIR tolerances apply to a continuous output.
-
-use std::sync::OnceLock;
-
-use vader_sentiment::SentimentIntensityAnalyzer;
+//! score, so INV/DIR tolerances apply to a continuous output. The analyser is
+//! [`crate::vader`], a port of vaderSentiment 3.3.2 (the `vader_sentiment` crate diverges).
 
 use super::{CallRequest, CallResult, Provider};
 
-/// VADER's compound score for `text`.
+/// VADER's compound score for `text`, exactly as vaderSentiment 3.3.2 reports it (see
+/// [`crate::vader`], a port of the reference implementation).
 pub fn compound(text: &str) -> f64 {
-    static ANALYZER: OnceLock<SentimentIntensityAnalyzer<'static>> = OnceLock::new();
-    let a = ANALYZER.get_or_init(SentimentIntensityAnalyzer::new);
-    a.polarity_scores(text)["compound"]
+    crate::vader::compound(text)
 }
 
 /// The label VADER's authors recommend for a compound score.

@@ -1,13 +1,24 @@
-//! Generate: expands a CheckList suite (templates x lexicons, perturbations) into the
-//! `cases` table.
+//! Generate: expands a CheckList suite (templates x lexicons, or an unlabelled dataset,
+//! then perturbations) into the `cases` table.
 //!
 //! Every case gets a stable content-hash `case_id`, a `template_id` (the cluster for
 //! clustered standard errors) and a `group_id` tying each perturbed case to its base, so
 //! no later stage needs bookkeeping. Expansion is deterministic for a given suite seed.
+//!
+//! # Streaming
+//! Cases are produced in batches by [`CaseStream`]: a template is never materialised. A
+//! template that fits its test's budget is enumerated in mixed-radix order; a larger one is
+//! sampled by walking a seeded pseudo-random permutation of its index space (a Feistel
+//! network), so memory stays constant whatever the case count. Texts that an earlier,
+//! fully expanded template of the same test already produced are skipped by matching the
+//! text against that template, not by remembering what was emitted.
 
 pub mod perturb;
+pub mod rephrase;
+pub mod source;
+pub mod suggest;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray};
@@ -15,8 +26,27 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use sha2::{Digest, Sha256};
 
-use crate::pipeline::{Pipeline, PipelineError, TestConfig};
+use crate::pipeline::{ModelConfig, PerturbSpec, Pipeline, PipelineError, TestConfig};
 use crate::schema::Table;
+use crate::stages::call::{CallError, Provider};
+
+/// Errors of the generate stage.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// The suite is wrong (names the file, line and field).
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+    /// The `rephrase` model cannot be built.
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// The `rephrase` model failed on a case.
+    #[error("test `{test}`: rephrase of \"{input}\" failed: {msg}")]
+    Rephrase {
+        test: String,
+        input: String,
+        msg: String,
+    },
+}
 
 /// One generated case (a row of `cases`).
 #[derive(Debug, Clone, PartialEq)]
@@ -46,197 +76,599 @@ pub fn content_hash(parts: &[&str]) -> String {
     hex::encode(h.finalize())[..20].to_string()
 }
 
-/// A slot in a template: `{lexicon}`, `{lexicon2}` (a second, independent slot of the same
-/// lexicon) or `{a:lexicon}` (with the indefinite article).
-#[derive(Debug, Clone, PartialEq)]
-struct Slot {
-    key: String,
-    lexicon: String,
-    article: bool,
+fn hash_u64(parts: &[&str]) -> u64 {
+    u64::from_str_radix(&content_hash(parts)[..16], 16).expect("hex")
+}
+
+/// How a slot renders its word: as is, or after "a"/"an" (`{a:x}`), or "A"/"An" (`{A:x}`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Article {
+    None,
+    Lower,
+    Upper,
 }
 
 #[derive(Debug, Clone)]
 enum Piece {
     Text(String),
-    Slot(usize),
+    Slot(usize, Article),
 }
 
-struct Template {
+/// A parsed template: literal pieces and slots, each slot drawing from a word list.
+/// `{thing}` twice is one slot (the same word twice); `{thing2}` is a second, independent
+/// slot over the `thing` lexicon (unless a lexicon is literally called `thing2`).
+#[derive(Debug, Clone)]
+pub struct Template {
     pieces: Vec<Piece>,
-    /// Distinct slot keys in order of appearance, with their word lists.
-    slots: Vec<(String, Vec<String>)>,
+    slots: Vec<Vec<String>>,
+    expected: Option<String>,
 }
 
-fn parse_template(
-    p: &Pipeline,
-    test: &TestConfig,
-    text: &str,
-    lexicons: &BTreeMap<String, Vec<String>>,
-) -> Result<Template, PipelineError> {
-    let mut pieces = Vec::new();
-    let mut slots: Vec<(String, Vec<String>)> = Vec::new();
-    let mut slot_meta: Vec<Slot> = Vec::new();
-    let mut rest = text;
-    while let Some(open) = rest.find('{') {
-        pieces.push(Piece::Text(rest[..open].to_string()));
-        let close = rest[open..].find('}').ok_or_else(|| {
-            p.invalid(
-                text,
-                &format!("test `{}` templates", test.name),
-                format!("unclosed `{{` in template \"{text}\""),
-            )
-        })? + open;
-        let inner = &rest[open + 1..close];
-        let (article, key) = match inner.strip_prefix("a:") {
-            Some(k) => (true, k),
-            None => (false, inner),
-        };
-        let lexicon = if lexicons.contains_key(key) {
-            key.to_string()
-        } else {
-            key.trim_end_matches(|c: char| c.is_ascii_digit())
-                .to_string()
-        };
-        let words = lexicons.get(&lexicon).cloned().ok_or_else(|| {
-            p.invalid(
-                text,
-                &format!("test `{}` templates", test.name),
-                format!(
-                    "unknown placeholder `{{{inner}}}` in template \"{text}\": no lexicon `{lexicon}` (define it under [lexicons])"
-                ),
-            )
-        })?;
-        let idx = match slots.iter().position(|(k, _)| k == key) {
-            Some(i) => i,
-            None => {
-                slots.push((key.to_string(), words));
-                slots.len() - 1
-            }
-        };
-        slot_meta.push(Slot {
-            key: key.to_string(),
-            lexicon,
-            article,
-        });
-        pieces.push(Piece::Slot(idx * 2 + usize::from(article)));
-        rest = &rest[close + 1..];
-    }
-    pieces.push(Piece::Text(rest.to_string()));
-    let _ = slot_meta;
-    Ok(Template { pieces, slots })
-}
-
-fn with_article(word: &str) -> String {
-    let first = word.chars().next().map(|c| c.to_ascii_lowercase());
-    let an = matches!(first, Some('a' | 'e' | 'i' | 'o' | 'u'));
-    format!("{} {}", if an { "an" } else { "a" }, word)
+fn with_article(word: &str, article: Article) -> String {
+    let lower = word.to_lowercase();
+    let first = lower.chars().next();
+    let acronym = word.len() > 1 && word.chars().all(|c| c.is_ascii_uppercase());
+    let an = if acronym {
+        "AEFHILMNORSX".contains(word.chars().next().unwrap_or('B'))
+    } else if ["uni", "use", "usu", "uti", "eu", "one", "once", "ewe"]
+        .iter()
+        .any(|p| lower.starts_with(p))
+    {
+        false
+    } else if ["hour", "honest", "honor", "honour", "heir"]
+        .iter()
+        .any(|p| lower.starts_with(p))
+    {
+        true
+    } else {
+        matches!(first, Some('a' | 'e' | 'i' | 'o' | 'u'))
+    };
+    let art = match (article, an) {
+        (Article::Upper, true) => "An",
+        (Article::Upper, false) => "A",
+        (_, true) => "an",
+        (_, false) => "a",
+    };
+    format!("{art} {word}")
 }
 
 impl Template {
-    fn size(&self) -> u128 {
-        self.slots.iter().map(|(_, w)| w.len() as u128).product()
+    /// Parses `text`, resolving placeholders against `lexicons`.
+    ///
+    /// # Errors
+    /// Unclosed braces and unknown placeholders, naming the file and line of the template.
+    fn parse(
+        p: &Pipeline,
+        test: &TestConfig,
+        text: &str,
+        expected: Option<String>,
+        lexicons: &BTreeMap<String, Vec<String>>,
+    ) -> Result<Template, PipelineError> {
+        let field = format!("test `{}` templates", test.name);
+        let mut pieces = Vec::new();
+        let mut keys: Vec<String> = Vec::new();
+        let mut slots: Vec<Vec<String>> = Vec::new();
+        let mut rest = text;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                pieces.push(Piece::Text(rest[..open].to_string()));
+            }
+            let close = rest[open..].find('}').ok_or_else(|| {
+                p.invalid(
+                    text,
+                    &field,
+                    format!("unclosed `{{` in template \"{text}\""),
+                )
+            })? + open;
+            let inner = &rest[open + 1..close];
+            let (article, key) = if let Some(k) = inner.strip_prefix("a:") {
+                (Article::Lower, k)
+            } else if let Some(k) = inner.strip_prefix("A:") {
+                (Article::Upper, k)
+            } else {
+                (Article::None, inner)
+            };
+            let lexicon = if lexicons.contains_key(key) {
+                key.to_string()
+            } else {
+                key.trim_end_matches(|c: char| c.is_ascii_digit())
+                    .to_string()
+            };
+            let words = lexicons.get(&lexicon).ok_or_else(|| {
+                p.invalid(
+                    text,
+                    &field,
+                    format!(
+                        "unknown placeholder `{{{inner}}}` in template \"{text}\": no lexicon `{lexicon}` \
+                         (define it under [lexicons] or in a `[suite] include` file; built in: {})",
+                        perturb::BUILTIN_LEXICONS.join(", ")
+                    ),
+                )
+            })?;
+            let idx = match keys.iter().position(|k| k == key) {
+                Some(i) => i,
+                None => {
+                    keys.push(key.to_string());
+                    slots.push(words.clone());
+                    slots.len() - 1
+                }
+            };
+            pieces.push(Piece::Slot(idx, article));
+            rest = &rest[close + 1..];
+        }
+        if !rest.is_empty() {
+            pieces.push(Piece::Text(rest.to_string()));
+        }
+        Ok(Template {
+            pieces,
+            slots,
+            expected,
+        })
     }
 
-    /// The `i`-th combination in mixed-radix order.
-    fn fill(&self, mut i: u128) -> String {
-        let mut choice = Vec::with_capacity(self.slots.len());
-        for (_, words) in self.slots.iter().rev() {
-            let n = words.len() as u128;
-            choice.push((i % n) as usize);
+    /// The number of texts the template expands to (cartesian product of its slots).
+    pub fn size(&self) -> u128 {
+        self.slots.iter().map(|w| w.len() as u128).product()
+    }
+
+    /// The `i`-th combination in mixed-radix order (last slot fastest).
+    fn fill(&self, mut i: u64) -> String {
+        let mut choice = vec![0usize; self.slots.len()];
+        for (s, words) in self.slots.iter().enumerate().rev() {
+            let n = words.len() as u64;
+            choice[s] = (i % n) as usize;
             i /= n;
         }
-        choice.reverse();
         let mut out = String::new();
         for piece in &self.pieces {
             match piece {
                 Piece::Text(t) => out.push_str(t),
-                Piece::Slot(code) => {
-                    let (slot, article) = (code / 2, code % 2 == 1);
-                    let w = &self.slots[slot].1[choice[slot]];
-                    if article {
-                        out.push_str(&with_article(w));
-                    } else {
-                        out.push_str(w);
-                    }
-                }
+                Piece::Slot(s, Article::None) => out.push_str(&self.slots[*s][choice[*s]]),
+                Piece::Slot(s, a) => out.push_str(&with_article(&self.slots[*s][choice[*s]], *a)),
             }
         }
         out
     }
+
+    /// Whether `text` is one of this template's expansions.
+    fn matches(&self, text: &str) -> bool {
+        let mut bound = vec![None; self.slots.len()];
+        self.match_from(0, text, &mut bound)
+    }
+
+    fn match_from(&self, pi: usize, s: &str, bound: &mut Vec<Option<usize>>) -> bool {
+        let Some(piece) = self.pieces.get(pi) else {
+            return s.is_empty();
+        };
+        match piece {
+            Piece::Text(t) => {
+                s.starts_with(t.as_str()) && self.match_from(pi + 1, &s[t.len()..], bound)
+            }
+            Piece::Slot(slot, art) => {
+                let render = |w: &str| match art {
+                    Article::None => w.to_string(),
+                    a => with_article(w, *a),
+                };
+                if let Some(w) = bound[*slot] {
+                    let r = render(&self.slots[*slot][w]);
+                    return s.starts_with(&r) && self.match_from(pi + 1, &s[r.len()..], bound);
+                }
+                for w in 0..self.slots[*slot].len() {
+                    let r = render(&self.slots[*slot][w]);
+                    if s.starts_with(&r) {
+                        bound[*slot] = Some(w);
+                        if self.match_from(pi + 1, &s[r.len()..], bound) {
+                            return true;
+                        }
+                        bound[*slot] = None;
+                    }
+                }
+                false
+            }
+        }
+    }
 }
 
-/// Expands every test of the pipeline's suite into cases.
-///
-/// # Errors
-/// [`PipelineError`] naming the file, line and field: unknown placeholders, unknown
-/// perturbations, and expansions larger than `suite.max_expansion`.
-pub fn expand(p: &Pipeline) -> Result<Vec<Case>, PipelineError> {
+/// A seeded permutation of `0..n` (a balanced Feistel network with cycle walking), so a
+/// template can be sampled without replacement in constant memory.
+#[derive(Debug, Clone)]
+struct Permutation {
+    n: u64,
+    half_bits: u32,
+    keys: [u64; 4],
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+impl Permutation {
+    fn new(n: u64, seed: u64) -> Self {
+        let bits = 64 - n.saturating_sub(1).leading_zeros();
+        let half_bits = bits.div_ceil(2).max(1);
+        let k0 = splitmix(seed);
+        let keys = [k0, splitmix(k0), splitmix(k0 ^ 1), splitmix(k0 ^ 2)];
+        Self { n, half_bits, keys }
+    }
+
+    fn round(&self, x: u64) -> u64 {
+        let mask = (1u64 << self.half_bits) - 1;
+        let (mut l, mut r) = (x >> self.half_bits, x & mask);
+        for k in self.keys {
+            let f = splitmix(r ^ k) & mask;
+            (l, r) = (r, l ^ f);
+        }
+        (l << self.half_bits) | r
+    }
+
+    fn get(&self, i: u64) -> u64 {
+        let mut x = i;
+        loop {
+            x = self.round(x);
+            if x < self.n {
+                return x;
+            }
+        }
+    }
+}
+
+/// Water-filling: splits `budget` evenly across lists of the given sizes (unused quota of
+/// small lists goes to larger ones), so a one-sentence template (a literal case such as
+/// "The food is not poor.") is always kept.
+fn allocate(sizes: &[u128], budget: u128) -> Vec<u128> {
+    let total: u128 = sizes.iter().sum();
+    if total <= budget {
+        return sizes.to_vec();
+    }
+    let mut quota = vec![0u128; sizes.len()];
+    let mut left = budget;
+    while left > 0 {
+        let open: Vec<usize> = (0..sizes.len()).filter(|&i| quota[i] < sizes[i]).collect();
+        if open.is_empty() {
+            break;
+        }
+        let share = (left / open.len() as u128).max(1);
+        for i in open {
+            if left == 0 {
+                break;
+            }
+            let add = share.min(sizes[i] - quota[i]).min(left);
+            quota[i] += add;
+            left -= add;
+        }
+    }
+    quota
+}
+
+/// A checked test, ready to stream.
+struct TestPlan {
+    idx: usize,
+    templates: Vec<Template>,
+    quotas: Vec<u64>,
+    perms: Vec<Option<Permutation>>,
+    tolerance: Option<f64>,
+    budget: u64,
+}
+
+/// Which model answers `rephrase` for a spec: `[rephrase]`, `[judge]` or `[model]`.
+pub fn rephrase_model<'a>(p: &'a Pipeline, spec: &PerturbSpec) -> Option<&'a ModelConfig> {
+    let which = match spec {
+        PerturbSpec::Table { model: Some(m), .. } => m.as_str(),
+        _ => "",
+    };
+    match which {
+        "rephrase" => p.rephrase.as_ref(),
+        "judge" => p.judge.as_ref(),
+        "model" => Some(&p.model),
+        _ => p.rephrase.as_ref().or(p.judge.as_ref()).or(Some(&p.model)),
+    }
+}
+
+/// The model used for `rephrase` in this pipeline, when any test uses it.
+pub fn rephrase_model_for(p: &Pipeline) -> Option<&ModelConfig> {
+    p.tests
+        .iter()
+        .filter_map(|t| t.perturb.as_ref())
+        .find(|s| s.op() == "rephrase")
+        .and_then(|s| rephrase_model(p, s))
+}
+
+fn lexicons_of(p: &Pipeline) -> BTreeMap<String, Vec<String>> {
     let mut lexicons: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for name in ["first_name", "male_name", "female_name", "city", "country"] {
+    for name in perturb::BUILTIN_LEXICONS {
         lexicons.insert(name.to_string(), perturb::builtin_lexicon(name).unwrap());
     }
-    lexicons.extend(p.lexicons.clone());
-    let mut out = Vec::new();
-    for test in &p.tests {
-        out.extend(expand_test(p, test, &lexicons)?);
+    for (k, words) in &p.lexicons {
+        // A repeated word would repeat texts; keep its first occurrence.
+        let mut seen = std::collections::HashSet::new();
+        let uniq = words.iter().filter(|w| seen.insert(*w)).cloned().collect();
+        lexicons.insert(k.clone(), uniq);
     }
-    Ok(out)
+    lexicons
 }
 
-fn expand_test(
+fn plan_test(
     p: &Pipeline,
-    test: &TestConfig,
+    idx: usize,
     lexicons: &BTreeMap<String, Vec<String>>,
-) -> Result<Vec<Case>, PipelineError> {
-    let suite = &p.suite.name;
+) -> Result<TestPlan, PipelineError> {
+    let test = &p.tests[idx];
     let needle = format!("\"{}\"", test.name);
-    if let Some(spec) = &test.perturb
-        && !perturb::OPERATORS.contains(&spec.op())
-    {
-        return Err(p.invalid(
-            &needle,
-            "test.perturb",
-            format!(
-                "unknown perturbation `{}` (known: {})",
-                spec.op(),
-                perturb::OPERATORS.join(", ")
-            ),
-        ));
+    if let Some(spec) = &test.perturb {
+        if !perturb::OPERATORS.contains(&spec.op()) {
+            return Err(p.invalid(
+                &format!("\"{}\"", spec.op()),
+                "test.perturb",
+                format!(
+                    "test `{}`: unknown perturbation `{}` (known: {})",
+                    test.name,
+                    spec.op(),
+                    perturb::OPERATORS.join(", ")
+                ),
+            ));
+        }
+        let phrases = match spec {
+            PerturbSpec::Table { phrases, .. } => phrases.len(),
+            PerturbSpec::Name(_) => 0,
+        };
+        if perturb::NEEDS_PHRASES.contains(&spec.op()) && phrases == 0 {
+            return Err(p.invalid(
+                &needle,
+                "test.perturb.phrases",
+                format!(
+                    "test `{}`: `{}` needs `phrases = [...]`: perturb = {{ op = \"{}\", phrases = [\"...\"] }}",
+                    test.name,
+                    spec.op(),
+                    spec.op()
+                ),
+            ));
+        }
+        if spec.op() == "rephrase" {
+            match rephrase_model(p, spec) {
+                Some(m) if m.provider.starts_with("builtin:") => {
+                    return Err(p.invalid(
+                        &needle,
+                        "test.perturb.model",
+                        format!(
+                            "test `{}`: `rephrase` needs a generative model, but `{}` is a classifier: \
+                             add a [rephrase] table (same keys as [model])",
+                            test.name, m.provider
+                        ),
+                    ));
+                }
+                None => {
+                    return Err(p.invalid(
+                        &needle,
+                        "test.perturb.model",
+                        format!(
+                            "test `{}`: the named rephrase model is not defined",
+                            test.name
+                        ),
+                    ));
+                }
+                _ => {}
+            }
+        }
     }
-    // Base texts per template; the budget is split evenly across templates so that a
-    // one-sentence template (a literal case such as "The food is not poor.") is always kept.
-    let budget = test.max_cases.unwrap_or(p.suite.max_cases_per_test);
-    let mut rng = SmallRng::seed_from_u64(
-        p.suite.seed ^ u64::from_str_radix(&content_hash(&[suite, &test.name])[..12], 16).unwrap(),
-    );
-    let mut per_template: Vec<Vec<(usize, String)>> = Vec::new();
-    for (ti, text) in test.templates.iter().enumerate() {
-        let tpl = parse_template(p, test, text, lexicons)?;
+    if let Some(src) = &test.source {
+        let path = p.resolve(&src.file);
+        if !path.is_file() {
+            return Err(p.invalid(
+                &format!("\"{}\"", src.file),
+                "test.source.file",
+                format!("test `{}`: no such file `{}`", test.name, path.display()),
+            ));
+        }
+        source::Format::of(src).map_err(|msg| p.invalid(&needle, "test.source.format", msg))?;
+    }
+    let budget = test.max_cases.unwrap_or(p.suite.max_cases_per_test) as u64;
+    let mut templates = Vec::new();
+    for spec in &test.templates {
+        let text = spec.text();
+        let expected = spec
+            .expected()
+            .map(String::from)
+            .or_else(|| test.expected.clone());
+        let tpl = Template::parse(p, test, text, expected, lexicons)?;
         let size = tpl.size();
         if size > p.suite.max_expansion as u128 {
             return Err(p.invalid(
                 text,
                 &format!("test `{}` templates", test.name),
                 format!(
-                    "template \"{text}\" expands to {size} cases, above suite.max_expansion = {}",
+                    "template \"{text}\" expands to {size} cases, above suite.max_expansion = {} \
+                     (raise it, or split the lexicons)",
                     p.suite.max_expansion
                 ),
             ));
         }
-        per_template.push((0..size).map(|i| (ti, tpl.fill(i))).collect());
+        templates.push(tpl);
     }
-    let mut seen = HashSet::new();
-    for list in &mut per_template {
-        list.retain(|(_, t)| seen.insert(t.clone()));
-    }
-    let bases = allocate(per_template, budget, &mut rng);
+    let sizes: Vec<u128> = templates.iter().map(Template::size).collect();
+    let quotas: Vec<u64> = allocate(&sizes, budget as u128)
+        .into_iter()
+        .map(|q| q as u64)
+        .collect();
+    let test_seed = p.suite.seed ^ hash_u64(&[&p.suite.name, &test.name]);
+    let perms = sizes
+        .iter()
+        .zip(&quotas)
+        .enumerate()
+        .map(|(ti, (&n, &q))| {
+            (u128::from(q) < n).then(|| Permutation::new(n as u64, test_seed ^ splitmix(ti as u64)))
+        })
+        .collect();
     let tolerance = match test.test_type.as_str() {
         "MFT" => None,
         _ => Some(test.tolerance.unwrap_or(p.score.tolerance)),
     };
-    let template_id = |ti: usize| format!("{}/{}/t{}", suite, test.name, ti);
-    let mk = |ti: usize, role: &str, group: Option<&str>, input: String, pert: Option<String>| {
-        let case_id = content_hash(&[suite, &test.name, role, group.unwrap_or(""), &input]);
+    Ok(TestPlan {
+        idx,
+        templates,
+        quotas,
+        perms,
+        tolerance,
+        budget,
+    })
+}
+
+/// A base case before perturbation.
+struct Base {
+    template_id: String,
+    text: String,
+    expected: Option<String>,
+}
+
+enum Cursor {
+    Templates {
+        t: usize,
+        k: u64,
+    },
+    Source {
+        reader: source::TextReader,
+        taken: u64,
+    },
+}
+
+/// Streams a suite's cases in batches; memory does not grow with the number of cases.
+///
+/// # Example
+/// ```no_run
+/// # async fn f(p: &evalflow::pipeline::Pipeline) -> Result<(), evalflow::stages::generate::GenerateError> {
+/// let mut s = evalflow::stages::generate::CaseStream::new(p)?;
+/// while let Some(batch) = s.next_batch(8192).await? {
+///     println!("{} cases", batch.len());
+/// }
+/// # Ok(()) }
+/// ```
+pub struct CaseStream<'a> {
+    p: &'a Pipeline,
+    plans: Vec<TestPlan>,
+    current: usize,
+    cursor: Option<Cursor>,
+    cases_in_test: u64,
+    rephraser: Option<Arc<dyn Provider>>,
+}
+
+impl<'a> CaseStream<'a> {
+    /// Checks every test (placeholders, sizes, perturbations, sources) before any case is
+    /// produced, so a bad suite fails fast.
+    ///
+    /// # Errors
+    /// [`GenerateError::Pipeline`] naming the file, line and field of the first problem.
+    pub fn new(p: &'a Pipeline) -> Result<Self, GenerateError> {
+        let lexicons = lexicons_of(p);
+        let plans = (0..p.tests.len())
+            .map(|i| plan_test(p, i, &lexicons))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            p,
+            plans,
+            current: 0,
+            cursor: None,
+            cases_in_test: 0,
+            rephraser: None,
+        })
+    }
+
+    /// Sets the model that answers `rephrase` perturbations (built by the caller from
+    /// [`rephrase_model_for`] with `call::build_provider`, or any [`Provider`]).
+    pub fn with_rephraser(mut self, provider: Arc<dyn Provider>) -> Self {
+        self.rephraser = Some(provider);
+        self
+    }
+
+    /// Whether any test needs a rephrase model.
+    pub fn needs_rephraser(&self) -> bool {
+        rephrase_model_for(self.p).is_some()
+    }
+
+    fn next_base(&mut self) -> Result<Option<Base>, GenerateError> {
+        let p = self.p;
+        let plan = &self.plans[self.current];
+        let test = &p.tests[plan.idx];
+        if self.cursor.is_none() {
+            self.cursor = Some(match &test.source {
+                Some(src) => Cursor::Source {
+                    reader: source::TextReader::open(&p.resolve(&src.file), src)?,
+                    taken: 0,
+                },
+                None => Cursor::Templates { t: 0, k: 0 },
+            });
+        }
+        match self.cursor.as_mut().expect("set above") {
+            Cursor::Templates { t, k } => loop {
+                if *t >= plan.templates.len() {
+                    return Ok(None);
+                }
+                if *k >= plan.quotas[*t] {
+                    *t += 1;
+                    *k = 0;
+                    continue;
+                }
+                let tpl = &plan.templates[*t];
+                let i = match &plan.perms[*t] {
+                    Some(perm) => perm.get(*k),
+                    None => *k,
+                };
+                *k += 1;
+                let text = tpl.fill(i);
+                // An earlier template that was expanded in full already produced it.
+                let dup =
+                    (0..*t).any(|e| plan.perms[e].is_none() && plan.templates[e].matches(&text));
+                if dup {
+                    continue;
+                }
+                return Ok(Some(Base {
+                    template_id: format!("{}/{}/t{}", p.suite.name, test.name, t),
+                    text,
+                    expected: tpl.expected.clone(),
+                }));
+            },
+            Cursor::Source { reader, taken } => {
+                if *taken >= plan.budget {
+                    return Ok(None);
+                }
+                let Some((row, text)) = reader.next()? else {
+                    return Ok(None);
+                };
+                *taken += 1;
+                Ok(Some(Base {
+                    template_id: format!("{}/{}/row{}", p.suite.name, test.name, row),
+                    text,
+                    expected: None,
+                }))
+            }
+        }
+    }
+
+    fn case(
+        &self,
+        base: &Base,
+        role: &str,
+        group: Option<&str>,
+        input: String,
+        pert: Option<&str>,
+    ) -> Case {
+        let p = self.p;
+        let plan = &self.plans[self.current];
+        let test = &p.tests[plan.idx];
+        let suite = &p.suite.name;
+        let case_id = match group {
+            Some(g) => content_hash(&[suite, &test.name, role, g, &input]),
+            None => content_hash(&[suite, &test.name, role, &base.template_id, &input]),
+        };
+        let expected = match (role, &test.perturb) {
+            ("perturbed", Some(spec)) => spec.expected().map(String::from).or_else(|| {
+                (test.test_type == "INV")
+                    .then(|| base.expected.clone())
+                    .flatten()
+            }),
+            _ => base.expected.clone(),
+        };
         Case {
             group_id: group.map(String::from).unwrap_or_else(|| case_id.clone()),
             case_id,
@@ -244,110 +676,172 @@ fn expand_test(
             test: test.name.clone(),
             capability: test.capability.clone(),
             test_type: test.test_type.clone(),
-            template_id: template_id(ti),
+            template_id: base.template_id.clone(),
             role: role.to_string(),
             input,
-            expected: test.expected.clone(),
+            expected,
             expectation: test.expectation.clone(),
-            tolerance,
-            perturbation: pert,
-        }
-    };
-    let mut cases = Vec::new();
-    match (&test.test_type[..], &test.perturb) {
-        ("MFT", _) | (_, None) => {
-            for (ti, input) in bases {
-                cases.push(mk(ti, "single", None, input, None));
-            }
-        }
-        (_, Some(spec)) => {
-            for (ti, input) in bases {
-                let base = mk(ti, "base", None, input.clone(), None);
-                let mut crng = SmallRng::seed_from_u64(
-                    p.suite.seed ^ u64::from_str_radix(&base.case_id[..12], 16).unwrap(),
-                );
-                let mut variants = Vec::new();
-                let mut tries = 0;
-                while variants.len() < test.n_perturb && tries < test.n_perturb * 5 {
-                    tries += 1;
-                    if let Some(v) = perturb::apply(spec, &input, &mut crng)
-                        && !variants.contains(&v)
-                    {
-                        variants.push(v);
-                    }
-                }
-                if variants.is_empty() {
-                    continue; // the perturbation does not apply to this base case
-                }
-                let gid = base.case_id.clone();
-                cases.push(base);
-                for v in variants {
-                    cases.push(mk(
-                        ti,
-                        "perturbed",
-                        Some(&gid),
-                        v,
-                        Some(spec.op().to_string()),
-                    ));
-                }
-            }
+            tolerance: plan.tolerance,
+            perturbation: pert.map(String::from),
         }
     }
-    if cases.is_empty() {
-        return Err(p.invalid(
-            &needle,
-            "test",
-            format!(
-                "test `{}` produced no cases (does its perturbation apply to its templates?)",
-                test.name
-            ),
-        ));
-    }
-    Ok(cases)
-}
 
-/// Picks at most `budget` items, splitting the budget evenly across lists (unused quota of
-/// small lists goes to larger ones) and sampling within a list with `rng`. Order is kept.
-fn allocate(
-    lists: Vec<Vec<(usize, String)>>,
-    budget: usize,
-    rng: &mut SmallRng,
-) -> Vec<(usize, String)> {
-    let total: usize = lists.iter().map(Vec::len).sum();
-    if total <= budget {
-        return lists.into_iter().flatten().collect();
-    }
-    // Water-filling: raise a common quota until the budget is spent.
-    let mut quota = vec![0usize; lists.len()];
-    let mut left = budget;
-    while left > 0 {
-        let open: Vec<usize> = (0..lists.len())
-            .filter(|&i| quota[i] < lists[i].len())
-            .collect();
-        if open.is_empty() {
-            break;
-        }
-        let share = (left / open.len()).max(1);
-        for i in open {
-            if left == 0 {
+    /// The next batch of at most about `max` cases (a base and its perturbations are never
+    /// split), or `None` when the suite is exhausted.
+    ///
+    /// # Errors
+    /// Source read errors (file, row, column), a test that produces no case, and rephrase
+    /// failures.
+    pub async fn next_batch(&mut self, max: usize) -> Result<Option<Vec<Case>>, GenerateError> {
+        let mut out = Vec::with_capacity(max.min(1 << 16));
+        while out.len() < max {
+            if self.current >= self.plans.len() {
                 break;
             }
-            let add = share.min(lists[i].len() - quota[i]).min(left);
-            quota[i] += add;
-            left -= add;
+            let test = &self.p.tests[self.plans[self.current].idx];
+            let spec = match test.test_type.as_str() {
+                "MFT" => None,
+                _ => test.perturb.clone(),
+            };
+            let rephrase = spec.as_ref().is_some_and(|s| s.op() == "rephrase");
+            // Rephrase asks a model: gather bases to send their requests concurrently.
+            let want = if rephrase {
+                rephrase_model(self.p, spec.as_ref().unwrap())
+                    .map(|m| m.concurrency.max(1))
+                    .unwrap_or(1)
+            } else {
+                1
+            };
+            let mut bases = Vec::with_capacity(want);
+            while bases.len() < want {
+                match self.next_base()? {
+                    Some(b) => bases.push(b),
+                    None => break,
+                }
+            }
+            if bases.is_empty() {
+                if self.cases_in_test == 0 {
+                    return Err(self
+                        .p
+                        .invalid(
+                            &format!("\"{}\"", test.name),
+                            "test",
+                            format!(
+                                "test `{}` produced no cases (does its perturbation apply to its \
+                                 templates, and does its source have rows?)",
+                                test.name
+                            ),
+                        )
+                        .into());
+                }
+                self.current += 1;
+                self.cursor = None;
+                self.cases_in_test = 0;
+                continue;
+            }
+            let before = out.len();
+            match &spec {
+                None => {
+                    for b in &bases {
+                        out.push(self.case(b, "single", None, b.text.clone(), None));
+                    }
+                }
+                Some(spec) if rephrase => self.rephrase_bases(spec, &bases, &mut out).await?,
+                Some(spec) => {
+                    for b in &bases {
+                        let base = self.case(b, "base", None, b.text.clone(), None);
+                        let mut rng =
+                            SmallRng::seed_from_u64(self.p.suite.seed ^ hash_u64(&[&base.case_id]));
+                        let mut variants: Vec<String> = Vec::new();
+                        let mut tries = 0;
+                        while variants.len() < test.n_perturb && tries < test.n_perturb * 5 {
+                            tries += 1;
+                            if let Some(v) = perturb::apply(spec, &b.text, &mut rng)
+                                && !variants.contains(&v)
+                            {
+                                variants.push(v);
+                            }
+                        }
+                        self.push_group(b, base, variants, spec.op(), &mut out);
+                    }
+                }
+            }
+            self.cases_in_test += (out.len() - before) as u64;
+        }
+        Ok((!out.is_empty()).then_some(out))
+    }
+
+    fn push_group(
+        &self,
+        b: &Base,
+        base: Case,
+        variants: Vec<String>,
+        op: &str,
+        out: &mut Vec<Case>,
+    ) {
+        if variants.is_empty() {
+            return; // the perturbation does not apply to this base case
+        }
+        let gid = base.case_id.clone();
+        out.push(base);
+        for v in variants {
+            out.push(self.case(b, "perturbed", Some(&gid), v, Some(op)));
         }
     }
-    let mut out = Vec::with_capacity(budget);
-    for (list, q) in lists.into_iter().zip(quota) {
-        if q >= list.len() {
-            out.extend(list);
-        } else {
-            let mut idx = rand::seq::index::sample(rng, list.len(), q).into_vec();
-            idx.sort_unstable();
-            out.extend(idx.into_iter().map(|i| list[i].clone()));
+
+    async fn rephrase_bases(
+        &self,
+        spec: &PerturbSpec,
+        bases: &[Base],
+        out: &mut Vec<Case>,
+    ) -> Result<(), GenerateError> {
+        let test = &self.p.tests[self.plans[self.current].idx];
+        let model = rephrase_model(self.p, spec).expect("checked when planning");
+        let provider = self.rephraser.clone().ok_or_else(|| {
+            CallError::Provider(
+                model.provider.clone(),
+                format!(
+                    "test `{}` uses `rephrase` but no rephrase model was set up",
+                    test.name
+                ),
+            )
+        })?;
+        let prompt = match spec {
+            PerturbSpec::Table {
+                prompt: Some(p), ..
+            } => p.as_str(),
+            _ => rephrase::DEFAULT_PROMPT,
+        };
+        let results = futures::future::join_all(bases.iter().map(|b| {
+            rephrase::rephrase(provider.as_ref(), model, prompt, &b.text, test.n_perturb)
+        }))
+        .await;
+        for (b, res) in bases.iter().zip(results) {
+            let variants = res.map_err(|msg| GenerateError::Rephrase {
+                test: test.name.clone(),
+                input: b.text.clone(),
+                msg,
+            })?;
+            let base = self.case(b, "base", None, b.text.clone(), None);
+            self.push_group(b, base, variants, "rephrase", out);
         }
+        Ok(())
     }
-    out
+}
+
+/// Expands every test of the pipeline's suite into cases, in memory. Use [`CaseStream`]
+/// for large suites; this is for tests and small tools.
+///
+/// # Errors
+/// As [`CaseStream::new`] and [`CaseStream::next_batch`]; a suite using `rephrase` needs
+/// [`CaseStream::with_rephraser`] and fails here.
+pub fn expand(p: &Pipeline) -> Result<Vec<Case>, GenerateError> {
+    let mut s = CaseStream::new(p)?;
+    let mut all = Vec::new();
+    while let Some(b) = futures::executor::block_on(s.next_batch(8192))? {
+        all.extend(b);
+    }
+    Ok(all)
 }
 
 /// Builds a `cases` record batch.
@@ -375,4 +869,35 @@ pub fn to_batch(cases: &[Case]) -> RecordBatch {
     ];
     RecordBatch::try_new(Table::Cases.schema(), cols)
         .expect("cases batch matches schemas/cases.json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permutation_is_a_bijection() {
+        for n in [1u64, 2, 3, 7, 64, 1000, 4097] {
+            let perm = Permutation::new(n, 9);
+            let mut seen: Vec<u64> = (0..n).map(|i| perm.get(i)).collect();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..n).collect::<Vec<_>>(), "n = {n}");
+        }
+    }
+
+    #[test]
+    fn allocation_keeps_small_templates() {
+        assert_eq!(allocate(&[1, 500, 500], 101), vec![1, 50, 50]);
+        assert_eq!(allocate(&[3, 4], 100), vec![3, 4]);
+    }
+
+    #[test]
+    fn articles() {
+        assert_eq!(with_article("apple", Article::Lower), "an apple");
+        assert_eq!(with_article("flight", Article::Upper), "A flight");
+        assert_eq!(with_article("hour", Article::Lower), "an hour");
+        assert_eq!(with_article("unusual", Article::Lower), "an unusual");
+        assert_eq!(with_article("university", Article::Lower), "a university");
+        assert_eq!(with_article("FBI", Article::Lower), "an FBI");
+    }
 }

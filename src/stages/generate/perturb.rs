@@ -54,6 +54,10 @@ pub const COUNTRIES: &[&str] = &[
     "Peru",
 ];
 
+/// Names of the built-in lexicons, usable in any template.
+pub const BUILTIN_LEXICONS: &[&str] =
+    &["first_name", "male_name", "female_name", "city", "country"];
+
 /// The built-in lexicon called `name`, if there is one.
 pub fn builtin_lexicon(name: &str) -> Option<Vec<String>> {
     let v: Vec<&str> = match name {
@@ -67,18 +71,57 @@ pub fn builtin_lexicon(name: &str) -> Option<Vec<String>> {
     Some(v.into_iter().map(String::from).collect())
 }
 
-/// Every perturbation name accepted in a suite.
+/// Every perturbation name accepted in a suite. `rephrase` asks a model (see
+/// [`super::rephrase`]); the others are pure functions of the text and a seeded rng.
 pub const OPERATORS: &[&str] = &[
     "name_swap",
     "city_swap",
     "country_swap",
     "typos",
+    "typo_swap",
+    "typo_drop",
+    "typo_insert",
     "add_suffix",
     "add_prefix",
+    "remove_phrase",
     "contract",
     "expand_contractions",
     "punctuation",
     "change_number",
+    "add_negation",
+    "remove_negation",
+    "rephrase",
+];
+
+/// Operators that need options: (name, option that must be non-empty).
+pub const NEEDS_PHRASES: &[&str] = &["add_suffix", "add_prefix", "remove_phrase"];
+
+/// Auxiliaries after which `add_negation` inserts "not" (and `remove_negation` removes it).
+const AUXILIARIES: &[&str] = &[
+    "is", "was", "are", "were", "am", "will", "would", "can", "could", "should", "must", "has",
+    "have", "had", "Is", "Was", "Are", "Were",
+];
+
+/// Negated forms that `remove_negation` turns back into the positive.
+const NEGATED: &[(&str, &str)] = &[
+    ("don't", ""),
+    ("doesn't", ""),
+    ("didn't", ""),
+    ("do not", ""),
+    ("does not", ""),
+    ("did not", ""),
+    ("isn't", "is"),
+    ("wasn't", "was"),
+    ("aren't", "are"),
+    ("weren't", "were"),
+    ("won't", "will"),
+    ("can't", "can"),
+    ("is not", "is"),
+    ("was not", "was"),
+    ("are not", "are"),
+    ("were not", "were"),
+    ("will not", "will"),
+    ("cannot", "can"),
 ];
 
 const CONTRACTIONS: &[(&str, &str)] = &[
@@ -112,7 +155,13 @@ pub fn apply(spec: &PerturbSpec, text: &str, rng: &mut SmallRng) -> Option<Strin
         "name_swap" => swap_gendered_name(text, rng),
         "city_swap" => swap_word_from(text, CITIES, rng),
         "country_swap" => swap_word_from(text, COUNTRIES, rng),
-        "typos" => Some(typos(text, count.unwrap_or(1), rng)),
+        "typos" => Some(typos(text, count.unwrap_or(1), None, rng)),
+        "typo_swap" => Some(typos(text, count.unwrap_or(1), Some(0), rng)),
+        "typo_drop" => Some(typos(text, count.unwrap_or(1), Some(1), rng)),
+        "typo_insert" => Some(typos(text, count.unwrap_or(1), Some(2), rng)),
+        "remove_phrase" => remove_phrase(text, phrases),
+        "add_negation" => add_negation(text),
+        "remove_negation" => remove_negation(text),
         "add_suffix" => phrases
             .choose(rng)
             .map(|p| format!("{} {}", text.trim_end(), p)),
@@ -173,7 +222,9 @@ fn swap_gendered_name(text: &str, rng: &mut SmallRng) -> Option<String> {
     }
 }
 
-fn typos(text: &str, n: usize, rng: &mut SmallRng) -> String {
+/// `kind`: 0 swaps two adjacent letters, 1 drops one, 2 inserts a keyboard neighbour;
+/// `None` picks one at random for each typo.
+fn typos(text: &str, n: usize, kind: Option<u32>, rng: &mut SmallRng) -> String {
     let mut chars: Vec<char> = text.chars().collect();
     for _ in 0..n.max(1) {
         let letters: Vec<usize> = (0..chars.len().saturating_sub(1))
@@ -182,18 +233,113 @@ fn typos(text: &str, n: usize, rng: &mut SmallRng) -> String {
             })
             .collect();
         let Some(&i) = letters.choose(rng) else { break };
-        match rng.gen_range(0..3) {
+        match kind.unwrap_or_else(|| rng.gen_range(0..3)) {
             0 => chars.swap(i, i + 1),
             1 => {
                 chars.remove(i);
             }
             _ => {
-                let c = chars[i];
-                chars.insert(i, c);
+                let c = keyboard_neighbour(chars[i], rng);
+                chars.insert(i + 1, c);
             }
         }
     }
     chars.into_iter().collect()
+}
+
+/// A letter next to `c` on a QWERTY keyboard (the letter itself when unknown), keeping case.
+fn keyboard_neighbour(c: char, rng: &mut SmallRng) -> char {
+    const ROWS: [&str; 3] = ["qwertyuiop", "asdfghjkl", "zxcvbnm"];
+    let lc = c.to_ascii_lowercase();
+    for row in ROWS {
+        if let Some(i) = row.find(lc) {
+            let b = row.as_bytes();
+            let mut options = Vec::new();
+            if i > 0 {
+                options.push(b[i - 1] as char);
+            }
+            if i + 1 < b.len() {
+                options.push(b[i + 1] as char);
+            }
+            let n = *options.choose(rng).unwrap_or(&lc);
+            return if c.is_ascii_uppercase() {
+                n.to_ascii_uppercase()
+            } else {
+                n
+            };
+        }
+    }
+    c
+}
+
+fn remove_negation(text: &str) -> Option<String> {
+    for (neg, pos) in NEGATED {
+        if let Some(i) = find_word(text, neg) {
+            let rest = &text[i + neg.len()..];
+            return Some(if pos.is_empty() {
+                format!("{}{}", &text[..i], rest.trim_start())
+            } else {
+                format!("{}{}{}", &text[..i], pos, rest)
+            });
+        }
+    }
+    None
+}
+
+fn remove_phrase(text: &str, phrases: &[String]) -> Option<String> {
+    for p in phrases {
+        if let Some(i) = text.find(p.as_str()) {
+            let out = format!("{}{}", &text[..i], &text[i + p.len()..]);
+            let out = out.split_whitespace().collect::<Vec<_>>().join(" ");
+            return Some(out);
+        }
+    }
+    None
+}
+
+/// Inserts a negation after the first auxiliary ("is" -> "is not"), or before the verb
+/// after a subject pronoun ("I love" -> "I don't love"); `None` when neither is found or
+/// the sentence is already negated there.
+fn add_negation(text: &str) -> Option<String> {
+    let words: Vec<&str> = text.split(' ').collect();
+    for (i, w) in words.iter().enumerate() {
+        let bare = w.trim_end_matches([',', '.', '!', '?']);
+        if AUXILIARIES.contains(&bare) && bare.len() == w.len() {
+            if words
+                .get(i + 1)
+                .is_some_and(|n| *n == "not" || n.ends_with("n't"))
+            {
+                return None;
+            }
+            let mut out = words.clone();
+            out.insert(i + 1, "not");
+            return Some(out.join(" "));
+        }
+    }
+    for (i, w) in words.iter().enumerate() {
+        let subject = matches!(*w, "I" | "We" | "we" | "They" | "they" | "You" | "you");
+        let third = matches!(*w, "He" | "he" | "She" | "she");
+        if (subject || third) && i + 1 < words.len() {
+            let next = words[i + 1];
+            if next.contains('\'') || next == "not" || next == "never" {
+                return None;
+            }
+            let mut out = words.clone();
+            if third {
+                let stem = next
+                    .strip_suffix("es")
+                    .filter(|s| s.ends_with("sh") || s.ends_with("ch"))
+                    .or_else(|| next.strip_suffix('s'))
+                    .unwrap_or(next);
+                out[i + 1] = stem;
+                out.insert(i + 1, "doesn't");
+            } else {
+                out.insert(i + 1, "don't");
+            }
+            return Some(out.join(" "));
+        }
+    }
+    None
 }
 
 fn replace_first<'a>(
@@ -280,6 +426,9 @@ mod tests {
             op: "add_suffix".into(),
             phrases: vec!["You are lame.".into()],
             count: None,
+            expected: None,
+            model: None,
+            prompt: None,
         };
         assert_eq!(
             apply(&spec, "The seat was bad.", &mut rng()).unwrap(),
@@ -293,6 +442,79 @@ mod tests {
             )
             .unwrap(),
             "It isn't what I wanted."
+        );
+    }
+
+    #[test]
+    fn negation_insertion_and_removal() {
+        let add = PerturbSpec::Name("add_negation".into());
+        let rm = PerturbSpec::Name("remove_negation".into());
+        assert_eq!(
+            apply(&add, "The food is good.", &mut rng()).unwrap(),
+            "The food is not good."
+        );
+        assert_eq!(
+            apply(&add, "I love the crew.", &mut rng()).unwrap(),
+            "I don't love the crew."
+        );
+        assert_eq!(
+            apply(&add, "She likes it.", &mut rng()).unwrap(),
+            "She doesn't like it."
+        );
+        assert_eq!(apply(&add, "The food is not good.", &mut rng()), None);
+        assert_eq!(
+            apply(&rm, "I don't love the crew.", &mut rng()).unwrap(),
+            "I love the crew."
+        );
+        assert_eq!(
+            apply(&rm, "It isn't good.", &mut rng()).unwrap(),
+            "It is good."
+        );
+    }
+
+    #[test]
+    fn typo_kinds_and_phrase_removal() {
+        let t = "The service was excellent.";
+        let swap = apply(&PerturbSpec::Name("typo_swap".into()), t, &mut rng()).unwrap();
+        let drop = apply(&PerturbSpec::Name("typo_drop".into()), t, &mut rng()).unwrap();
+        let ins = apply(&PerturbSpec::Name("typo_insert".into()), t, &mut rng()).unwrap();
+        assert_eq!(swap.len(), t.len());
+        assert_eq!(drop.len(), t.len() - 1);
+        assert_eq!(ins.len(), t.len() + 1);
+        let spec = PerturbSpec::Table {
+            op: "remove_phrase".into(),
+            phrases: vec!["Honestly,".into()],
+            count: None,
+            expected: None,
+            model: None,
+            prompt: None,
+        };
+        assert_eq!(
+            apply(&spec, "Honestly, it was fine.", &mut rng()).unwrap(),
+            "it was fine."
+        );
+        assert_eq!(apply(&spec, "It was fine.", &mut rng()), None);
+    }
+
+    #[test]
+    fn numbers_and_punctuation() {
+        let n = apply(
+            &PerturbSpec::Name("change_number".into()),
+            "I waited 40 minutes.",
+            &mut rng(),
+        )
+        .unwrap();
+        assert!(
+            n.starts_with("I waited ") && n.ends_with(" minutes.") && n != "I waited 40 minutes."
+        );
+        assert_eq!(
+            apply(
+                &PerturbSpec::Name("punctuation".into()),
+                "Great flight.",
+                &mut rng()
+            )
+            .unwrap(),
+            "Great flight"
         );
     }
 

@@ -7,6 +7,7 @@
 
 pub mod checklist;
 pub mod cue;
+pub mod judge;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -55,6 +56,7 @@ impl ScorerId {
 /// What a scorer sees of one valid call.
 #[derive(Debug, Clone, Copy)]
 pub struct ScoreInput<'a> {
+    pub call_id: &'a str,
     pub input: &'a str,
     pub response: &'a str,
     pub response_score: Option<f64>,
@@ -329,6 +331,7 @@ fn score_batch(
                 return row;
             }
             let input = ScoreInput {
+                call_id: c.s("call_id", i).unwrap_or_default(),
                 input: c.s("input", i).unwrap_or_default(),
                 response: c.s("response", i).unwrap_or_default(),
                 response_score: c.f("response_score", i),
@@ -436,8 +439,17 @@ mod tests {
                 f[1]
             );
         }
-        for name in NAMES {
-            let s = build(name, None).unwrap();
+        let judge = judge::JudgeScorer::with_replies(
+            crate::pipeline::JudgeChecklist {
+                questions: vec![],
+                instructions: None,
+            },
+            "1".into(),
+            Default::default(),
+        );
+        let mut all: Vec<Box<dyn Scorer>> = NAMES.iter().map(|n| build(n, None).unwrap()).collect();
+        all.push(Box::new(judge));
+        for s in all {
             let id = s.id();
             let hash = logic_hash(s.as_ref());
             let line = lock
