@@ -3,11 +3,13 @@
 //! Data: Parquet shaped like eval runs: 20 models x T templates x ~50 rows per (model,
 //! template), T = 20,000 for the default 20 M rows; rows are in random template order within
 //! each model (no help from sorted input). Every query runs 3 times; the best time counts.
-//! Prints ratios (absolute times drift on shared machines) and peak RSS (VmHWM).
+//! Prints ratios (absolute times drift on shared machines) and each query's peak RSS (VmHWM,
+//! reset before each query through /proc/self/clear_refs).
 //!
 //!     cargo bench --bench stats                     # 20 M rows
 //!     EVALFLOW_BENCH_ROWS=2000000 cargo bench --bench stats
-//!     cargo run --profile dev --bench stats        # quicker build, deps at opt-level 2
+//!     cargo bench --profile dev --bench stats      # quicker build, deps at opt-level 2
+//!     EVALFLOW_BENCH_TEMPLATES=2000 ...             # fix the clusters to see memory vs rows
 
 use std::fs::File;
 use std::sync::Arc;
@@ -41,14 +43,18 @@ fn mix(mut z: u64) -> u64 {
 }
 
 fn write_data(dir: &std::path::Path, rows: usize) -> usize {
-    let templates = (rows / (MODELS * ROWS_PER_CELL)).max(1);
+    let templates = std::env::var("EVALFLOW_BENCH_TEMPLATES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(rows / (MODELS * ROWS_PER_CELL))
+        .max(1);
+    let per_model = rows / MODELS;
     let schema = Arc::new(Schema::new(vec![
         Field::new("model", DataType::Utf8, false),
         Field::new("test", DataType::Utf8, false),
         Field::new("template_id", DataType::Utf8, false),
         Field::new("score", DataType::Float64, true),
     ]));
-    let per_model = templates * ROWS_PER_CELL;
     let batch = 1 << 16;
     let mut written = 0;
     // One file per 5 models so the scan has several files to split.
@@ -93,6 +99,11 @@ fn write_data(dir: &std::path::Path, rows: usize) -> usize {
         w.close().unwrap();
     }
     written
+}
+
+/// Resets the peak RSS counter (Linux: writing 5 to clear_refs resets VmHWM).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
 async fn time(ctx: &SessionContext, sql: &str) -> Duration {
@@ -265,8 +276,9 @@ async fn main() {
             }
             continue;
         }
+        reset_peak_rss();
         let d = time(&ctx, sql).await.as_secs_f64();
-        println!("{name:>24}: {d:8.3}s");
+        println!("{name:>24}: {d:8.3}s   peak RSS {:6.0} MB", peak_rss_mb());
         secs.insert(*name, d);
     }
     let r = |a: &str, b: &str| secs[a] / secs[b];
@@ -312,7 +324,7 @@ async fn main() {
         r("8k: clustered_se", "8k: stddev")
     );
     println!(
-        "\npeak RSS (VmHWM): {:.0} MB for {written} rows",
+        "\npeak RSS (VmHWM) of the last query: {:.0} MB for {written} rows (per-query peaks above)",
         peak_rss_mb()
     );
 }

@@ -4,7 +4,7 @@
 --
 -- The K samples of a case are averaged per case first, the two runs are joined on case_id, and
 -- d = B - A per case (positive means B passes more). The SE of mean(d) is clustered by
--- template_id (Miller's formula). The MDE is the smallest difference this many cases could
+-- template_id (Miller 2024). The MDE is the smallest difference this many cases could
 -- detect (alpha 0.05, power 0.8) at the observed clustered SE. Verdict: an interval that
 -- excludes zero decides, otherwise the test could not tell, which is not evidence of no change.
 -- Base rows are excluded, each run keeps its greatest scoring_version (edit to choose).
@@ -12,14 +12,14 @@ WITH a AS (
     SELECT case_id, test, capability, template_id, avg(score) AS score
     FROM a_scores
     WHERE (role IS DISTINCT FROM 'base')
-      AND scoring_version = (SELECT max(scoring_version) FROM a_scores)
+      AND scorer = 'checklist' AND scoring_version = (SELECT max(scoring_version) FROM a_scores WHERE scorer = 'checklist')
     GROUP BY case_id, test, capability, template_id
 ),
 b AS (
     SELECT case_id, avg(score) AS score
     FROM b_scores
     WHERE (role IS DISTINCT FROM 'base')
-      AND scoring_version = (SELECT max(scoring_version) FROM b_scores)
+      AND scorer = 'checklist' AND scoring_version = (SELECT max(scoring_version) FROM b_scores WHERE scorer = 'checklist')
     GROUP BY case_id
 ),
 pairs AS (

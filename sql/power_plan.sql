@@ -5,20 +5,20 @@
 -- Miller (2024): n = (z_{alpha/2} + z_{1-power})^2 * var_d / delta^2, where var_d is the
 -- variance of per-case differences. With K samples per case,
 --   var_d(K) = omega^2 + (sigma_A^2 + sigma_B^2) / K,
--- where sigma^2 is each run's within-case sampling variance (variance_components) and omega^2
+-- where sigma^2 is the within-case sampling variance (variance_components) and omega^2
 -- the variance of true per-case differences: var_samp(d) of the pilot minus its own sampling
--- part. The clustered column inflates var_d by the pilot's design effect
+-- part. The clustered column inflates var_d by the pilot design effect
 -- (clustered SE / naive SE)^2, floored at 1, for cases that share templates.
 WITH a_case AS (
     SELECT case_id, template_id, avg(score) AS score, count(score) AS k
     FROM a_scores
-    WHERE (role IS DISTINCT FROM 'base') AND scoring_version = (SELECT max(scoring_version) FROM a_scores)
+    WHERE (role IS DISTINCT FROM 'base') AND scorer = 'checklist' AND scoring_version = (SELECT max(scoring_version) FROM a_scores WHERE scorer = 'checklist')
     GROUP BY case_id, template_id
 ),
 b_case AS (
     SELECT case_id, avg(score) AS score, count(score) AS k
     FROM b_scores
-    WHERE (role IS DISTINCT FROM 'base') AND scoring_version = (SELECT max(scoring_version) FROM b_scores)
+    WHERE (role IS DISTINCT FROM 'base') AND scorer = 'checklist' AND scoring_version = (SELECT max(scoring_version) FROM b_scores WHERE scorer = 'checklist')
     GROUP BY case_id
 ),
 pilot AS (
@@ -35,9 +35,9 @@ pilot AS (
 noise AS (
     SELECT
         (SELECT variance_components(score, case_id)['within_var'] FROM a_scores
-          WHERE (role IS DISTINCT FROM 'base') AND scoring_version = (SELECT max(scoring_version) FROM a_scores)) AS sigma2_a,
+          WHERE (role IS DISTINCT FROM 'base') AND scorer = 'checklist' AND scoring_version = (SELECT max(scoring_version) FROM a_scores WHERE scorer = 'checklist')) AS sigma2_a,
         (SELECT variance_components(score, case_id)['within_var'] FROM b_scores
-          WHERE (role IS DISTINCT FROM 'base') AND scoring_version = (SELECT max(scoring_version) FROM b_scores)) AS sigma2_b
+          WHERE (role IS DISTINCT FROM 'base') AND scorer = 'checklist' AND scoring_version = (SELECT max(scoring_version) FROM b_scores WHERE scorer = 'checklist')) AS sigma2_b
 ),
 parts AS (
     SELECT

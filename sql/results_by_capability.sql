@@ -3,7 +3,7 @@
 --   evalflow sql --file sql/results_by_capability.sql --run runs/<run_id>
 --
 -- Scores are 1.0 (pass) / 0.0 (fail): the failure rate is 1 - mean(score) and its interval is
--- [1 - hi, 1 - lo] of the mean's interval. The standard error is Miller's clustered SE with
+-- [1 - hi, 1 - lo] of the mean interval. The standard error is the clustered SE of Miller (2024) with
 -- template_id as the cluster: cases generated from one template share their wording, so they
 -- are not independent. Base rows (role = 'base') carry no score of their own and are excluded.
 -- Rows whose validity is not valid_answer have a NULL score: they are ignored by the statistics
@@ -14,7 +14,7 @@ WITH s AS (
     SELECT *
     FROM scores
     WHERE (role IS DISTINCT FROM 'base')
-      AND scoring_version = (SELECT max(scoring_version) FROM scores)
+      AND scorer = 'checklist' AND scoring_version = (SELECT max(scoring_version) FROM scores WHERE scorer = 'checklist')
 ),
 agg AS (
     SELECT

@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod judge;
+pub mod mock;
 pub mod pipeline;
 pub mod query;
 pub mod runner;

@@ -184,13 +184,14 @@ impl Runner {
             "call",
             "calls",
             stats.rows_total,
-            BTreeMap::from([
-                ("sent_this_session".into(), json!(stats.sent)),
-                ("already_committed".into(), json!(stats.skipped)),
-                ("errors_this_session".into(), json!(stats.errors)),
-                ("model".into(), json!(self.pipeline.model.name)),
-                ("provider".into(), json!(self.pipeline.model.provider)),
-            ]),
+            stats
+                .details()
+                .into_iter()
+                .chain([
+                    ("model".into(), json!(self.pipeline.model.name)),
+                    ("provider".into(), json!(self.pipeline.model.provider)),
+                ])
+                .collect(),
         );
         self.manifest.save(&self.store).await?;
         Ok(stats)

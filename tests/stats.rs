@@ -854,3 +854,56 @@ async fn report_queries_run() {
         assert!(fr.iter().flatten().all(|v| (0.0..=1.0).contains(&v)));
     }
 }
+
+/// `evalflow compare` and `evalflow plan` end to end on two offline VADER runs.
+#[test]
+fn compare_and_plan_verbs() {
+    use std::process::Command;
+    let exe = env!("CARGO_BIN_EXE_evalflow");
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("pipelines/sentiment.toml");
+    let text = std::fs::read_to_string(&pipeline).unwrap();
+    let b_pipeline = dir.path().join("b.toml");
+    std::fs::write(&b_pipeline, text.replace("samples = 1", "samples = 2")).unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for (p, out) in [(&pipeline, &a), (&b_pipeline, &b)] {
+        let st = Command::new(exe)
+            .arg("run")
+            .arg(p)
+            .arg("--out")
+            .arg(out)
+            .output()
+            .unwrap();
+        assert!(
+            st.status.success(),
+            "{}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+    }
+    let run = |args: &[&str]| {
+        let o = Command::new(exe).args(args).output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).to_string(),
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    // VADER is deterministic: B equals A on every case.
+    let (code, out, err) = run(&["compare", a, b]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("overall: no difference"), "{out}");
+    assert!(out.contains("mde") && out.contains("p_value"), "{out}");
+    let (code, _, err) = run(&["compare", a, b, "--require-improvement"]);
+    assert_eq!(code, Some(1), "{err}");
+    let (code, out, err) = run(&["plan", "--delta", "0.03", "--var-d", "0.1111111111111111"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("cases needed: 969"), "{out}");
+    let (code, out, err) = run(&["plan", "--delta", "0.03", "--pilot", a, b, "--k", "2"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("cases_needed"), "{out}");
+    let (code, _, _) = run(&["plan", "--delta", "0.03"]);
+    assert_eq!(code, Some(2));
+    let (code, _, _) = run(&["compare", a, "/no/such/run"]);
+    assert_eq!(code, Some(2));
+}

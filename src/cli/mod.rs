@@ -1,8 +1,12 @@
 //! The command line: one enum of verbs, dispatched in one `match`.
 
 mod check;
+mod compare;
 pub mod holdout;
+mod import;
 pub mod judge;
+mod mock_server;
+mod plan;
 pub mod report;
 mod rescore;
 mod sql;
@@ -71,6 +75,10 @@ pub enum Command {
     Aggregate(StageArgs),
     /// Run SQL over run tables and Parquet files, with the statistics functions registered.
     Sql(sql::SqlArgs),
+    /// Turn a recorded corpus (JSONL request/response pairs or Parquet) into cases + calls.
+    Import(import::ImportArgs),
+    /// Serve a fault-injecting OpenAI / Anthropic mock for tests and dry runs.
+    MockServer(mock_server::MockServerArgs),
     /// The six pre-flight checks, and the invalid-rate gate (--baseline).
     Check(check::CheckArgs),
     /// Re-score archived calls with another scorer version (no model calls) and diff.
@@ -86,6 +94,10 @@ pub enum Command {
     /// Learned judge aggregation: GBDT over checklist answers, SHAP, conformal intervals.
     #[command(subcommand)]
     Judge(judge::JudgeCmd),
+    /// Compare two runs on the same cases: paired difference, clustered SE, MDE, verdict.
+    Compare(compare::CompareArgs),
+    /// Cases needed to detect a difference (Miller's formula, with the K-samples terms).
+    Plan(plan::PlanArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -161,12 +173,16 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Sql(a) => sql::run(a).await,
+        Command::MockServer(a) => mock_server::run(a).await,
+        Command::Import(a) => import::run(a).await,
         Command::Check(a) => check::run(a).await,
         Command::Rescore(a) => rescore::run(a).await,
         Command::Holdout(c) => holdout::run(c).await,
         Command::Report(a) => report::run(a).await,
         Command::Suggest(a) => suggest::run(a).await,
         Command::Judge(c) => judge::run(c).await,
+        Command::Compare(a) => compare::run(a).await,
+        Command::Plan(a) => plan::run(a).await,
     }
 }
 

@@ -182,10 +182,15 @@ impl Interner {
                 out.push(NULL_ID);
                 continue;
             }
-            let v = views[i];
+            let mut v = views[i];
+            let len = v as u32;
+            if len < 12 {
+                // Writers must zero the padding; mask it anyway so equal strings hash equal.
+                v &= (1u128 << (32 + 8 * len)) - 1;
+            }
             let id = match prev {
                 Some((pv, pid)) if pv == v => pid,
-                _ if (v as u32) <= 12 => match self.inline_views.get(&v) {
+                _ if len <= 12 => match self.inline_views.get(&v) {
                     Some(&id) => id,
                     None => {
                         let id = self.str_id(a.value(i));
@@ -239,5 +244,17 @@ mod tests {
         i.ids(&v, &mut out).unwrap();
         assert_eq!(out, vec![1, 2]);
         assert_eq!(i.len(), 3);
+        let long: ArrayRef = Arc::new(datafusion::arrow::array::StringViewArray::from(vec![
+            "abcdefghijkl",
+            "abcdefghijklm",
+            "abcdefghijk",
+            "abcdefghijkl",
+            "c",
+        ]));
+        i.ids(&long, &mut out).unwrap();
+        assert_eq!(out, vec![3, 4, 5, 3, 2]);
+        let plain: ArrayRef = Arc::new(StringArray::from(vec!["abcdefghijklm", "abcdefghijkl"]));
+        i.ids(&plain, &mut out).unwrap();
+        assert_eq!(out, vec![4, 3]);
     }
 }

@@ -1,13 +1,24 @@
 //! Call: runs the pipeline's `[model]` on every case, K samples each, and writes `calls`.
 //!
-//! Resumable by construction: `call_id` is a stable hash of the case, model, sample index
-//! and request, completed calls are committed as Parquet parts every few seconds, and a
-//! restarted stage skips every `call_id` already committed, so no completed call is paid
-//! for twice and no row is duplicated.
+//! Exactly once by construction: `call_id` is a stable hash of the case, model, sample
+//! index and request; every completed call is fsynced to a journal before it counts as
+//! done ([`journal`]); journaled calls are committed as Parquet parts every few seconds;
+//! a restarted stage first folds any journal left by a crash into a part, then skips
+//! every committed `call_id`. A SIGKILL at any moment therefore re-sends at most the
+//! calls in flight (never more than `concurrency`), loses no answered call, and writes
+//! no duplicate row. A response cache ([`cache`]) makes re-running the same requests in
+//! a new run root free.
 
+pub mod anthropic;
+pub mod cache;
+pub mod http;
+pub mod journal;
+pub mod limits;
+pub mod openai;
+pub mod progress;
 pub mod vader;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +27,9 @@ use datafusion::arrow::array::{
     TimestampMicrosecondArray,
 };
 use futures::StreamExt;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::pipeline::ModelConfig;
 use crate::schema::Table;
@@ -32,10 +45,17 @@ pub enum CallError {
     Storage(#[from] StorageError),
     #[error("model.provider: `{0}` cannot be built: {1}")]
     Provider(String, String),
+    /// The call journal could not be written or read.
+    #[error("{path}: call journal: {source}")]
+    Journal {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// One request to a model: what the provider needs to answer a case once.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CallRequest {
     pub call_id: String,
     pub case_id: String,
@@ -52,7 +72,7 @@ pub struct CallRequest {
 
 /// What came back (or failed) for one request. Everything a calls row records beyond
 /// the request itself.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CallResult {
     pub response: Option<String>,
     pub response_score: Option<f64>,
@@ -81,6 +101,14 @@ pub trait Provider: Send + Sync {
 pub fn build_provider(model: &ModelConfig) -> Result<Arc<dyn Provider>, CallError> {
     match model.provider.as_str() {
         "builtin:vader" => Ok(Arc::new(vader::Vader)),
+        "openai" => Ok(Arc::new(http::HttpProvider::build(
+            http::Wire::OpenAi,
+            model,
+        )?)),
+        "anthropic" => Ok(Arc::new(http::HttpProvider::build(
+            http::Wire::Anthropic,
+            model,
+        )?)),
         other => Err(CallError::Provider(
             other.to_string(),
             "this provider is not available in this build".into(),
@@ -88,7 +116,7 @@ pub fn build_provider(model: &ModelConfig) -> Result<Arc<dyn Provider>, CallErro
     }
 }
 
-fn sha_hex(parts: &[&str]) -> String {
+pub(crate) fn sha_hex(parts: &[&str]) -> String {
     let mut h = Sha256::new();
     for p in parts {
         h.update(p.as_bytes());
@@ -157,7 +185,7 @@ fn str_col<'a>(b: &'a RecordBatch, name: &str) -> &'a StringArray {
 }
 
 /// A finished call: request, result and timing.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CallRow {
     pub req: CallRequest,
     pub res: CallResult,
@@ -247,31 +275,170 @@ pub async fn committed_call_ids(store: &RunStore) -> Result<HashSet<String>, Sto
     Ok(ids)
 }
 
-/// Counters reported by the call stage.
+/// Counters reported by the call stage. Token totals and row counts are computed from
+/// the committed table, never from a session counter, so they stay exact across restarts.
 #[derive(Debug, Default, Clone)]
 pub struct CallStats {
+    /// Requests answered (or failed) by the provider in this session.
     pub sent: u64,
+    /// Calls already committed when the session started.
     pub skipped: u64,
+    /// Calls of this session that ended with an error.
     pub errors: u64,
+    /// Calls recovered from a crashed session's journal.
+    pub recovered: u64,
+    /// Calls of this session served from the response cache.
+    pub cache_hits: u64,
+    /// Rows in the committed table.
     pub rows_total: u64,
+    /// Committed rows with an error.
+    pub error_rows: u64,
+    pub prompt_tokens: i64,
+    pub completion_tokens: i64,
+    pub reasoning_tokens: i64,
 }
 
-/// How often completed calls are committed, bounding what a crash can lose to the calls
-/// in flight plus those finished within this window.
+impl CallStats {
+    /// The facts recorded in the manifest's `call` stage details.
+    pub fn details(&self) -> BTreeMap<String, serde_json::Value> {
+        use serde_json::json;
+        BTreeMap::from([
+            ("sent_this_session".into(), json!(self.sent)),
+            ("already_committed".into(), json!(self.skipped)),
+            ("errors_this_session".into(), json!(self.errors)),
+            ("recovered_from_journal".into(), json!(self.recovered)),
+            ("cache_hits_this_session".into(), json!(self.cache_hits)),
+            ("error_rows".into(), json!(self.error_rows)),
+            ("prompt_tokens".into(), json!(self.prompt_tokens)),
+            ("completion_tokens".into(), json!(self.completion_tokens)),
+            ("reasoning_tokens".into(), json!(self.reasoning_tokens)),
+        ])
+    }
+}
+
+/// How often completed calls are committed, bounding the journal's length.
 const COMMIT_EVERY: Duration = Duration::from_secs(2);
-const COMMIT_ROWS: usize = 2000;
+const COMMIT_ROWS: usize = 20_000;
+/// Most rows journaled with one fsync.
+const GROUP_ROWS: usize = 4096;
+
+fn jerr(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> CallError + '_ {
+    move |source| CallError::Journal {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Folds journals left by earlier sessions into a part, skipping committed call ids.
+async fn recover(
+    store: &RunStore,
+    model: &ModelConfig,
+    dir: &std::path::Path,
+    done: &mut HashSet<String>,
+    session: &str,
+) -> Result<u64, CallError> {
+    let (rows, files) = {
+        let d = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || journal::recover(&d))
+            .await
+            .expect("journal recovery does not panic")
+            .map_err(jerr(dir))?
+    };
+    if files.is_empty() {
+        return Ok(0);
+    }
+    let fresh: Vec<CallRow> = rows
+        .into_iter()
+        .filter(|r| done.insert(r.req.call_id.clone()))
+        .collect();
+    if !fresh.is_empty() {
+        let mut w = store.part_writer(
+            "calls",
+            Table::Calls.schema(),
+            &format!("part-{session}-recovered"),
+        );
+        for chunk in fresh.chunks(8192) {
+            w.write(to_batch(model, chunk)).await?;
+        }
+        w.finish().await?;
+    }
+    journal::remove(&files).map_err(jerr(dir))?;
+    Ok(fresh.len() as u64)
+}
+
+/// Sums of the committed table, for the manifest.
+async fn committed_totals(store: &RunStore, stats: &mut CallStats) -> Result<(), StorageError> {
+    let mut s = store.read_table("calls", Table::Calls).await?;
+    let (mut rows, mut errs, mut p, mut c, mut r) = (0u64, 0u64, 0i64, 0i64, 0i64);
+    let sum = |b: &RecordBatch, name: &str| -> i64 {
+        b.column_by_name(name)
+            .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+            .map(|a| a.iter().flatten().sum())
+            .unwrap_or(0)
+    };
+    while let Some(b) = s.next().await {
+        let b = b?;
+        rows += b.num_rows() as u64;
+        errs += b
+            .column_by_name("error")
+            .map(|c| (c.len() - c.null_count()) as u64)
+            .unwrap_or(0);
+        p += sum(&b, "prompt_tokens");
+        c += sum(&b, "completion_tokens");
+        r += sum(&b, "reasoning_tokens");
+    }
+    stats.rows_total = rows;
+    stats.error_rows = errs;
+    stats.prompt_tokens = p;
+    stats.completion_tokens = c;
+    stats.reasoning_tokens = r;
+    Ok(())
+}
+
+/// Answers one request, from the cache when it can; the flag says it did.
+async fn call_one(
+    provider: Arc<dyn Provider>,
+    cache: Option<cache::Cache>,
+    req: CallRequest,
+) -> (CallRow, bool) {
+    let started = chrono::Utc::now();
+    if let Some(hit) = cache.as_ref().and_then(|c| c.get(&req)) {
+        let row = CallRow {
+            latency_ms: hit.latency_ms,
+            started_at_us: started.timestamp_micros(),
+            req,
+            res: hit.result,
+        };
+        return (row, true);
+    }
+    let t0 = Instant::now();
+    let res = provider.complete(&req).await;
+    let row = CallRow {
+        latency_ms: t0.elapsed().as_secs_f64() * 1000.0,
+        started_at_us: started.timestamp_micros(),
+        req,
+        res,
+    };
+    (row, false)
+}
 
 /// Runs the call stage: every case in `cases/` times K samples, skipping committed calls.
+///
+/// # Errors
+/// Storage and journal I/O failures only; a failed call is a row, not an error.
 pub async fn run(
     store: &RunStore,
     model: &ModelConfig,
     provider: Arc<dyn Provider>,
 ) -> Result<CallStats, CallError> {
-    let done = committed_call_ids(store).await?;
-    let mut stats = CallStats {
-        skipped: 0,
-        ..Default::default()
-    };
+    // Parts of this session sort after earlier sessions' parts.
+    let session = chrono::Utc::now().format("%Y%m%dT%H%M%S%3f").to_string();
+    let mut done = committed_call_ids(store).await?;
+    let mut stats = CallStats::default();
+    let jdir = journal::dir_for(store);
+    if let Some(d) = &jdir {
+        stats.recovered = recover(store, model, d, &mut done, &session).await?;
+    }
     let mut todo = Vec::new();
     let mut cases = store.read_table("cases", Table::Cases).await?;
     while let Some(b) = cases.next().await {
@@ -279,47 +446,115 @@ pub async fn run(
             if done.contains(&r.call_id) {
                 stats.skipped += 1;
             } else {
+                done.insert(r.call_id.clone());
                 todo.push(r);
             }
         }
     }
-    // Parts of this session sort after earlier sessions' parts.
-    let session = chrono::Utc::now().format("%Y%m%dT%H%M%S%3f").to_string();
+    stats.skipped = stats.skipped.saturating_sub(stats.recovered);
+    drop(done);
+    let cache = if model.provider.starts_with("builtin:") {
+        None
+    } else {
+        cache::Cache::for_root(store, model.base_url.as_deref().unwrap_or(""))
+    };
+    let total = todo.len() as u64;
+    let mut journal = match &jdir {
+        Some(d) if total > 0 => Some(journal::Journal::open(d, &session).map_err(jerr(d))?),
+        _ => None,
+    };
     let mut writer = store.part_writer("calls", Table::Calls.schema(), &format!("part-{session}"));
-    let mut results = futures::stream::iter(todo.into_iter().map(|req| {
+
+    // Each call is its own task, so requests progress while this task writes; a permit is
+    // held from before the request until the answer is journaled.
+    let sem = Arc::new(Semaphore::new(model.concurrency.max(1)));
+    let (tx, mut rx) = mpsc::unbounded_channel::<((CallRow, bool), OwnedSemaphorePermit)>();
+    let producer = {
         let provider = provider.clone();
-        async move {
-            let started = chrono::Utc::now();
-            let t0 = Instant::now();
-            let res = provider.complete(&req).await;
-            CallRow {
-                latency_ms: t0.elapsed().as_secs_f64() * 1000.0,
-                started_at_us: started.timestamp_micros(),
-                req,
-                res,
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            for req in todo {
+                let Ok(permit) = sem.clone().acquire_owned().await else {
+                    return;
+                };
+                let tx = tx.clone();
+                let provider = provider.clone();
+                let cache = cache.clone();
+                tokio::spawn(async move {
+                    let row = call_one(provider, cache, req).await;
+                    let _ = tx.send((row, permit));
+                });
             }
-        }
-    }))
-    .buffer_unordered(model.concurrency);
+        })
+    };
+
+    let mut progress = progress::Progress::new(total);
     let mut pending: Vec<CallRow> = Vec::new();
     let mut last_commit = Instant::now();
-    while let Some(row) = results.next().await {
-        stats.sent += 1;
-        if row.res.error.is_some() {
-            stats.errors += 1;
+    let mut group: Vec<((CallRow, bool), OwnedSemaphorePermit)> = Vec::new();
+    while rx.recv_many(&mut group, GROUP_ROWS).await > 0 {
+        let (rows, permits): (Vec<(CallRow, bool)>, Vec<OwnedSemaphorePermit>) =
+            group.drain(..).unzip();
+        let mut to_cache = Vec::new();
+        for (r, cached) in &rows {
+            stats.sent += u64::from(!cached);
+            stats.cache_hits += u64::from(*cached);
+            if r.res.error.is_some() {
+                stats.errors += 1;
+            }
+            if !cached && r.res.error.is_none() && cache.is_some() {
+                to_cache.push(r.clone());
+            }
         }
-        pending.push(row);
+        let rows: Vec<CallRow> = rows.into_iter().map(|(r, _)| r).collect();
+        progress.advance(rows.len() as u64, stats.errors);
+        if let Some(j) = journal.take() {
+            let lines = journal::Journal::encode(&rows);
+            let c = cache.clone();
+            let (j, res) = tokio::task::spawn_blocking(move || {
+                let mut j = j;
+                let res = j.append(&lines);
+                if let Some(c) = c {
+                    for r in &to_cache {
+                        c.put(&r.req, &r.res, r.latency_ms);
+                    }
+                }
+                (j, res)
+            })
+            .await
+            .expect("journal append does not panic");
+            res.map_err(jerr(j.path()))?;
+            journal = Some(j);
+        } else if let Some(c) = &cache {
+            for r in &to_cache {
+                c.put(&r.req, &r.res, r.latency_ms);
+            }
+        }
+        drop(permits);
+        pending.extend(rows);
         if pending.len() >= COMMIT_ROWS || last_commit.elapsed() >= COMMIT_EVERY {
             writer.write(to_batch(model, &pending)).await?;
             writer.flush().await?;
             pending.clear();
+            if let Some(j) = journal.as_mut() {
+                j.rotate().map_err(|source| CallError::Journal {
+                    path: j.path().display().to_string(),
+                    source,
+                })?;
+            }
             last_commit = Instant::now();
         }
     }
+    let _ = producer.await;
     if !pending.is_empty() {
         writer.write(to_batch(model, &pending)).await?;
     }
     writer.finish().await?;
-    stats.rows_total = done.len() as u64 + stats.sent;
+    if let Some(j) = journal {
+        let p = j.path().to_path_buf();
+        j.close().map_err(jerr(&p))?;
+    }
+    progress.finish(stats.errors);
+    committed_totals(store, &mut stats).await?;
     Ok(stats)
 }

@@ -1,0 +1,488 @@
+//! `evalflow import`: turns a recorded corpus into `cases` + `calls`, so archived runs
+//! flow into validate and score with no model calls.
+//!
+//! # Behavior
+//! - JSONL: one `{"request": {...}, "response": {...}}` pair per line in the OpenAI chat
+//!   format; optional `sample_idx`, `expected`, `http_status`, `error`, `latency_ms`.
+//! - Parquet: a table with an `input` column plus any calls columns (`response`,
+//!   `model`, `sample_idx`, `finish_reason`, token counts, `http_status`, `error`, ...).
+//! - One case per distinct user prompt (the last user message), test and capability
+//!   `imported`, test type `MFT`, role `single` unless given. A sample index not in the
+//!   file is the order of repeats of the same (case, model).
+//! - Writes `<root>/import.toml`, a pipeline naming the imported model, and a manifest
+//!   with `generate` and `call` complete: `evalflow validate <root>/import.toml --out <root>`
+//!   and `evalflow score ...` then run as on any run.
+//!
+//! # Errors
+//! A bad row is exit 2, naming `file:line` (the row number for Parquet) and the field.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type};
+use serde_json::{Value, json};
+
+use super::CliError;
+use crate::pipeline::{ModelConfig, Pipeline};
+use crate::schema::Table;
+use crate::stages::call::{self, CallRequest, CallResult, CallRow};
+use crate::stages::generate::{self, Case};
+use crate::storage::{Manifest, RunStore, manifest_now};
+
+#[derive(Debug, clap::Args)]
+pub struct ImportArgs {
+    /// The recorded corpus: `.jsonl` request/response pairs or a `.parquet` calls table.
+    pub file: PathBuf,
+    /// The run root to create.
+    #[arg(long)]
+    pub out: String,
+    /// The model name for every row (default: each request's `model`).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Test name of the imported cases.
+    #[arg(long, default_value = "imported")]
+    pub test: String,
+    /// Capability of the imported cases.
+    #[arg(long, default_value = "imported")]
+    pub capability: String,
+    /// Test type of the imported cases (MFT, INV, DIR).
+    #[arg(long, default_value = "MFT")]
+    pub test_type: String,
+    /// Role of the imported cases.
+    #[arg(long, default_value = "single")]
+    pub role: String,
+}
+
+/// One imported call before case ids are assigned.
+struct Record {
+    model: String,
+    system: Option<String>,
+    input: String,
+    expected: Option<String>,
+    sample_idx: Option<i32>,
+    request_key: String,
+    max_tokens: Option<u32>,
+    temperature: Option<f64>,
+    result: CallResult,
+    latency_ms: f64,
+}
+
+fn bad(file: &Path, line: usize, field: &str, msg: impl std::fmt::Display) -> CliError {
+    CliError::BadInput(format!("{}:{line}: field `{field}`: {msg}", file.display()))
+}
+
+fn text_of(c: Option<&Value>) -> Option<String> {
+    match c? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => Some(
+            parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+fn jsonl_record(
+    file: &Path,
+    n: usize,
+    line: &str,
+    model: &Option<String>,
+) -> Result<Record, CliError> {
+    let v: Value =
+        serde_json::from_str(line).map_err(|e| bad(file, n, "(line)", format!("not JSON: {e}")))?;
+    let req = v
+        .get("request")
+        .filter(|r| r.is_object())
+        .ok_or_else(|| bad(file, n, "request", "missing or not an object"))?;
+    let msgs = req
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad(file, n, "request.messages", "missing or not an array"))?;
+    let mut input = None;
+    let mut system = None;
+    for (i, m) in msgs.iter().enumerate() {
+        let text = text_of(m.get("content"));
+        match m.get("role").and_then(Value::as_str) {
+            Some("user") => input = text,
+            Some("system") | Some("developer") => system = text,
+            Some(_) => {}
+            None => {
+                return Err(bad(
+                    file,
+                    n,
+                    &format!("request.messages[{i}].role"),
+                    "missing",
+                ));
+            }
+        }
+    }
+    let input = input.ok_or_else(|| {
+        bad(
+            file,
+            n,
+            "request.messages",
+            "no user message with text content",
+        )
+    })?;
+    let model = model
+        .clone()
+        .or_else(|| req.get("model").and_then(Value::as_str).map(String::from))
+        .ok_or_else(|| bad(file, n, "request.model", "missing (or pass --model)"))?;
+    let status = v
+        .get("http_status")
+        .and_then(Value::as_i64)
+        .map(|s| s as i32);
+    let error = v.get("error").and_then(Value::as_str).map(String::from);
+    let result = match v.get("response") {
+        Some(Value::Null) | None if error.is_some() => CallResult {
+            http_status: status,
+            error,
+            attempts: 1,
+            ..CallResult::default()
+        },
+        Some(resp) if resp.is_object() => {
+            let p = crate::stages::call::openai::parse(resp.to_string().as_bytes())
+                .map_err(|e| bad(file, n, "response", e))?;
+            CallResult {
+                response: Some(p.content),
+                finish_reason: p.finish_reason,
+                prompt_tokens: p.prompt_tokens,
+                completion_tokens: p.completion_tokens,
+                reasoning_tokens: p.reasoning_tokens,
+                reasoning_chars: p.reasoning_chars,
+                http_status: status.or(Some(200)),
+                error,
+                attempts: 1,
+                ..CallResult::default()
+            }
+        }
+        _ => return Err(bad(file, n, "response", "missing or not an object")),
+    };
+    let sample_idx = match v.get("sample_idx") {
+        None | Some(Value::Null) => None,
+        Some(s) => Some(
+            s.as_i64()
+                .filter(|k| (0..=i32::MAX as i64).contains(k))
+                .ok_or_else(|| bad(file, n, "sample_idx", "not a non-negative integer"))?
+                as i32,
+        ),
+    };
+    Ok(Record {
+        model,
+        system,
+        input,
+        expected: v.get("expected").and_then(Value::as_str).map(String::from),
+        sample_idx,
+        request_key: req.to_string(),
+        max_tokens: req
+            .get("max_tokens")
+            .and_then(Value::as_u64)
+            .map(|m| m as u32),
+        temperature: req.get("temperature").and_then(Value::as_f64),
+        result,
+        latency_ms: v.get("latency_ms").and_then(Value::as_f64).unwrap_or(0.0),
+    })
+}
+
+fn parquet_records(file: &Path, model: &Option<String>) -> Result<Vec<Record>, CliError> {
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let f = std::fs::File::open(file)
+        .map_err(|e| CliError::BadInput(format!("{}: {e}", file.display())))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(f)
+        .and_then(|b| b.build())
+        .map_err(|e| CliError::BadInput(format!("{}: not a Parquet file: {e}", file.display())))?;
+    let mut out = Vec::new();
+    let mut row0 = 0usize;
+    for b in reader {
+        let b: RecordBatch =
+            b.map_err(|e| CliError::BadInput(format!("{}: {e}", file.display())))?;
+        let col =
+            |name: &str, t: &DataType| -> Result<Option<std::sync::Arc<dyn Array>>, CliError> {
+                match b.column_by_name(name) {
+                    None => Ok(None),
+                    Some(c) => cast(c, t)
+                        .map(Some)
+                        .map_err(|e| bad(file, row0 + 1, name, format!("cannot read as {t}: {e}"))),
+                }
+            };
+        let s = |name: &str| col(name, &DataType::Utf8);
+        let i = |name: &str| col(name, &DataType::Int64);
+        let input = s("input")?
+            .ok_or_else(|| bad(file, 1, "input", "the Parquet table needs an input column"))?;
+        let (resp, mdl, fin, err, exp, sys) = (
+            s("response")?,
+            s("model")?,
+            s("finish_reason")?,
+            s("error")?,
+            s("expected")?,
+            s("system")?,
+        );
+        let (pt, ct, rt, rc, hs, si, at, mt) = (
+            i("prompt_tokens")?,
+            i("completion_tokens")?,
+            i("reasoning_tokens")?,
+            i("reasoning_chars")?,
+            i("http_status")?,
+            i("sample_idx")?,
+            i("attempts")?,
+            i("max_tokens")?,
+        );
+        let (temp, lat) = (
+            col("temperature", &DataType::Float64)?,
+            col("latency_ms", &DataType::Float64)?,
+        );
+        let gs = |a: &Option<std::sync::Arc<dyn Array>>, r: usize| -> Option<String> {
+            a.as_ref()
+                .filter(|a| a.is_valid(r))
+                .map(|a| a.as_string::<i32>().value(r).to_string())
+        };
+        let gi = |a: &Option<std::sync::Arc<dyn Array>>, r: usize| -> Option<i64> {
+            a.as_ref()
+                .filter(|a| a.is_valid(r))
+                .map(|a| a.as_primitive::<Int64Type>().value(r))
+        };
+        let gf = |a: &Option<std::sync::Arc<dyn Array>>, r: usize| -> Option<f64> {
+            a.as_ref()
+                .filter(|a| a.is_valid(r))
+                .map(|a| a.as_primitive::<Float64Type>().value(r))
+        };
+        let input_s = Some(input);
+        for r in 0..b.num_rows() {
+            let line = row0 + r + 1;
+            let inp = gs(&input_s, r).ok_or_else(|| bad(file, line, "input", "null"))?;
+            let model = model
+                .clone()
+                .or_else(|| gs(&mdl, r))
+                .ok_or_else(|| bad(file, line, "model", "missing (or pass --model)"))?;
+            let response = gs(&resp, r);
+            let error = gs(&err, r);
+            if response.is_none() && error.is_none() {
+                return Err(bad(file, line, "response", "null with no error"));
+            }
+            let sample_idx = match gi(&si, r) {
+                Some(k) if !(0..=i32::MAX as i64).contains(&k) => {
+                    return Err(bad(file, line, "sample_idx", "not a non-negative integer"));
+                }
+                k => k.map(|k| k as i32),
+            };
+            out.push(Record {
+                request_key: json!({"model": model, "system": gs(&sys, r), "input": inp})
+                    .to_string(),
+                model,
+                system: gs(&sys, r),
+                input: inp,
+                expected: gs(&exp, r),
+                sample_idx,
+                max_tokens: gi(&mt, r).map(|m| m as u32),
+                temperature: gf(&temp, r),
+                result: CallResult {
+                    response,
+                    finish_reason: gs(&fin, r),
+                    prompt_tokens: gi(&pt, r),
+                    completion_tokens: gi(&ct, r),
+                    reasoning_tokens: gi(&rt, r),
+                    reasoning_chars: gi(&rc, r),
+                    http_status: gi(&hs, r).map(|h| h as i32),
+                    error,
+                    attempts: gi(&at, r).unwrap_or(1) as i32,
+                    ..CallResult::default()
+                },
+                latency_ms: gf(&lat, r).unwrap_or(0.0),
+            });
+        }
+        row0 += b.num_rows();
+    }
+    Ok(out)
+}
+
+/// Runs the import.
+pub async fn run(a: ImportArgs) -> Result<(), CliError> {
+    if !crate::pipeline::TEST_TYPES.contains(&a.test_type.as_str()) {
+        return Err(CliError::BadInput(format!(
+            "--test-type `{}`: not one of MFT, INV, DIR",
+            a.test_type
+        )));
+    }
+    let is_parquet = a.file.extension().and_then(|e| e.to_str()) == Some("parquet");
+    let records = if is_parquet {
+        parquet_records(&a.file, &a.model)?
+    } else {
+        let f = std::fs::File::open(&a.file)
+            .map_err(|e| CliError::BadInput(format!("{}: {e}", a.file.display())))?;
+        let mut out = Vec::new();
+        for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+            let line = line.map_err(|e| bad(&a.file, i + 1, "(line)", e))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            out.push(jsonl_record(&a.file, i + 1, &line, &a.model)?);
+        }
+        out
+    };
+    if records.is_empty() {
+        return Err(CliError::BadInput(format!(
+            "{}: no records",
+            a.file.display()
+        )));
+    }
+    let store = RunStore::open(&a.out).map_err(|e| CliError::BadInput(e.to_string()))?;
+    if Manifest::load(&store)
+        .await
+        .map_err(|e| CliError::Internal(e.to_string()))?
+        .is_some()
+    {
+        return Err(CliError::BadInput(format!(
+            "{}: already a run; import into a new --out",
+            store.display()
+        )));
+    }
+    // Cases: one per distinct (system, user prompt).
+    let mut cases: Vec<Case> = Vec::new();
+    let mut case_of: HashMap<(Option<String>, String), usize> = HashMap::new();
+    let mut by_model: BTreeMap<String, Vec<CallRow>> = BTreeMap::new();
+    let mut repeats: HashMap<(String, String), i32> = HashMap::new();
+    let now = chrono::Utc::now().timestamp_micros();
+    for r in records {
+        let idx = *case_of
+            .entry((r.system.clone(), r.input.clone()))
+            .or_insert_with(|| {
+                let id = call::sha_hex(&[
+                    "imported",
+                    &a.test,
+                    r.system.as_deref().unwrap_or(""),
+                    &r.input,
+                ])[..24]
+                    .to_string();
+                cases.push(Case {
+                    case_id: id.clone(),
+                    suite: "imported".into(),
+                    test: a.test.clone(),
+                    capability: a.capability.clone(),
+                    test_type: a.test_type.clone(),
+                    template_id: id.clone(),
+                    group_id: id,
+                    role: a.role.clone(),
+                    input: r.input.clone(),
+                    expected: r.expected.clone(),
+                    expectation: None,
+                    tolerance: None,
+                    perturbation: None,
+                });
+                cases.len() - 1
+            });
+        let case_id = cases[idx].case_id.clone();
+        let next = repeats
+            .entry((case_id.clone(), r.model.clone()))
+            .or_insert(0);
+        let sample_idx = r.sample_idx.unwrap_or(*next);
+        *next = (*next).max(sample_idx + 1);
+        let request_hash = call::sha_hex(&[&r.request_key])[..32].to_string();
+        by_model.entry(r.model.clone()).or_default().push(CallRow {
+            req: CallRequest {
+                call_id: call::call_id(&case_id, &r.model, sample_idx, &request_hash),
+                case_id,
+                input: r.input.clone(),
+                prompt: r.input,
+                system: r.system,
+                sample_idx,
+                max_tokens: r.max_tokens,
+                temperature: r.temperature,
+                request_hash,
+            },
+            res: r.result,
+            latency_ms: r.latency_ms,
+            started_at_us: now,
+        });
+    }
+    let models: Vec<String> = by_model.keys().cloned().collect();
+    let pipeline_text = format!(
+        "# Written by `evalflow import {}`: the pipeline of an imported run (no model is called).\n\n[model]\nprovider = \"openai\"\nname = {}\n\n[suite]\nname = \"imported\"\n",
+        a.file.display(),
+        json!(models[0])
+    );
+    let ppath = Path::new(store.display()).join("import.toml");
+    let pipeline =
+        Pipeline::parse(&pipeline_text, &ppath).map_err(|e| CliError::Internal(e.to_string()))?;
+    let io = |e: crate::storage::StorageError| CliError::Internal(e.to_string());
+    let mut w = store.part_writer("cases", Table::Cases.schema(), "part");
+    for chunk in cases.chunks(8192) {
+        w.write(generate::to_batch(chunk)).await.map_err(io)?;
+    }
+    w.finish().await.map_err(io)?;
+    let mut w = store.part_writer("calls", Table::Calls.schema(), "part-imported");
+    let mut n_calls = 0u64;
+    let mut seen = std::collections::HashSet::new();
+    for (m, rows) in &by_model {
+        let cfg = ModelConfig {
+            name: m.clone(),
+            ..pipeline.model.clone()
+        };
+        for r in rows {
+            if !seen.insert(r.req.call_id.clone()) {
+                return Err(CliError::BadInput(format!(
+                    "{}: two records for case `{}` model `{m}` sample {}: give distinct sample_idx",
+                    a.file.display(),
+                    r.req.input,
+                    r.req.sample_idx
+                )));
+            }
+        }
+        for chunk in rows.chunks(8192) {
+            w.write(call::to_batch(&cfg, chunk)).await.map_err(io)?;
+        }
+        n_calls += rows.len() as u64;
+    }
+    w.finish().await.map_err(io)?;
+    if store.table_url("x").starts_with("file:") {
+        std::fs::write(&ppath, &pipeline_text)
+            .map_err(|e| CliError::Internal(format!("{}: {e}", ppath.display())))?;
+    }
+    let mut manifest = Manifest {
+        run_id: a
+            .out
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or("import")
+            .to_string(),
+        evalflow_version: env!("CARGO_PKG_VERSION").to_string(),
+        pipeline_path: ppath.display().to_string(),
+        pipeline_hash: pipeline.hash(),
+        pipeline: serde_json::to_value(&pipeline).unwrap_or(Value::Null),
+        created_at: manifest_now(),
+        finished_at: None,
+        stages: BTreeMap::new(),
+        row_counts: BTreeMap::new(),
+        scorer_versions: vec![],
+        validator_version: None,
+    };
+    manifest.complete(
+        "generate",
+        "cases",
+        cases.len() as u64,
+        BTreeMap::from([("imported_from".into(), json!(a.file.display().to_string()))]),
+    );
+    manifest.complete(
+        "call",
+        "calls",
+        n_calls,
+        BTreeMap::from([
+            ("imported_from".into(), json!(a.file.display().to_string())),
+            ("models".into(), json!(models)),
+        ]),
+    );
+    manifest.save(&store).await.map_err(io)?;
+    println!(
+        "imported {n_calls} calls over {} cases into {} (next: evalflow validate {} --out {})",
+        cases.len(),
+        store.display(),
+        ppath.display(),
+        store.display()
+    );
+    Ok(())
+}

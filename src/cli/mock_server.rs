@@ -1,0 +1,96 @@
+//! `evalflow mock-server`: the fault-injecting OpenAI / Anthropic mock on loopback.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::CliError;
+use crate::mock::{AnswerMode, Fault, MockConfig, MockServer, parse_fault_spec};
+
+#[derive(Debug, clap::Args)]
+pub struct MockServerArgs {
+    /// Address to listen on (port 0 picks a free port; the first line printed names it).
+    #[arg(long, default_value = "127.0.0.1:8089")]
+    pub addr: SocketAddr,
+    /// Delay before every answer, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub latency_ms: u64,
+    /// Inject a fault at a rate, e.g. `rate_limit=0.1` (repeatable; rates sum to at most 1).
+    /// Kinds: rate_limit, server_error, out_of_credit, reset, hang, malformed_json,
+    /// empty_length, truncated.
+    #[arg(long = "fault", value_name = "KIND=RATE", value_parser = parse_fault)]
+    pub faults: Vec<(Fault, f64)>,
+    /// Seed of the fault draws: the same seed and requests give the same faults.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Append one JSON line per request received (with its request hash) to this file.
+    #[arg(long)]
+    pub request_log: Option<PathBuf>,
+    /// How to answer: `echo` the last user message, or its `vader` sentiment label.
+    #[arg(long, default_value = "echo", value_parser = ["echo", "vader"])]
+    pub answer: String,
+    /// Seconds sent in `Retry-After` with a 429.
+    #[arg(long, default_value_t = 1)]
+    pub retry_after: u64,
+}
+
+fn parse_fault(s: &str) -> Result<(Fault, f64), String> {
+    parse_fault_spec(s)
+}
+
+/// Serves until interrupted.
+pub async fn run(a: MockServerArgs) -> Result<(), CliError> {
+    let cfg = MockConfig {
+        latency: Duration::from_millis(a.latency_ms),
+        faults: a.faults,
+        seed: a.seed,
+        request_log: a.request_log,
+        answer: if a.answer == "vader" {
+            AnswerMode::Vader
+        } else {
+            AnswerMode::Echo
+        },
+        retry_after_secs: a.retry_after,
+    };
+    let mut server = MockServer::start(a.addr, cfg).await.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::InvalidInput {
+            CliError::BadInput(format!("--fault: {e}"))
+        } else {
+            CliError::Internal(format!("mock-server: {}: {e}", a.addr))
+        }
+    })?;
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "listening on http://{}", server.addr);
+    let _ = out.flush();
+    tokio::select! {
+        _ = server.wait() => Err(CliError::Internal("mock-server stopped".into())),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn parses_faults() {
+        let cli = crate::cli::Cli::try_parse_from([
+            "evalflow",
+            "mock-server",
+            "--fault",
+            "hang=0.1",
+            "--fault",
+            "reset=0.2",
+        ])
+        .unwrap();
+        let crate::cli::Command::MockServer(a) = cli.command else {
+            panic!("mock-server")
+        };
+        assert_eq!(a.faults, vec![(Fault::Hang, 0.1), (Fault::Reset, 0.2)]);
+        assert!(
+            crate::cli::Cli::try_parse_from(["evalflow", "mock-server", "--fault", "x=1"]).is_err()
+        );
+    }
+}
