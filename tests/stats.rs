@@ -863,6 +863,14 @@ fn compare_and_plan_verbs() {
     let dir = tempfile::tempdir().unwrap();
     let pipeline = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("pipelines/sentiment.toml");
     let text = std::fs::read_to_string(&pipeline).unwrap();
+    // The copy lives beside its lexicon include and data files, as the original does.
+    for sub in ["lexicons", "data"] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        for entry in std::fs::read_dir(pipeline.parent().unwrap().join(sub)).unwrap() {
+            let e = entry.unwrap();
+            std::fs::copy(e.path(), dir.path().join(sub).join(e.file_name())).unwrap();
+        }
+    }
     let b_pipeline = dir.path().join("b.toml");
     std::fs::write(&b_pipeline, text.replace("samples = 1", "samples = 2")).unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
