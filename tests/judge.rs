@@ -358,3 +358,55 @@ fn boolean_labels_train_a_classifier() {
         assert!((c.iter().sum::<f64>() - r).abs() < 1e-4);
     }
 }
+
+/// A run root: the judge rows sit in `scores/` beside another scorer's rows (NULL `answers`),
+/// and `--scorer` picks them.
+#[test]
+fn reads_answers_from_a_run_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("run");
+    let pipeline = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/sentiment.toml");
+    let st = Command::new(env!("CARGO_BIN_EXE_evalflow"))
+        .arg("run")
+        .arg(&pipeline)
+        .arg("--out")
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let s = synth::generate(&SynthConfig {
+        units: 60,
+        trials: 2,
+        ..SynthConfig::default()
+    });
+    let folder = root.join("scores/judge-synth@1");
+    std::fs::create_dir_all(&folder).unwrap();
+    let batch = synth::scores_batch(&s.data).unwrap();
+    let bytes = evalflow::storage::encode_parquet(&batch.schema(), &[batch]).unwrap();
+    std::fs::write(folder.join("part-00000.parquet"), bytes).unwrap();
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let root = root.display().to_string();
+    let cols = data::Columns::default();
+    let ds = rt
+        .block_on(data::read_scores(&root, Some("judge-synth"), &cols))
+        .unwrap();
+    assert_eq!(ds.obs.len(), 60 * 4 * 2);
+    assert_eq!(ds.checklist, "judge-synth@1");
+    assert_eq!(ds.questions.len(), 12);
+    // Without --scorer only the judge rows have answers, so the result is the same.
+    let all = rt.block_on(data::read_scores(&root, None, &cols)).unwrap();
+    assert_eq!(all.obs, ds.obs);
+    // The unit and judge can be SQL expressions.
+    let cols = data::Columns {
+        unit: Some("concat(case_id, '/', model)".into()),
+        judge: Some("scoring_version".into()),
+    };
+    let ds = rt.block_on(data::read_scores(&root, None, &cols)).unwrap();
+    assert_eq!(ds.judges(), vec!["1".to_string()]);
+    assert!(ds.obs[0].unit.contains('/'));
+}
