@@ -4,6 +4,7 @@ mod check;
 mod compare;
 pub mod holdout;
 mod import;
+pub mod judge;
 mod mock_server;
 mod plan;
 pub mod report;
@@ -90,6 +91,9 @@ pub enum Command {
     /// Ask a model for fill-ins of a {mask} slot, to sort into lexicons (CheckList's
     /// masked-LM suggestions).
     Suggest(suggest::SuggestArgs),
+    /// Learned judge aggregation: GBDT over checklist answers, SHAP, conformal intervals.
+    #[command(subcommand)]
+    Judge(judge::JudgeCmd),
     /// Compare two runs on the same cases: paired difference, clustered SE, MDE, verdict.
     Compare(compare::CompareArgs),
     /// Cases needed to detect a difference (Miller's formula, with the K-samples terms).
@@ -176,6 +180,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Holdout(c) => holdout::run(c).await,
         Command::Report(a) => report::run(a).await,
         Command::Suggest(a) => suggest::run(a).await,
+        Command::Judge(c) => judge::run(c).await,
         Command::Compare(a) => compare::run(a).await,
         Command::Plan(a) => plan::run(a).await,
     }
