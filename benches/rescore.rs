@@ -33,7 +33,11 @@ fn answer(i: usize) -> String {
     let mut s = String::new();
     let mut k = i;
     while s.chars().count() < 380 {
-        let part = if k % 3 == 0 { ZH[k % ZH.len()] } else { EN[k % EN.len()] };
+        let part = if k.is_multiple_of(3) {
+            ZH[k % ZH.len()]
+        } else {
+            EN[k % EN.len()]
+        };
         s.push_str(part);
         s.push(' ');
         k = k.wrapping_mul(31).wrapping_add(7);
@@ -125,11 +129,15 @@ async fn child(n: usize) {
     }
     cw.finish().await.unwrap();
     kw.finish().await.unwrap();
-    evalflow::stages::validate::run(&store, &["en".into(), "zh".into()]).await.unwrap();
+    evalflow::stages::validate::run(&store, &["en".into(), "zh".into()])
+        .await
+        .unwrap();
     let scorer = evalflow::stages::score::build("cue", None).unwrap();
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     let (t0, c0) = (Instant::now(), cpu_seconds());
-    let rows = evalflow::stages::score::run(&store, scorer.as_ref()).await.unwrap();
+    let rows = evalflow::stages::score::run(&store, scorer.as_ref())
+        .await
+        .unwrap();
     let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
     let mb = bytes as f64 / 1e6;
     println!(
@@ -141,8 +149,14 @@ async fn child(n: usize) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
-    if let Some(n) = std::env::var("EVALFLOW_RESCORE_CHILD").ok().and_then(|v| v.parse().ok()) {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    if let Some(n) = std::env::var("EVALFLOW_RESCORE_CHILD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         tokio::runtime::Runtime::new().unwrap().block_on(child(n));
         return;
     }
