@@ -16,7 +16,7 @@ use datafusion::arrow::array::{
     Array, ArrayRef, BooleanArray, BooleanBuilder, Float64Array, Int32Array, ListBuilder,
     RecordBatch, StringArray,
 };
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use sha2::{Digest, Sha256};
 
 use crate::query::{QueryError, new_context, register_run};
@@ -230,14 +230,49 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
     let id = scorer.id();
     store.delete_dir(&id.dir()).await?;
     let mut writer = store.part_writer(&id.dir(), Table::Scores.schema(), "part");
-    let mut s = stream(&ctx, JOIN_SQL).await?;
     let mut rows_written = 0u64;
-    while let Some(b) = s.next().await {
-        let b =
-            crate::schema::plain_strings(b.map_err(QueryError::df("score: reading joined rows"))?);
-        let rows = score_batch(&b, scorer, &bases);
-        rows_written += rows.len() as u64;
-        writer.write(to_batch(&id, &rows)).await?;
+    // One calls part at a time, zipped with the validity part of the same name (validate
+    // writes them 1:1), so memory grows with a part, not with the corpus: the join builds
+    // its hash table on the part and streams `cases` past it.
+    let part_sql = JOIN_SQL.replace(
+        "FROM calls k JOIN validity v",
+        "FROM part_calls k JOIN part_validity v",
+    );
+    for part in store.list_parts("calls").await? {
+        let name = part.location.filename().unwrap_or_default().to_string();
+        let vrel = format!("validity/{name}");
+        let vmeta = store.head(&vrel).await?.ok_or_else(|| {
+            QueryError::Storage(crate::storage::StorageError::MissingTable {
+                root: store.display().to_string(),
+                table: vrel.clone(),
+                stage: "validate".into(),
+            })
+        })?;
+        for (table, meta, t) in [
+            ("part_calls", &part, Table::Calls),
+            ("part_validity", &vmeta, Table::Validity),
+        ] {
+            let batches: Vec<RecordBatch> = store.read_part(meta, t).await?.try_collect().await?;
+            let schema = batches
+                .first()
+                .map(|b| b.schema())
+                .unwrap_or_else(|| t.schema());
+            let mem = datafusion::datasource::MemTable::try_new(schema, vec![batches])
+                .map_err(QueryError::df(format!("score: {name}")))?;
+            ctx.deregister_table(table)
+                .map_err(QueryError::df("score"))?;
+            ctx.register_table(table, Arc::new(mem))
+                .map_err(QueryError::df("score"))?;
+        }
+        let mut s = stream(&ctx, &part_sql).await?;
+        while let Some(b) = s.next().await {
+            let b = crate::schema::plain_strings(
+                b.map_err(QueryError::df("score: reading joined rows"))?,
+            );
+            let rows = score_batch(&b, scorer, &bases);
+            rows_written += rows.len() as u64;
+            writer.write(to_batch(&id, &rows)).await?;
+        }
     }
     writer.finish().await?;
     Ok(rows_written)
