@@ -793,3 +793,102 @@ fn import_replays_a_recorded_corpus_into_validate_and_score() {
         "{err}"
     );
 }
+
+/// The judge scorer over real HTTP: the judge's calls go through the call stage as a nested
+/// run; parsed YES/NO answers land in `answers`; an echoing judge (no YES/NO) makes every
+/// row `judge_unparseable` with a NULL score, never a NO.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn judge_checklist_scorer_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = MockServer::start(
+        loopback(),
+        MockConfig {
+            answer: AnswerMode::Vader,
+            ..mock_cfg(vec![])
+        },
+    )
+    .await
+    .unwrap();
+    let judge = MockServer::start(
+        loopback(),
+        MockConfig {
+            answer: AnswerMode::Checklist,
+            ..mock_cfg(vec![])
+        },
+    )
+    .await
+    .unwrap();
+    let echo = MockServer::start(loopback(), mock_cfg(vec![]))
+        .await
+        .unwrap();
+    let judged = |name: &str, judge_url: &str| {
+        let p = pipeline(dir.path(), name, &model.base_url(), 4, "");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let text = text.replace(
+            "[suite]",
+            &format!(
+                "[judge]\nprovider = \"openai\"\nbase_url = \"{judge_url}\"\nname = \"judge-model\"\ntemperature = 0.0\n\n\
+                 [score]\nscorers = [\"judge\", \"checklist\"]\n\n\
+                 [[score.judge.questions]]\nid = \"label\"\ntext = \"Is the answer a sentiment label?\"\n\n\
+                 [[score.judge.questions]]\nid = \"short\"\ntext = \"Is the answer one word?\"\n\n\
+                 [[score.judge.questions]]\nid = \"polite\"\ntext = \"Is the answer polite?\"\n\n[suite]"
+            ),
+        );
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    for (name, url, parseable) in [
+        ("ok", judge.base_url(), true),
+        ("echo", echo.base_url(), false),
+    ] {
+        let p = judged(name, &url);
+        let root = dir.path().join(name);
+        let mut r = Runner::open(&p, Some(root.to_str().unwrap()))
+            .await
+            .unwrap();
+        r.run_all().await.unwrap();
+        let ctx = evalflow::query::new_context();
+        evalflow::query::register_run(&ctx, &r.store, "")
+            .await
+            .unwrap();
+        let rows = evalflow::query::text_rows(
+            &ctx,
+            "SELECT validity, count(*), count(score), count(answers), \
+             sum(CASE WHEN score IS NOT NULL AND abs(score * 3 - round(score * 3)) > 1e-9 THEN 1 ELSE 0 END) \
+             FROM scores WHERE scorer = 'judge' GROUP BY validity",
+        )
+        .await
+        .unwrap();
+        assert_eq!(rows.len(), 1, "{name}: {rows:?}");
+        let r0 = &rows[0];
+        let n = r0[1].clone().unwrap();
+        assert_eq!(n, "20", "{rows:?}");
+        if parseable {
+            assert_eq!(r0[0].as_deref(), Some("valid_answer"));
+            assert_eq!(r0[2].as_deref(), Some("20"), "every row scored");
+            assert_eq!(
+                r0[3].as_deref(),
+                Some("20"),
+                "every row has its answers vector"
+            );
+            assert_eq!(r0[4].as_deref(), Some("0"), "scores are k/3");
+        } else {
+            assert_eq!(r0[0].as_deref(), Some("judge_unparseable"));
+            assert_eq!(
+                r0[2].as_deref(),
+                Some("0"),
+                "an unparseable judge answer is never a score"
+            );
+        }
+        // The judge's own calls are a nested run with one call per judged answer.
+        let versions: Vec<String> = std::fs::read_dir(root.join("judge"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|n| n.starts_with("1+"))
+            .collect();
+        assert_eq!(versions.len(), 1, "{versions:?}");
+        let sub = root.join("judge").join(&versions[0]);
+        let judge_rows = calls(&sub).await;
+        assert_eq!(judge_rows.len(), 20, "one judge call per valid answer");
+    }
+}

@@ -27,8 +27,9 @@ pub struct MockServerArgs {
     /// Append one JSON line per request received (with its request hash) to this file.
     #[arg(long)]
     pub request_log: Option<PathBuf>,
-    /// How to answer: `echo` the last user message, or its `vader` sentiment label.
-    #[arg(long, default_value = "echo", value_parser = ["echo", "vader"])]
+    /// How to answer: `echo` the last user message, its `vader` sentiment label, or as a
+    /// `checklist` judge (a seeded YES/NO for every `Qk:` line).
+    #[arg(long, default_value = "echo", value_parser = ["echo", "vader", "checklist"])]
     pub answer: String,
     /// Seconds sent in `Retry-After` with a 429.
     #[arg(long, default_value_t = 1)]
@@ -46,10 +47,10 @@ pub async fn run(a: MockServerArgs) -> Result<(), CliError> {
         faults: a.faults,
         seed: a.seed,
         request_log: a.request_log,
-        answer: if a.answer == "vader" {
-            AnswerMode::Vader
-        } else {
-            AnswerMode::Echo
+        answer: match a.answer.as_str() {
+            "vader" => AnswerMode::Vader,
+            "checklist" => AnswerMode::Checklist,
+            _ => AnswerMode::Echo,
         },
         retry_after_secs: a.retry_after,
     };

@@ -117,6 +117,9 @@ pub enum AnswerMode {
     /// The last user message, plus a seeded per-sample nonce unless temperature is 0.
     #[default]
     Echo,
+    /// A checklist judge: one seeded `Qk: YES|NO` line for every `Qk:` question line of
+    /// the last user message (the format the judge scorer asks for).
+    Checklist,
 }
 
 /// The mock's configuration.
@@ -412,6 +415,21 @@ impl MockState {
     fn answer(&self, inc: &Incoming, last_user: &str) -> String {
         match self.cfg.answer {
             AnswerMode::Vader => vader::label(vader::compound(last_user)).to_string(),
+            AnswerMode::Checklist => {
+                let seed = self.cfg.seed.to_be_bytes();
+                last_user
+                    .lines()
+                    .filter_map(|l| {
+                        let rest = l.trim().strip_prefix('Q')?;
+                        let k: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                        rest[k.len()..].starts_with(':').then(|| {
+                            let yes = uniform(&[&seed, inc.hash.as_bytes(), l.as_bytes()]) < 0.5;
+                            format!("Q{k}: {}", if yes { "YES" } else { "NO" })
+                        })
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            }
             AnswerMode::Echo => {
                 let t = inc.body.get("temperature").and_then(Value::as_f64);
                 if t == Some(0.0) {
