@@ -223,7 +223,7 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
     let ctx = new_context();
     register_run(&ctx, store, "").await?;
     let bases = if scorer.compares_to_base() {
-        load_bases(&ctx).await?
+        load_bases(&ctx, store).await?
     } else {
         HashMap::new()
     };
@@ -231,40 +231,8 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
     store.delete_dir(&id.dir()).await?;
     let mut writer = store.part_writer(&id.dir(), Table::Scores.schema(), "part");
     let mut rows_written = 0u64;
-    // One calls part at a time, zipped with the validity part of the same name (validate
-    // writes them 1:1), so memory grows with a part, not with the corpus: the join builds
-    // its hash table on the part and streams `cases` past it.
-    let part_sql = JOIN_SQL.replace(
-        "FROM calls k JOIN validity v",
-        "FROM part_calls k JOIN part_validity v",
-    );
     for part in store.list_parts("calls").await? {
-        let name = part.location.filename().unwrap_or_default().to_string();
-        let vrel = format!("validity/{name}");
-        let vmeta = store.head(&vrel).await?.ok_or_else(|| {
-            QueryError::Storage(crate::storage::StorageError::MissingTable {
-                root: store.display().to_string(),
-                table: vrel.clone(),
-                stage: "validate".into(),
-            })
-        })?;
-        for (table, meta, t) in [
-            ("part_calls", &part, Table::Calls),
-            ("part_validity", &vmeta, Table::Validity),
-        ] {
-            let batches: Vec<RecordBatch> = store.read_part(meta, t).await?.try_collect().await?;
-            let schema = batches
-                .first()
-                .map(|b| b.schema())
-                .unwrap_or_else(|| t.schema());
-            let mem = datafusion::datasource::MemTable::try_new(schema, vec![batches])
-                .map_err(QueryError::df(format!("score: {name}")))?;
-            ctx.deregister_table(table)
-                .map_err(QueryError::df("score"))?;
-            ctx.register_table(table, Arc::new(mem))
-                .map_err(QueryError::df("score"))?;
-        }
-        let mut s = stream(&ctx, &part_sql).await?;
+        let mut s = part_stream(&ctx, store, &part, "").await?;
         while let Some(b) = s.next().await {
             let b = crate::schema::plain_strings(
                 b.map_err(QueryError::df("score: reading joined rows"))?,
@@ -278,6 +246,48 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
     Ok(rows_written)
 }
 
+/// The joined rows of one calls part: the part and the validity part of the same name
+/// (validate writes them 1:1) are registered as in-memory tables and joined with `cases`,
+/// so the join builds its hash table on one part and streams `cases` past it. Memory
+/// grows with a part, never with the corpus. `filter` is appended to the query.
+async fn part_stream(
+    ctx: &datafusion::prelude::SessionContext,
+    store: &RunStore,
+    part: &object_store::ObjectMeta,
+    filter: &str,
+) -> Result<datafusion::physical_plan::SendableRecordBatchStream, QueryError> {
+    let name = part.location.filename().unwrap_or_default().to_string();
+    let vrel = format!("validity/{name}");
+    let vmeta = store.head(&vrel).await?.ok_or_else(|| {
+        QueryError::Storage(crate::storage::StorageError::MissingTable {
+            root: store.display().to_string(),
+            table: vrel.clone(),
+            stage: "validate".into(),
+        })
+    })?;
+    for (table, meta, t) in [
+        ("part_calls", part, Table::Calls),
+        ("part_validity", &vmeta, Table::Validity),
+    ] {
+        let batches: Vec<RecordBatch> = store.read_part(meta, t).await?.try_collect().await?;
+        let schema = batches
+            .first()
+            .map(|b| b.schema())
+            .unwrap_or_else(|| t.schema());
+        let mem = datafusion::datasource::MemTable::try_new(schema, vec![batches])
+            .map_err(QueryError::df(format!("score: {name}")))?;
+        ctx.deregister_table(table)
+            .map_err(QueryError::df("score"))?;
+        ctx.register_table(table, Arc::new(mem))
+            .map_err(QueryError::df("score"))?;
+    }
+    let sql = JOIN_SQL.replace(
+        "FROM calls k JOIN validity v",
+        "FROM part_calls k JOIN part_validity v",
+    );
+    stream(ctx, &format!("{sql} {filter}")).await
+}
+
 /// Scores the joined rows of the given call ids in memory (used by the holdout gate).
 pub async fn score_calls(
     store: &RunStore,
@@ -287,19 +297,22 @@ pub async fn score_calls(
     let ctx = new_context();
     register_run(&ctx, store, "").await?;
     let bases = if scorer.compares_to_base() {
-        load_bases(&ctx).await?
+        load_bases(&ctx, store).await?
     } else {
         HashMap::new()
     };
     let wanted: std::collections::HashSet<&str> = call_ids.iter().map(String::as_str).collect();
     let mut out = HashMap::new();
-    let mut s = stream(&ctx, JOIN_SQL).await?;
-    while let Some(b) = s.next().await {
-        let b =
-            crate::schema::plain_strings(b.map_err(QueryError::df("score: reading joined rows"))?);
-        for r in score_batch(&b, scorer, &bases) {
-            if wanted.contains(r.call_id.as_str()) {
-                out.insert(r.call_id.clone(), (r.validity.clone(), r.out));
+    for part in store.list_parts("calls").await? {
+        let mut s = part_stream(&ctx, store, &part, "").await?;
+        while let Some(b) = s.next().await {
+            let b = crate::schema::plain_strings(
+                b.map_err(QueryError::df("score: reading joined rows"))?,
+            );
+            for r in score_batch(&b, scorer, &bases) {
+                if wanted.contains(r.call_id.as_str()) {
+                    out.insert(r.call_id.clone(), (r.validity.clone(), r.out));
+                }
             }
         }
     }
@@ -309,29 +322,33 @@ pub async fn score_calls(
 /// Base answers by (group, model, sample): memory grows with groups, not rows.
 async fn load_bases(
     ctx: &datafusion::prelude::SessionContext,
+    store: &RunStore,
 ) -> Result<HashMap<BaseKey, BaseAnswer>, QueryError> {
     let mut bases = HashMap::new();
-    let mut s = stream(ctx, &format!("{JOIN_SQL} WHERE c.role = 'base'")).await?;
-    while let Some(b) = s.next().await {
-        let b =
-            crate::schema::plain_strings(b.map_err(QueryError::df("score: reading base cases"))?);
-        let c = Cols { b: &b };
-        for i in 0..b.num_rows() {
-            let key = (
-                c.s("group_id", i).unwrap_or_default().to_string(),
-                c.s("model", i).unwrap_or_default().to_string(),
-                c.i("sample_idx", i).unwrap_or(0),
+    for part in store.list_parts("calls").await? {
+        let mut s = part_stream(ctx, store, &part, "WHERE c.role = 'base'").await?;
+        while let Some(b) = s.next().await {
+            let b = crate::schema::plain_strings(
+                b.map_err(QueryError::df("score: reading base cases"))?,
             );
-            let validity = c.s("validity", i).unwrap_or_default();
-            let v = if validity == "valid_answer" {
-                Ok(Answer {
-                    label: normalise_label(c.s("response", i).unwrap_or_default()),
-                    score: c.f("response_score", i),
-                })
-            } else {
-                Err(validity.to_string())
-            };
-            bases.insert(key, v);
+            let c = Cols { b: &b };
+            for i in 0..b.num_rows() {
+                let key = (
+                    c.s("group_id", i).unwrap_or_default().to_string(),
+                    c.s("model", i).unwrap_or_default().to_string(),
+                    c.i("sample_idx", i).unwrap_or(0),
+                );
+                let validity = c.s("validity", i).unwrap_or_default();
+                let v = if validity == "valid_answer" {
+                    Ok(Answer {
+                        label: normalise_label(c.s("response", i).unwrap_or_default()),
+                        score: c.f("response_score", i),
+                    })
+                } else {
+                    Err(validity.to_string())
+                };
+                bases.insert(key, v);
+            }
         }
     }
     Ok(bases)
