@@ -449,3 +449,103 @@ fn run_prints_rogan_gladen_corrected_rates_given_a_holdout() {
     let pos = out.lines().find(|l| l.starts_with("positive")).unwrap();
     assert!(pos.contains("2 / 4") && pos.contains("50.0%"), "{out}");
 }
+
+/// Kills a child process when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A run on real S3-compatible object storage (moto's server on loopback, started here;
+/// `.ci/run` installs it): every stage writes through object_store, SQL reads it back,
+/// and a re-run resumes without re-calling.
+#[test]
+fn run_on_s3_object_storage_and_resume() {
+    use std::io::{Read, Write};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // `python3 -m moto.server` works wherever pip put moto, even without its script on PATH.
+    let server = Command::new("python3")
+        .args([
+            "-m",
+            "moto.server",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3 runs moto's server (python3 -m pip install 'moto[server]'; .ci/run does)");
+    let _guard = KillOnDrop(server);
+    let addr = format!("127.0.0.1:{port}");
+    let mut created = false;
+    for _ in 0..100 {
+        if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
+            write!(s, "PUT /evalflow-test HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+            let mut resp = String::new();
+            let _ = s.read_to_string(&mut resp);
+            if resp.starts_with("HTTP/1.1 200") {
+                created = true;
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        created,
+        "moto's server did not start on {addr}: python3 -m pip install 'moto[server]'"
+    );
+    let endpoint = format!("http://{addr}");
+    let s3 = |args: &[&str]| {
+        bin()
+            .args(args)
+            .current_dir(repo())
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ENDPOINT", &endpoint)
+            .env("AWS_ALLOW_HTTP", "true")
+            .output()
+            .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let good = write(dir.path(), "good.toml", MINIMAL);
+    let root = "s3://evalflow-test/runs/r1";
+    let o = s3(&["run", good.to_str().unwrap(), "--out", root]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("valid_answer 2/2"), "{}", stdout(&o));
+    let count = |table: &str| {
+        let o = s3(&[
+            "sql",
+            &format!("SELECT count(*) AS n FROM {table}"),
+            "--run",
+            root,
+            "--format",
+            "json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o).trim().to_string()
+    };
+    for t in ["cases", "calls", "validity", "scores"] {
+        assert_eq!(count(t), r#"[{"n":2}]"#, "{t}");
+    }
+    let o = s3(&["run", good.to_str().unwrap(), "--out", root]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(count("calls"), r#"[{"n":2}]"#);
+    let o = s3(&["sql", "SELECT 1", "--run", "s3://evalflow-test/runs/none"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "a run root with no manifest is refused: {}",
+        stderr(&o)
+    );
+}

@@ -53,6 +53,14 @@ pub async fn run(a: SqlArgs) -> Result<(), CliError> {
             return Err(CliError::BadInput(format!("--run {run}: no such run root")));
         }
         let store = RunStore::open(run).map_err(|e| CliError::BadInput(e.to_string()))?;
+        let manifest = crate::storage::Manifest::load(&store)
+            .await
+            .map_err(|e| CliError::BadInput(e.to_string()))?;
+        if manifest.is_none() {
+            return Err(CliError::BadInput(format!(
+                "--run {run}: not an evalflow run (no manifest.json); use --table NAME=URL for plain Parquet"
+            )));
+        }
         let prefix = if a.runs.len() == 1 {
             String::new()
         } else {
