@@ -69,7 +69,7 @@ pub enum Command {
     Call(StageArgs),
     /// Decide a validity verdict for every call.
     Validate(StageArgs),
-    /// Score valid answers with the CheckList scorer.
+    /// Score valid answers with the pipeline's scorers (`[score] scorers`, default checklist).
     Score(StageArgs),
     /// Aggregate scores into `results` and print them.
     Aggregate(StageArgs),
