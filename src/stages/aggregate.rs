@@ -7,26 +7,15 @@
 //! the interval [0, 0]; the design effect so that cases sharing a template are not counted
 //! as independent evidence.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{
-    Array, ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray,
-};
-use futures::StreamExt;
+use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
 
-use crate::query::{QueryError, new_context, register_run};
+use crate::query::{QueryError, new_context, register_run, text_rows};
 use crate::schema::Table;
 use crate::stages::score::ScorerId;
 use crate::stages::validate::VERDICTS;
 use crate::storage::RunStore;
-
-/// Per-template partial sums of the failure indicator.
-#[derive(Debug, Default, Clone, Copy)]
-struct Cluster {
-    n: f64,
-    sum: f64,
-}
 
 /// One result row.
 #[derive(Debug, Clone, Default)]
@@ -47,30 +36,9 @@ pub struct ResultRow {
     /// Counts per validity verdict, in [`VERDICTS`] order.
     pub validity: [i64; 6],
     pub not_comparable: i64,
-    clusters: BTreeMap<String, Cluster>,
 }
 
-/// Miller's clustered standard error of a mean of 0/1 indicators from per-cluster (n, sum):
-/// sqrt(var_samp/n + (1/n^2) sum_c [ (sum_c - n_c m)^2 - sum_{i in c} (x_i - m)^2 ]).
-fn clustered_se(clusters: &BTreeMap<String, Cluster>) -> (Option<f64>, Option<f64>) {
-    let n: f64 = clusters.values().map(|c| c.n).sum();
-    if n < 2.0 {
-        return (None, None);
-    }
-    let m = clusters.values().map(|c| c.sum).sum::<f64>() / n;
-    // For 0/1 data, sum (x_i - m)^2 within a cluster = s(1-m)^2 + (n_c - s) m^2.
-    let ss = |c: &Cluster| c.sum * (1.0 - m).powi(2) + (c.n - c.sum) * m * m;
-    let total_ss: f64 = clusters.values().map(ss).sum();
-    let naive_var = total_ss / (n - 1.0) / n;
-    let cross: f64 = clusters
-        .values()
-        .map(|c| (c.sum - c.n * m).powi(2) - ss(c))
-        .sum();
-    let var = naive_var + cross / (n * n);
-    (Some(var.max(0.0).sqrt()), Some(naive_var.sqrt()))
-}
-
-/// The Wilson score interval for `k` of `n` at z, computed at effective size `n_eff`.
+/// The Wilson score interval for a proportion `p` at effective size `n_eff` and `z`.
 pub fn wilson(p: f64, n_eff: f64, z: f64) -> (f64, f64) {
     if n_eff <= 0.0 {
         return (0.0, 1.0);
@@ -83,16 +51,15 @@ pub fn wilson(p: f64, n_eff: f64, z: f64) -> (f64, f64) {
 }
 
 impl ResultRow {
-    fn finish(&mut self) {
-        self.n_templates = self.clusters.len() as i64;
+    /// Fills the rate and its interval from n, failures and the two standard errors.
+    fn finish(&mut self, se: Option<f64>, naive_se: Option<f64>) {
+        self.se = se;
         if self.n == 0 {
             return;
         }
         let p = self.failures as f64 / self.n as f64;
         self.failure_rate = Some(p);
-        let (se, naive) = clustered_se(&self.clusters);
-        self.se = se;
-        let deff = match (se, naive) {
+        let deff = match (se, naive_se) {
             (Some(s), Some(n)) if n > 0.0 => (s * s / (n * n)).max(1.0),
             _ => 1.0,
         };
@@ -102,124 +69,64 @@ impl ResultRow {
     }
 }
 
-const SQL: &str = "SELECT model, capability, test_type, test, role, template_id, validity, \
-    score IS NOT NULL AS scored, passed, count(*) AS rows \
-    FROM scores WHERE scorer = '{name}' AND scoring_version = '{version}' \
-    GROUP BY model, capability, test_type, test, role, template_id, validity, score IS NOT NULL, passed";
+/// Per group: counts, the failure indicator's clustered (Miller) and naive standard errors
+/// from the statistics functions, and the validity distribution. `{keys}` is the grouping.
+const SQL: &str = "WITH s AS (SELECT *, \
+        CASE WHEN role <> 'base' AND score IS NOT NULL THEN CASE WHEN passed THEN 0.0 ELSE 1.0 END END AS fail \
+        FROM scores WHERE scorer = '{name}' AND scoring_version = '{version}') \
+    SELECT {keys}, count(*) AS n_rows, count(fail) AS n, CAST(coalesce(sum(fail), 0) AS BIGINT) AS failures, \
+        count(DISTINCT CASE WHEN fail IS NOT NULL THEN template_id END) AS n_templates, \
+        clustered_se(fail, template_id) AS se, mean_se(fail) AS naive_se, \
+        {verdicts}, \
+        sum(CASE WHEN role <> 'base' AND validity = 'valid_answer' AND score IS NULL THEN 1 ELSE 0 END) AS not_comparable \
+    FROM s GROUP BY {keys} ORDER BY {keys}";
 
 /// Computes the results of one scorer version: test-level rows, then capability x test type.
 pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRow>, QueryError> {
     let ctx = new_context();
     register_run(&ctx, store, "").await?;
-    let sql = SQL
-        .replace("{name}", &scorer.name)
-        .replace("{version}", &scorer.version);
-    let mut s = ctx
-        .sql(&sql)
-        .await
-        .map_err(QueryError::df("aggregate"))?
-        .execute_stream()
-        .await
-        .map_err(QueryError::df("aggregate"))?;
-    let mut by_test: BTreeMap<(String, String, String, String), ResultRow> = BTreeMap::new();
-    let mut by_cap: BTreeMap<(String, String, String), ResultRow> = BTreeMap::new();
-    while let Some(b) = s.next().await {
-        let b = b.map_err(QueryError::df("aggregate"))?;
-        let col = |n: &str| b.column_by_name(n).unwrap().clone();
-        let (model, cap, tt, test, role, tpl, validity) = (
-            col("model"),
-            col("capability"),
-            col("test_type"),
-            col("test"),
-            col("role"),
-            col("template_id"),
-            col("validity"),
-        );
-        let st = |a: &ArrayRef, i: usize| {
-            a.as_any()
-                .downcast_ref::<StringArray>()
-                .unwrap()
-                .value(i)
-                .to_string()
-        };
-        let scored = b
-            .column_by_name("scored")
-            .unwrap()
-            .as_any()
-            .downcast_ref::<datafusion::arrow::array::BooleanArray>()
-            .unwrap()
-            .clone();
-        let passed = b
-            .column_by_name("passed")
-            .unwrap()
-            .as_any()
-            .downcast_ref::<datafusion::arrow::array::BooleanArray>()
-            .unwrap()
-            .clone();
-        let rows = b
-            .column_by_name("rows")
-            .unwrap()
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .unwrap()
-            .clone();
-        for i in 0..b.num_rows() {
-            let (m, c, t, te, r, tp, v) = (
-                st(&model, i),
-                st(&cap, i),
-                st(&tt, i),
-                st(&test, i),
-                st(&role, i),
-                st(&tpl, i),
-                st(&validity, i),
-            );
-            let count = rows.value(i);
-            let failed = scored.value(i) && passed.is_valid(i) && !passed.value(i);
-            let rt = by_test
-                .entry((m.clone(), c.clone(), t.clone(), te.clone()))
-                .or_insert_with(|| ResultRow {
-                    level: "test".into(),
-                    capability: c.clone(),
-                    test_type: t.clone(),
-                    test: Some(te.clone()),
-                    model: m.clone(),
-                    ..Default::default()
-                });
-            let rc = by_cap
-                .entry((m.clone(), c.clone(), t.clone()))
-                .or_insert_with(|| ResultRow {
-                    level: "capability".into(),
-                    capability: c.clone(),
-                    test_type: t.clone(),
-                    test: None,
-                    model: m.clone(),
-                    ..Default::default()
-                });
-            for row in [rt, rc] {
-                row.n_rows += count;
-                if let Some(k) = VERDICTS.iter().position(|x| *x == v) {
-                    row.validity[k] += count;
-                }
-                if r == "base" {
-                    continue;
-                }
-                if scored.value(i) {
-                    row.n += count;
-                    let cl = row.clusters.entry(tp.clone()).or_default();
-                    cl.n += count as f64;
-                    if failed {
-                        row.failures += count;
-                        cl.sum += count as f64;
-                    }
-                } else if v == "valid_answer" {
-                    row.not_comparable += count;
-                }
+    let verdicts: Vec<String> = VERDICTS
+        .iter()
+        .map(|v| format!("sum(CASE WHEN validity = '{v}' THEN 1 ELSE 0 END) AS {v}"))
+        .collect();
+    let mut out = Vec::new();
+    for (level, keys) in [
+        ("test", "model, capability, test_type, test"),
+        ("capability", "model, capability, test_type"),
+    ] {
+        let sql = SQL
+            .replace("{name}", &scorer.name)
+            .replace("{version}", &scorer.version)
+            .replace("{keys}", keys)
+            .replace("{verdicts}", &verdicts.join(", "));
+        for r in text_rows(&ctx, &sql).await? {
+            let txt = |i: usize| r[i].clone().unwrap_or_default();
+            let int = |i: usize| {
+                r[i].as_deref()
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .unwrap_or(0)
+            };
+            let flt = |i: usize| r[i].as_deref().and_then(|v| v.parse::<f64>().ok());
+            let k = keys.split(", ").count();
+            let mut row = ResultRow {
+                level: level.into(),
+                model: txt(0),
+                capability: txt(1),
+                test_type: txt(2),
+                test: (level == "test").then(|| txt(3)),
+                n_rows: int(k),
+                n: int(k + 1),
+                failures: int(k + 2),
+                n_templates: int(k + 3),
+                not_comparable: int(k + 6 + VERDICTS.len()),
+                ..Default::default()
+            };
+            for (j, v) in row.validity.iter_mut().enumerate() {
+                *v = int(k + 6 + j);
             }
+            row.finish(flt(k + 4), flt(k + 5));
+            out.push(row);
         }
-    }
-    let mut out: Vec<ResultRow> = by_test.into_values().chain(by_cap.into_values()).collect();
-    for r in &mut out {
-        r.finish();
     }
     Ok(out)
 }
@@ -419,40 +326,6 @@ pub fn render(rows: &[ResultRow]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn clustered_se_equals_naive_with_singleton_clusters() {
-        // 8 failures in 40 rows, one row per cluster: Miller's SE equals sqrt(p(1-p)/(n-1)... ) naive
-        let mut cl = BTreeMap::new();
-        for i in 0..40 {
-            cl.insert(
-                format!("t{i}"),
-                Cluster {
-                    n: 1.0,
-                    sum: if i < 8 { 1.0 } else { 0.0 },
-                },
-            );
-        }
-        let (se, naive) = clustered_se(&cl);
-        let p: f64 = 0.2;
-        let want = (p * (1.0 - p) * 40.0 / 39.0 / 40.0).sqrt();
-        assert!((se.unwrap() - want).abs() < 1e-12);
-        assert!((naive.unwrap() - want).abs() < 1e-12);
-    }
-
-    #[test]
-    fn clustered_se_grows_when_failures_share_templates() {
-        // Two templates: one fails everywhere, one passes everywhere.
-        let mut cl = BTreeMap::new();
-        cl.insert("a".to_string(), Cluster { n: 10.0, sum: 10.0 });
-        cl.insert("b".to_string(), Cluster { n: 10.0, sum: 0.0 });
-        let (se, naive) = clustered_se(&cl);
-        // Hand-worked: m = 0.5, each x_i - m = +-0.5; naive var = 20*0.25/19/20;
-        // cross per cluster = (10*0.5)^2 - 10*0.25 = 22.5; total 45 / 400.
-        let want = (0.25f64 / 19.0 + 45.0 / 400.0).sqrt();
-        assert!((se.unwrap() - want).abs() < 1e-12);
-        assert!(se.unwrap() > naive.unwrap() * 2.0);
-    }
 
     #[test]
     fn wilson_is_not_degenerate_at_zero() {
