@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::CliError;
+use super::{CliError, internal};
 use crate::query::{open_run, text_rows};
 use crate::stages::aggregate::render_table;
 
@@ -53,10 +53,6 @@ fn cell(v: &Option<String>) -> String {
 
 fn num(v: &Option<String>) -> f64 {
     v.as_deref().and_then(|s| s.parse().ok()).unwrap_or(0.0)
-}
-
-fn internal(e: impl std::fmt::Display) -> CliError {
-    CliError::Internal(e.to_string())
 }
 
 pub async fn run(a: CheckArgs) -> Result<(), CliError> {

@@ -37,6 +37,11 @@ pub enum CliError {
     Internal(String),
 }
 
+/// Wraps an I/O or engine failure at the CLI edge (exit code 3).
+pub(crate) fn internal(e: impl std::fmt::Display) -> CliError {
+    CliError::Internal(e.to_string())
+}
+
 impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {

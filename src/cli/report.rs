@@ -8,7 +8,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 
-use super::CliError;
+use super::{CliError, internal};
 use crate::query::{open_run, text_rows};
 use crate::stages::aggregate::{self, render_table};
 use crate::stages::score::{self, ScorerId};
@@ -27,10 +27,6 @@ pub struct ReportArgs {
     /// Replacement cue lists for the cue scorer.
     #[arg(long)]
     pub cues: Option<PathBuf>,
-}
-
-fn internal(e: impl std::fmt::Display) -> CliError {
-    CliError::Internal(e.to_string())
 }
 
 /// One class's raw and corrected prevalence.

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use super::CliError;
+use super::{CliError, internal};
 use crate::query::{new_context, open_run, register_run, text_rows};
 use crate::stages::aggregate::render_table;
 use crate::stages::score::{self, ScorerId};
@@ -25,10 +25,6 @@ pub struct RescoreArgs {
     /// The version to diff against (default: the newest other version in the run).
     #[arg(long)]
     pub against: Option<String>,
-}
-
-fn internal(e: impl std::fmt::Display) -> CliError {
-    CliError::Internal(e.to_string())
 }
 
 pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
