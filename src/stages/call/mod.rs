@@ -456,7 +456,17 @@ pub async fn run(
     let cache = if model.provider.starts_with("builtin:") {
         None
     } else {
-        cache::Cache::for_root(store, model.base_url.as_deref().unwrap_or(""))
+        match cache::dir_for_root(store) {
+            Some(d) => {
+                let (url, session) = (model.base_url.clone().unwrap_or_default(), session.clone());
+                Some(
+                    tokio::task::spawn_blocking(move || cache::Cache::open(&d, &url, &session))
+                        .await
+                        .expect("opening the cache does not panic"),
+                )
+            }
+            None => None,
+        }
     };
     let total = todo.len() as u64;
     let mut journal = match &jdir {
@@ -488,6 +498,22 @@ pub async fn run(
         })
     };
 
+    // Cache entries are written by their own thread, after the permits are released: a
+    // cache write is an optimisation, so it never holds a request slot.
+    let (cache_tx, cache_writer) = match &cache {
+        Some(c) => {
+            let (tx, mut crx) = mpsc::channel::<Vec<CallRow>>(64);
+            let c = c.clone();
+            let h = std::thread::spawn(move || {
+                while let Some(rows) = crx.blocking_recv() {
+                    c.put_all(rows.iter().map(|r| (&r.req, &r.res, r.latency_ms)));
+                }
+            });
+            (Some(tx), Some(h))
+        }
+        None => (None, None),
+    };
+
     let mut progress = progress::Progress::new(total);
     let mut pending: Vec<CallRow> = Vec::new();
     let mut last_commit = Instant::now();
@@ -502,35 +528,30 @@ pub async fn run(
             if r.res.error.is_some() {
                 stats.errors += 1;
             }
-            if !cached && r.res.error.is_none() && cache.is_some() {
+            if !cached && r.res.error.is_none() && cache_tx.is_some() {
                 to_cache.push(r.clone());
             }
         }
         let rows: Vec<CallRow> = rows.into_iter().map(|(r, _)| r).collect();
         progress.advance(rows.len() as u64, stats.errors);
-        if let Some(j) = journal.take() {
+        if let Some(mut j) = journal.take() {
             let lines = journal::Journal::encode(&rows);
-            let c = cache.clone();
             let (j, res) = tokio::task::spawn_blocking(move || {
-                let mut j = j;
                 let res = j.append(&lines);
-                if let Some(c) = c {
-                    for r in &to_cache {
-                        c.put(&r.req, &r.res, r.latency_ms);
-                    }
-                }
                 (j, res)
             })
             .await
             .expect("journal append does not panic");
             res.map_err(jerr(j.path()))?;
             journal = Some(j);
-        } else if let Some(c) = &cache {
-            for r in &to_cache {
-                c.put(&r.req, &r.res, r.latency_ms);
-            }
         }
         drop(permits);
+        if let Some(tx) = &cache_tx
+            && !to_cache.is_empty()
+        {
+            // The writer only stops when this sender is dropped.
+            let _ = tx.send(to_cache).await;
+        }
         pending.extend(rows);
         if pending.len() >= COMMIT_ROWS || last_commit.elapsed() >= COMMIT_EVERY {
             writer.write(to_batch(model, &pending)).await?;
@@ -553,6 +574,10 @@ pub async fn run(
     if let Some(j) = journal {
         let p = j.path().to_path_buf();
         j.close().map_err(jerr(&p))?;
+    }
+    drop(cache_tx);
+    if let Some(h) = cache_writer {
+        let _ = tokio::task::spawn_blocking(move || h.join()).await;
     }
     progress.finish(stats.errors);
     committed_totals(store, &mut stats).await?;
