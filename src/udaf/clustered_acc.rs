@@ -23,7 +23,7 @@ use datafusion::common::{HashMap, Result};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 
-use super::cluster_keys::{Interner, KeyKind, NULL_ID};
+use super::cluster_keys::{Cell, ClusterTable, KeyKind, NO_GROUP, NULL_KEY};
 use super::common::{Moments, f64_array, filter_ok};
 use super::moments_acc::Input;
 use super::single_group::Grow;
@@ -132,72 +132,6 @@ pub fn key_kind(fields: &[FieldRef], idx: usize) -> KeyKind {
         .map_or(KeyKind::Str, |f| KeyKind::of(f.data_type()))
 }
 
-const NO_GROUP: u32 = u32::MAX;
-
-/// Hints the CPU to load `p`'s cache line; never dereferences (any address is fine).
-#[inline(always)]
-fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is only a hint; it cannot fault, even for an invalid address.
-    unsafe {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
-/// A cluster's inline partial sums and the group they belong to.
-///
-/// Sums are of `x - shift`, `shift` being the cell's first value (the shifted-data algorithm):
-/// no division per row, and stable because the shift lies within the data.
-#[derive(Debug, Clone, Copy)]
-struct DenseCell {
-    group: u32,
-    n: u32,
-    shift: f64,
-    s1: f64,
-    s2: f64,
-}
-
-impl DenseCell {
-    const EMPTY: DenseCell = DenseCell {
-        group: NO_GROUP,
-        n: 0,
-        shift: 0.0,
-        s1: 0.0,
-        s2: 0.0,
-    };
-
-    #[inline]
-    fn start(group: usize, x: f64) -> Self {
-        DenseCell {
-            group: group as u32,
-            n: 1,
-            shift: x,
-            s1: 0.0,
-            s2: 0.0,
-        }
-    }
-
-    #[inline]
-    fn push(&mut self, x: f64) {
-        let d = x - self.shift;
-        self.n += 1;
-        self.s1 += d;
-        self.s2 += d * d;
-    }
-
-    fn moments(&self) -> Moments {
-        let n = self.n as f64;
-        Moments {
-            n: self.n as u64,
-            mean: self.shift + self.s1 / n,
-            m2: (self.s2 - self.s1 * self.s1 / n).max(0.0),
-        }
-    }
-}
-
 #[inline]
 fn slot_key(group: usize, cluster: u32) -> u64 {
     ((group as u64) << 32) | cluster as u64
@@ -207,17 +141,17 @@ fn slot_key(group: usize, cluster: u32) -> u64 {
 #[derive(Clone)]
 pub struct ClusteredGroups {
     input: Input,
-    interner: Interner,
+    /// Per cluster: its key, dense id, and the group accumulating it inline with its sums.
+    /// Rows of a cluster usually fall in one group (a template belongs to one test; without
+    /// GROUP BY there is one group), so a row costs one (prefetched) slot access; a row of
+    /// another group spills the inline sums into that group's `cells` (a hash lookup) and
+    /// takes the slot over.
+    table: ClusterTable,
     groups: Vec<GroupCells>,
     /// (group, cluster id) -> position in that group's `cells`.
     index: HashMap<u64, u32>,
     n_cells: usize,
-    /// Per cluster id: the group accumulating it inline, and its moments. Rows of a cluster
-    /// usually fall in one group (a template belongs to one test; without GROUP BY there is one
-    /// group), so a row costs one array access; a row of another group spills the inline
-    /// moments into that group's `cells` (a hash lookup) and takes the slot over.
-    dense: Vec<DenseCell>,
-    ids: Vec<u32>,
+    keys: Vec<u128>,
     finish: ClusterFinish,
 }
 
@@ -236,31 +170,31 @@ impl ClusteredGroups {
     pub fn new(input: Input, kind: KeyKind, finish: ClusterFinish) -> Self {
         Self {
             input,
-            interner: Interner::new(kind),
+            table: ClusterTable::new(kind),
             groups: Vec::new(),
             index: HashMap::default(),
             n_cells: 0,
-            dense: Vec::new(),
-            ids: Vec::new(),
+            keys: Vec::new(),
             finish,
         }
     }
 
-    /// Folds cluster `c`'s inline moments into its group's cells.
-    fn spill(&mut self, c: usize) {
-        let d = self.dense[c];
-        if d.group != NO_GROUP {
-            let g = d.group as usize;
-            let p = self.slot_slow(g, c as u32);
-            self.groups[g].cells[p].1.merge(&d.moments());
-            self.dense[c] = DenseCell::EMPTY;
+    /// Folds the inline sums in slot `s` into their group's cells.
+    fn spill(&mut self, s: usize) {
+        let slot = *self.table.at(s);
+        if slot.cell.group != NO_GROUP {
+            let g = slot.cell.group as usize;
+            let p = self.slot_slow(g, slot.id);
+            self.groups[g].cells[p].1.merge(&slot.cell.moments());
+            self.table.at(s).cell = Cell::EMPTY;
         }
     }
 
     /// Spills every inline cell, so `groups` holds all partial sums.
     fn spill_all(&mut self) {
-        for c in 0..self.dense.len() {
-            self.spill(c);
+        let occupied: Vec<usize> = self.table.occupied().collect();
+        for s in occupied {
+            self.spill(s);
         }
     }
 
@@ -284,10 +218,10 @@ impl ClusteredGroups {
             g.total = total;
         }
         self.index.clear();
-        self.dense.clear();
+        self.table.reset_cells();
         match emit_to {
             EmitTo::All => {
-                self.interner.clear();
+                self.table.clear();
                 self.n_cells = 0;
             }
             EmitTo::First(_) => {
@@ -324,38 +258,35 @@ impl GroupsAccumulator for ClusteredGroups {
         self.grow(total_num_groups);
         let x = self.input.values(values)?;
         let x = f64_array(&x)?;
-        let mut ids = std::mem::take(&mut self.ids);
-        self.interner
-            .ids(&values[self.input.cluster_idx()], &mut ids)?;
-        if self.dense.len() < self.interner.len() {
-            self.dense.resize(self.interner.len(), DenseCell::EMPTY);
-        }
+        let mut keys = std::mem::take(&mut self.keys);
+        self.table
+            .keys_of(&values[self.input.cluster_idx()], &mut keys)?;
         let dense_input = x.null_count() == 0 && opt_filter.is_none();
-        // Cluster ids are known ahead: prefetch the inline cell a few rows early, since with
-        // tens of thousands of clusters the cells do not fit in L2.
+        // Keys are known ahead: prefetch a slot a few rows early, since with tens of
+        // thousands of clusters the table does not fit in L2.
         const AHEAD: usize = 16;
         for (i, (&g, &v)) in group_indices.iter().zip(x.values().iter()).enumerate() {
-            if let Some(&ahead) = ids.get(i + AHEAD) {
-                prefetch(self.dense.as_ptr().wrapping_add(ahead as usize));
+            if let Some(&ahead) = keys.get(i + AHEAD) {
+                self.table.prefetch(ahead);
             }
-            let cid = ids[i];
-            if cid == NULL_ID
+            let key = keys[i];
+            if key == NULL_KEY
                 || v.is_nan()
                 || !(dense_input || (x.is_valid(i) && filter_ok(opt_filter, i)))
             {
                 continue;
             }
-            let c = cid as usize;
-            let d = &mut self.dense[c];
+            let s = self.table.slot(key);
+            let cell = &mut self.table.at(s).cell;
             // The u32 count spills before it could overflow.
-            if d.group as usize == g && d.n < u32::MAX {
-                d.push(v);
+            if cell.group as usize == g && cell.n < u32::MAX {
+                cell.push(v);
             } else {
-                self.spill(c);
-                self.dense[c] = DenseCell::start(g, v);
+                self.spill(s);
+                self.table.at(s).cell = Cell::start(g, v);
             }
         }
-        self.ids = ids;
+        self.keys = keys;
         Ok(())
     }
 
@@ -381,16 +312,21 @@ impl GroupsAccumulator for ClusteredGroups {
         let m2v = as_float64_array(m2s.values())?;
         let start = ko[0] as usize;
         let end = ko[keys.len()] as usize;
-        let mut ids = std::mem::take(&mut self.ids);
-        self.interner
-            .ids(&keys.values().slice(start, end - start), &mut ids)?;
+        let mut ids = std::mem::take(&mut self.keys);
+        self.table
+            .keys_of(&keys.values().slice(start, end - start), &mut ids)?;
         for (i, &g) in group_indices.iter().enumerate() {
             if keys.is_null(i) {
                 continue;
             }
             let len = (ko[i + 1] - ko[i]) as usize;
             for j in 0..len {
-                let cid = ids[ko[i] as usize - start + j];
+                let key = ids[ko[i] as usize - start + j];
+                if key == NULL_KEY {
+                    continue;
+                }
+                let s = self.table.slot(key);
+                let cid = self.table.at(s).id;
                 let cell = Moments {
                     n: cv.value(co[i] as usize + j),
                     mean: mv.value(mo[i] as usize + j),
@@ -400,7 +336,7 @@ impl GroupsAccumulator for ClusteredGroups {
                 self.groups[g].cells[p].1.merge(&cell);
             }
         }
-        self.ids = ids;
+        self.keys = ids;
         Ok(())
     }
 
@@ -411,7 +347,7 @@ impl GroupsAccumulator for ClusteredGroups {
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
         self.spill_all();
-        // Keys must be resolved before `take` may clear the interner.
+        // Keys must be resolved before `take` may clear the table.
         let n_emit = match emit_to {
             EmitTo::All => self.groups.len(),
             EmitTo::First(k) => k,
@@ -419,7 +355,7 @@ impl GroupsAccumulator for ClusteredGroups {
         let emitted = &self.groups[..n_emit];
         let offsets = OffsetBuffer::<i32>::from_lengths(emitted.iter().map(|g| g.cells.len()));
         let cells = || emitted.iter().flat_map(|g| g.cells.iter());
-        let keys = self.interner.keys_array(cells().map(|(cid, _)| *cid));
+        let keys = self.table.keys_array(cells().map(|(cid, _)| *cid));
         let counts: ArrayRef = Arc::new(UInt64Array::from_iter_values(cells().map(|(_, m)| m.n)));
         let means: ArrayRef =
             Arc::new(Float64Array::from_iter_values(cells().map(|(_, m)| m.mean)));
@@ -452,7 +388,7 @@ impl GroupsAccumulator for ClusteredGroups {
                 )
             })
             .collect();
-        let keys = filter(&cast(cluster, &self.interner.kind().state_type())?, &mask)?;
+        let keys = filter(&cast(cluster, &self.table.kind().state_type())?, &mask)?;
         let kept = keys.len();
         let offsets = OffsetBuffer::<i32>::from_lengths(mask.values().iter().map(usize::from));
         let list = |v: ArrayRef| -> ArrayRef {
@@ -472,9 +408,8 @@ impl GroupsAccumulator for ClusteredGroups {
         self.groups.capacity() * size_of::<GroupCells>()
             + self.n_cells * (size_of::<(u32, Moments)>() + 16)
             + self.index.capacity() * 16
-            + self.interner.size()
-            + self.ids.capacity() * 4
-            + self.dense.capacity() * size_of::<DenseCell>()
+            + self.table.size()
+            + self.keys.capacity() * 16
     }
 }
 
