@@ -15,6 +15,7 @@
 //!     EVALFLOW_BENCH_ROWS=2000000 cargo bench --bench stats
 //!     cargo bench --profile dev --bench stats      # quicker build, deps at opt-level 2
 //!     EVALFLOW_BENCH_TEMPLATES=2000 ...             # fix the clusters to see memory vs rows
+//!     EVALFLOW_BENCH_CONTEXT=evalflow ...           # the `evalflow sql` context (Utf8, no views)
 
 use std::fs::File;
 use std::sync::Arc;
@@ -136,8 +137,15 @@ async fn main() {
         t.elapsed().as_secs_f64()
     );
 
-    let ctx = SessionContext::new_with_config(SessionConfig::new());
-    evalflow::udaf::register_all(&ctx);
+    // EVALFLOW_BENCH_CONTEXT=evalflow runs in the context `evalflow sql` gives users (plain
+    // Utf8 strings, no view types); the default is DataFusion's own defaults.
+    let ctx = if std::env::var("EVALFLOW_BENCH_CONTEXT").as_deref() == Ok("evalflow") {
+        evalflow::query::new_context()
+    } else {
+        let ctx = SessionContext::new_with_config(SessionConfig::new());
+        evalflow::udaf::register_all(&ctx);
+        ctx
+    };
     ctx.register_parquet(
         "t",
         dir.path().to_str().unwrap(),

@@ -16,7 +16,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, StringViewArray};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, GenericStringArray, Int64Array, OffsetSizeTrait, StringViewArray,
+};
 use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::common::{HashMap, Result, exec_err};
 
@@ -248,15 +250,6 @@ impl ClusterTable {
         long_key(id)
     }
 
-    #[inline]
-    fn str_key(&mut self, s: &str) -> u128 {
-        if s.len() <= 12 {
-            short_key(s.as_bytes())
-        } else {
-            self.intern_long(s)
-        }
-    }
-
     /// Writes the key of every row of `keys` into `out` ([`NULL_KEY`] for NULL).
     pub fn keys_of(&mut self, keys: &ArrayRef, out: &mut Vec<u128>) -> Result<()> {
         out.clear();
@@ -266,10 +259,8 @@ impl ClusterTable {
                 let a = keys.as_primitive::<Int64Type>();
                 out.extend(a.iter().map(|k| k.map_or(NULL_KEY, |k| k as u64 as u128)));
             }
-            (KeyKind::Str, DataType::Utf8) => self.str_keys(keys.as_string::<i32>().iter(), out),
-            (KeyKind::Str, DataType::LargeUtf8) => {
-                self.str_keys(keys.as_string::<i64>().iter(), out)
-            }
+            (KeyKind::Str, DataType::Utf8) => self.str_keys(keys.as_string::<i32>(), out),
+            (KeyKind::Str, DataType::LargeUtf8) => self.str_keys(keys.as_string::<i64>(), out),
             (KeyKind::Str, DataType::Utf8View) => self.view_keys(keys.as_string_view(), out),
             (kind, t) => {
                 return exec_err!("cluster keys of type {t} do not match the {kind:?} key kind");
@@ -278,21 +269,39 @@ impl ClusterTable {
         Ok(())
     }
 
-    fn str_keys<'a>(&mut self, it: impl Iterator<Item = Option<&'a str>>, out: &mut Vec<u128>) {
+    fn str_keys<O: OffsetSizeTrait>(&mut self, a: &GenericStringArray<O>, out: &mut Vec<u128>) {
+        let offsets = a.value_offsets();
+        let data = a.value_data();
         // Consecutive equal long strings (rows of one template together) skip the interner.
-        let mut prev: Option<(&'a str, u128)> = None;
-        for k in it {
-            let key = match k {
-                None => NULL_KEY,
-                Some(k) if k.len() <= 12 => short_key(k.as_bytes()),
-                Some(k) => match prev {
+        let mut prev: Option<(&str, u128)> = None;
+        for i in 0..a.len() {
+            if a.is_null(i) {
+                out.push(NULL_KEY);
+                continue;
+            }
+            let (start, end) = (offsets[i].as_usize(), offsets[i + 1].as_usize());
+            let len = end - start;
+            let key = if len <= 12 {
+                match data.get(start..start + 16) {
+                    // One unaligned 16-byte load, masked to the string, instead of a
+                    // variable-length copy.
+                    Some(b) => {
+                        let bytes = u128::from_le_bytes(b.try_into().expect("16 bytes"));
+                        let mask = (1u128 << (8 * len)) - 1;
+                        ((bytes & mask) << 32) | len as u128
+                    }
+                    None => short_key(&data[start..end]),
+                }
+            } else {
+                let k = a.value(i);
+                match prev {
                     Some((pk, pkey)) if pk == k => pkey,
                     _ => {
-                        let key = self.str_key(k);
+                        let key = self.intern_long(k);
                         prev = Some((k, key));
                         key
                     }
-                },
+                }
             };
             out.push(key);
         }
@@ -477,6 +486,12 @@ mod tests {
                 "abcdefghijk",
                 ""
             ]
+        );
+        // Short strings with 16 bytes of buffer after them take the masked-load path.
+        let plain = utf8(&[Some("b"), Some("c"), Some("zzzzzzzzzzzzzzzzzzzz"), Some("")]);
+        assert_eq!(
+            ids(&mut t, &plain),
+            vec![Some(1), Some(2), Some(7), Some(6)]
         );
     }
 
