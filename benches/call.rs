@@ -1,8 +1,10 @@
 //! Call-stage throughput against the mock server: 50 ms latency, concurrency 256.
 //!
 //! Little's law bounds the rate at 256 / 0.05 s = 5,120 calls/s; the bench prints the
-//! sustained rate as a fraction of that bound (target >= 0.9) and the client's CPU time
-//! per call (user + system time of this process, from /proc/self/stat, i.e. getrusage's
+//! sustained rate (completions per second between the 10th and 90th percentile of
+//! completion times, read back from the calls table) as a fraction of that bound (target
+//! >= 0.9), the whole stage's rate (start-up and tail included) beside it, and the client's
+//! CPU time per call (user + system time of this process, from /proc/self/stat, i.e. getrusage's
 //! numbers without a libc dependency). The mock runs in a child process (this binary
 //! re-run with `EVALFLOW_BENCH_MOCK=1`) so its CPU is not counted.
 //! Run: `cargo bench --bench call`.
@@ -24,6 +26,41 @@ fn cpu_secs() -> f64 {
     // utime and stime are fields 14 and 15 of stat(5); `after` starts at field 3.
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(11) + ticks(12)) / 100.0 // USER_HZ is 100 on Linux
+}
+
+/// Calls per second between the 10th and the 90th percentile of completion times
+/// (`started_at + latency_ms` of every row): the steady state Little's law speaks of.
+async fn steady_rate(root: &std::path::Path) -> f64 {
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::datatypes::{Float64Type, TimestampMicrosecondType};
+    let ctx = datafusion::prelude::SessionContext::new();
+    ctx.register_parquet(
+        "calls",
+        root.join("calls").to_str().unwrap(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let batches = ctx
+        .sql("SELECT started_at, latency_ms FROM calls")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let mut done: Vec<f64> = Vec::new();
+    for b in &batches {
+        let s = b.column(0).as_primitive::<TimestampMicrosecondType>();
+        let l = b.column(1).as_primitive::<Float64Type>();
+        for i in 0..b.num_rows() {
+            if s.is_valid(i) && l.is_valid(i) {
+                done.push(s.value(i) as f64 / 1e6 + l.value(i) / 1e3);
+            }
+        }
+    }
+    done.sort_by(f64::total_cmp);
+    let (a, b) = (done.len() / 10, done.len() * 9 / 10);
+    (b - a) as f64 / (done[b] - done[a])
 }
 
 fn main() {
@@ -101,14 +138,23 @@ expected = "positive"
     });
     let _ = mock.kill();
     let _ = mock.wait();
+    let steady = rt.block_on(steady_rate(&root));
     let bound = CONCURRENCY as f64 / (LATENCY_MS as f64 / 1000.0);
     let rate = calls as f64 / wall;
     println!(
         "calls: {calls} in {wall:.2} s (concurrency {CONCURRENCY}, mock latency {LATENCY_MS} ms, journal + cache on, run root {})",
         dir.path().display()
     );
-    println!("sustained rate: {rate:.0} calls/s; Little's-law bound {bound:.0} calls/s");
-    println!("ratio rate / bound: {:.3} (target >= 0.9)", rate / bound);
+    println!("whole-stage rate: {rate:.0} calls/s; Little's-law bound {bound:.0} calls/s");
+    println!(
+        "whole stage (reading cases, hashing requests, ramp-up, tail, final commit): {:.3} of the bound",
+        rate / bound
+    );
+    println!("sustained rate (10th to 90th percentile of completions): {steady:.0} calls/s");
+    println!(
+        "ratio sustained rate / bound: {:.3} (target >= 0.9)",
+        steady / bound
+    );
     println!(
         "client CPU per call: {:.1} us ({cpu:.2} s user+system)",
         cpu / calls as f64 * 1e6

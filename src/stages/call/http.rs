@@ -50,7 +50,8 @@ pub enum Wire {
 pub struct HttpProvider {
     wire: Wire,
     client: reqwest::Client,
-    url: String,
+    /// Parsed once: parsing a URL per request (IDNA included) showed in the call profile.
+    url: reqwest::Url,
     model: ModelConfig,
     limits: Limits,
     timeout: Duration,
@@ -62,7 +63,7 @@ impl std::fmt::Debug for HttpProvider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpProvider")
             .field("wire", &self.wire)
-            .field("url", &self.url)
+            .field("url", &self.url.as_str())
             .finish_non_exhaustive()
     }
 }
@@ -149,10 +150,12 @@ impl HttpProvider {
             Wire::OpenAi => openai::PATH,
             Wire::Anthropic => anthropic::PATH,
         };
+        let url = format!("{}{}", base.trim_end_matches('/'), path);
+        let url = reqwest::Url::parse(&url).map_err(|e| perr(format!("model.base_url: {e}")))?;
         Ok(Self {
             wire,
             client,
-            url: format!("{}{}", base.trim_end_matches('/'), path),
+            url,
             model: model.clone(),
             limits: Limits::new(model.requests_per_minute, model.tokens_per_minute),
             timeout: Duration::from_secs_f64(model.timeout_secs.max(0.001)),
@@ -175,7 +178,7 @@ impl HttpProvider {
         let send = async {
             let resp = self
                 .client
-                .post(&self.url)
+                .post(self.url.clone())
                 .header(REQUEST_HASH_HEADER, &req.request_hash)
                 .header(SAMPLE_IDX_HEADER, req.sample_idx)
                 .header(CALL_ID_HEADER, &req.call_id)
