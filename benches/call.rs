@@ -3,10 +3,10 @@
 //! Little's law bounds the rate at 256 / 0.05 s = 5,120 calls/s; the bench prints the
 //! sustained rate (completions per second between the 10th and 90th percentile of
 //! completion times, read back from the calls table) as a fraction of that bound (target
-//! >= 0.9), the whole stage's rate (start-up and tail included) beside it, and the client's
-//! CPU time per call (user + system time of this process, from /proc/self/stat, i.e. getrusage's
-//! numbers without a libc dependency). The mock runs in a child process (this binary
-//! re-run with `EVALFLOW_BENCH_MOCK=1`) so its CPU is not counted.
+//! at least 0.9), the whole stage's rate (start-up and tail included) beside it, and the
+//! client's CPU time per call (user + system time of this process, from /proc/self/stat,
+//! i.e. getrusage's numbers without a libc dependency). The mock runs in a child process
+//! (this binary re-run with `EVALFLOW_BENCH_MOCK=1`) so its CPU is not counted.
 //! Run: `cargo bench --bench call`.
 
 use std::io::{BufRead, BufReader, Write};
