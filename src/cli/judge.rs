@@ -16,7 +16,7 @@ pub enum JudgeCmd {
     Train(TrainArgs),
     /// Write predictions with intervals and top contributing questions (Parquet).
     Predict(PredictArgs),
-    /// Render the SHAP waterfall chart (SVG and PNG) of one unit.
+    /// Render the SHAP waterfall chart of one unit (SVG; also PNG with the `png` feature).
     Explain(ExplainArgs),
     /// Print RMSE, agreement, held-out-judge agreement and self-consistency on the test split.
     Eval(EvalArgs),
@@ -118,7 +118,7 @@ pub struct ExplainArgs {
     pub model: PathBuf,
     #[command(flatten)]
     pub scores: ScoresArg,
-    /// Output path without extension: writes <out>.svg and <out>.png.
+    /// Output path without extension: writes <out>.svg (and <out>.png with the `png` feature).
     #[arg(long)]
     pub out: PathBuf,
     /// Only this judge's rows (default: the mean over all rows of the unit).
@@ -280,14 +280,11 @@ pub async fn run(cmd: JudgeCmd) -> Result<(), CliError> {
                 std::fs::create_dir_all(parent)
                     .map_err(|e| CliError::Internal(format!("{}: {e}", parent.display())))?;
             }
-            let (svg, png) = w.write(&a.out).map_err(err)?;
-            println!(
-                "E[f(X)] = {:.4}, f(x) = {:.4}\n{}\n{}",
-                w.base,
-                w.prediction(),
-                svg.display(),
-                png.display()
-            );
+            let written = w.write(&a.out).map_err(err)?;
+            println!("E[f(X)] = {:.4}, f(x) = {:.4}", w.base, w.prediction());
+            for p in written {
+                println!("{}", p.display());
+            }
             Ok(())
         }
         JudgeCmd::Eval(a) => {
