@@ -7,7 +7,11 @@
 -- template_id (Miller 2024). The MDE is the smallest difference this many cases could
 -- detect (alpha 0.05, power 0.8) at the observed clustered SE. Verdict: an interval that
 -- excludes zero decides, otherwise the test could not tell, which is not evidence of no change.
--- Base rows are excluded, each run keeps its greatest scoring_version (edit to choose).
+-- With one template no clustered interval exists, and the verdict says so rather than fall
+-- back to treating cases as independent. Scores may be any number (pass = 1 / fail = 0 for
+-- checklist, 1 = recommended for cue, a judge's score): `evalflow compare --scorer NAME[@VERSION]`
+-- substitutes the scorer below. Base rows are excluded, each run keeps its greatest
+-- scoring_version (edit to choose).
 WITH a AS (
     SELECT case_id, test, capability, template_id, avg(score) AS score
     FROM a_scores
@@ -35,6 +39,7 @@ cmp AS (
         COALESCE(test, '(all)') AS test,
         avg(score_a) AS mean_a,
         avg(score_b) AS mean_b,
+        count(DISTINCT template_id) AS n_templates,
         paired_diff_clustered(score_b, score_a, template_id) AS d
     FROM pairs
     GROUP BY GROUPING SETS ((capability, test), (capability), ())
@@ -44,6 +49,7 @@ SELECT
     capability,
     test,
     d['n'] AS n_cases,
+    n_templates,
     mean_a,
     mean_b,
     d['mean_diff'] AS diff_b_minus_a,
@@ -54,6 +60,7 @@ SELECT
     d['p_value'] AS p_value,
     mde(d['n'], d['se'] * d['se'] * d['n']) AS mde,
     CASE
+        WHEN n_templates < 2 THEN 'cannot tell: 1 template, so no clustered interval (a naive one would overstate the evidence)'
         WHEN d['lo'] > 0 THEN 'B better'
         WHEN d['hi'] < 0 THEN 'A better'
         WHEN d['se'] = 0 AND d['mean_diff'] = 0 THEN 'no difference (identical on every case)'

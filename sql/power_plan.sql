@@ -8,7 +8,9 @@
 -- where sigma^2 is the within-case sampling variance (variance_components) and omega^2
 -- the variance of true per-case differences: var_samp(d) of the pilot minus its own sampling
 -- part. The clustered column inflates var_d by the pilot design effect
--- (clustered SE / naive SE)^2, floored at 1, for cases that share templates.
+-- (clustered SE / naive SE)^2, floored at 1, for cases that share templates; with one
+-- template the design effect is unknown and cases_needed_clustered is NULL, never the naive
+-- number in disguise. `evalflow plan --scorer NAME[@VERSION]` substitutes the scorer below.
 WITH a_case AS (
     SELECT case_id, template_id, avg(score) AS score, count(score) AS k
     FROM a_scores
@@ -24,6 +26,7 @@ b_case AS (
 pilot AS (
     SELECT
         count(*) AS n_cases,
+        count(DISTINCT a.template_id) AS n_templates,
         var_samp(b.score - a.score) AS var_d,
         mean_se(b.score - a.score) AS se_naive,
         clustered_se(b.score - a.score, a.template_id) AS se_clustered,
@@ -45,7 +48,9 @@ parts AS (
         COALESCE(n.sigma2_a, 0.0) AS sigma2_a,
         COALESCE(n.sigma2_b, 0.0) AS sigma2_b,
         greatest(0.0, p.var_d - COALESCE(n.sigma2_a, 0.0) / p.k_a - COALESCE(n.sigma2_b, 0.0) / p.k_b) AS omega2,
-        CASE WHEN p.se_naive > 0 THEN greatest(1.0, (p.se_clustered / p.se_naive) * (p.se_clustered / p.se_naive)) ELSE 1.0 END AS design_effect
+        CASE WHEN p.se_clustered IS NULL THEN NULL
+             WHEN p.se_naive > 0 THEN greatest(1.0, (p.se_clustered / p.se_naive) * (p.se_clustered / p.se_naive))
+             ELSE 1.0 END AS design_effect
     FROM pilot p CROSS JOIN noise n
 ),
 plan AS (
@@ -66,6 +71,10 @@ SELECT
     var_d_k,
     sample_size(delta, var_d_k) AS cases_needed,
     sample_size(delta, var_d_k * design_effect) AS cases_needed_clustered,
-    mde(n_cases, var_d) AS pilot_mde
+    mde(n_cases, var_d) AS pilot_mde,
+    n_templates AS pilot_templates,
+    CASE WHEN design_effect IS NULL
+         THEN 'no clustered plan: the pilot has fewer than 2 templates, so its design effect is unknown'
+         ELSE 'clustered by template' END AS clustering
 FROM plan
 ORDER BY delta, k

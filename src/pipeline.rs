@@ -295,23 +295,13 @@ pub struct LexiconOrigin {
 }
 
 /// `[validate]`: which answer languages the scorers cover.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ValidateConfig {
-    #[serde(default = "default_languages")]
-    pub languages: Vec<String>,
-}
-
-impl Default for ValidateConfig {
-    fn default() -> Self {
-        Self {
-            languages: default_languages(),
-        }
-    }
-}
-
-fn default_languages() -> Vec<String> {
-    vec!["en".into()]
+    /// Accepted answer languages; default: every language the pipeline's scorers read
+    /// (see [`Pipeline::languages`]).
+    #[serde(default)]
+    pub languages: Option<Vec<String>>,
 }
 
 /// `[score]`: scorer options.
@@ -421,6 +411,28 @@ impl Pipeline {
     }
 
     /// A stable hash of the pipeline text (and of the files it includes).
+    /// The answer languages validate accepts: `[validate] languages`, else the union of the
+    /// languages the `[score] scorers` read (an answer in another language is
+    /// `unscorable_language`, so the default never rejects what a scorer of the run reads).
+    pub fn languages(&self) -> Vec<String> {
+        if let Some(l) = &self.validate.languages {
+            return l.clone();
+        }
+        let mut out: Vec<String> = Vec::new();
+        for name in &self.score.scorers {
+            let name = name.split('@').next().unwrap_or(name);
+            for l in crate::stages::score::languages_of(name) {
+                if !out.iter().any(|o| o == l) {
+                    out.push(l.to_string());
+                }
+            }
+        }
+        if out.is_empty() {
+            out.push("en".into());
+        }
+        out
+    }
+
     pub fn hash(&self) -> String {
         let mut h = Sha256::new();
         h.update(self.source.as_bytes());

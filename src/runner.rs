@@ -201,7 +201,7 @@ impl Runner {
     pub async fn validate(&mut self) -> Result<u64, RunError> {
         self.require("validate", "call")?;
         self.manifest.start("validate");
-        let rows = validate::run(&self.store, &self.pipeline.validate.languages).await?;
+        let rows = validate::run(&self.store, &self.pipeline.languages()).await?;
         self.manifest.validator_version = Some(validate::VALIDATOR_VERSION.to_string());
         self.manifest
             .complete("validate", "validity", rows, BTreeMap::new());

@@ -9,6 +9,7 @@ use datafusion::arrow::util::pretty::pretty_format_batches;
 
 use super::CliError;
 use crate::query::{new_context, register_run};
+use crate::stages::score::ScorerId;
 use crate::storage::RunStore;
 
 /// The report query behind `compare`.
@@ -23,6 +24,69 @@ pub struct CompareArgs {
     /// Exit 1 unless B is significantly better than A overall (95% interval above zero).
     #[arg(long)]
     pub require_improvement: bool,
+    /// The scorer compared, NAME or NAME@VERSION (default: run A's first scorer; without a
+    /// version each run's newest version of it).
+    #[arg(long)]
+    pub scorer: Option<String>,
+}
+
+/// Points a report query written for the checklist scorer at `spec` (NAME or NAME@VERSION):
+/// its `'checklist'` literals become the name, and with a version, the "newest version"
+/// subqueries become that version.
+pub fn with_scorer(sql: &str, spec: &str) -> String {
+    let (name, version) = spec
+        .split_once('@')
+        .map_or((spec, None), |(n, v)| (n, Some(v)));
+    let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let mut out = sql.to_string();
+    if let Some(v) = version {
+        for t in ["a_scores", "b_scores", "scores"] {
+            out = out.replace(
+                &format!("(SELECT max(scoring_version) FROM {t} WHERE scorer = 'checklist')"),
+                &lit(v),
+            );
+        }
+    }
+    out.replace("'checklist'", &lit(name))
+}
+
+/// The scorer a comparison of `runs` is about: `--scorer`, else the first scorer of the
+/// first run's manifest. Errors when a run has no scores of that name.
+pub(crate) async fn chosen_scorer(runs: &[&str], scorer: Option<&str>) -> Result<String, CliError> {
+    let mut manifests = Vec::new();
+    for run in runs {
+        let store = RunStore::open(run).map_err(|e| CliError::BadInput(format!("{run}: {e}")))?;
+        let m = crate::storage::Manifest::load(&store)
+            .await
+            .map_err(|e| CliError::BadInput(format!("{run}: {e}")))?
+            .ok_or_else(|| {
+                CliError::BadInput(format!("{run}: not an evalflow run (no manifest.json)"))
+            })?;
+        manifests.push((run, m));
+    }
+    let spec = match scorer {
+        Some(s) => s.to_string(),
+        None => manifests
+            .first()
+            .and_then(|(_, m)| m.scorer_versions.first())
+            .and_then(|t| ScorerId::parse(t))
+            .map(|id| id.name)
+            .ok_or_else(|| CliError::BadInput(format!("{}: the run has no scores yet", runs[0])))?,
+    };
+    let name = spec.split('@').next().unwrap_or(&spec);
+    for (run, m) in &manifests {
+        let has = m.scorer_versions.iter().any(|t| {
+            ScorerId::parse(t)
+                .is_some_and(|id| id.name == name && (!spec.contains('@') || id.tag() == spec))
+        });
+        if !has {
+            return Err(CliError::BadInput(format!(
+                "{run}: no scores of `{spec}` (the run has: {})",
+                m.scorer_versions.join(", ")
+            )));
+        }
+    }
+    Ok(spec)
 }
 
 /// Registers `runs` as `a_*`, `b_*`, ... in a fresh session.
@@ -74,16 +138,20 @@ fn overall_verdict(batches: &[RecordBatch]) -> Option<String> {
 
 pub async fn run(a: CompareArgs) -> Result<(), CliError> {
     let ctx = session_with_runs(&[&a.run_a, &a.run_b]).await?;
-    let batches = collect(&ctx, "compare", PAIRED_COMPARISON_SQL).await?;
+    let spec = chosen_scorer(&[&a.run_a, &a.run_b], a.scorer.as_deref()).await?;
+    let batches = collect(&ctx, "compare", &with_scorer(PAIRED_COMPARISON_SQL, &spec)).await?;
     let n: usize = batches.iter().map(RecordBatch::num_rows).sum();
     if n == 0 {
         return Err(CliError::BadInput(format!(
-            "compare: {} and {} share no scored cases (joined on case_id)",
+            "compare: {} and {} share no cases scored by `{spec}` (joined on case_id)",
             a.run_a, a.run_b
         )));
     }
     let table = pretty_format_batches(&batches).map_err(|e| CliError::Internal(e.to_string()))?;
-    println!("A = {}\nB = {}\n{table}", a.run_a, a.run_b);
+    println!(
+        "A = {}\nB = {}\nscorer: {spec} (score of B minus score of A)\n{table}",
+        a.run_a, a.run_b
+    );
     let verdict = overall_verdict(&batches).unwrap_or_else(|| "could not tell".into());
     println!("overall: {verdict}");
     if a.require_improvement && verdict != "B better" {
@@ -92,4 +160,19 @@ pub async fn run(a: CompareArgs) -> Result<(), CliError> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_scorer_names_the_scorer_and_pins_a_version() {
+        let sql = with_scorer(PAIRED_COMPARISON_SQL, "cue");
+        assert!(!sql.contains("'checklist'") && sql.contains("scorer = 'cue'"));
+        assert!(sql.contains("SELECT max(scoring_version) FROM a_scores WHERE scorer = 'cue'"));
+        let sql = with_scorer(PAIRED_COMPARISON_SQL, "judge@1");
+        assert!(!sql.contains("max(scoring_version)"), "{sql}");
+        assert!(sql.contains("scorer = 'judge' AND scoring_version = '1'"));
+    }
 }

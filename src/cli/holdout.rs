@@ -158,11 +158,18 @@ pub async fn run(cmd: HoldoutCmd) -> Result<(), CliError> {
         HoldoutCmd::Accept(a) => (true, a),
     };
     let labels = read_labels(&a.labels)?;
-    let (_, store, _) = open_run(&a.run)
+    let (_, store, manifest) = open_run(&a.run)
         .await
         .map_err(|e| CliError::BadInput(e.to_string()))?;
-    let scorer = score::build(&a.scorer, a.cues.as_deref())
-        .map_err(|e| CliError::BadInput(format!("--scorer: {e}")))?;
+    let scorer = score::build_for_run(&a.scorer, a.cues.as_deref(), &store, &manifest.pipeline)
+        .await
+        .map_err(|e| {
+            if e.is_bad_input() {
+                CliError::BadInput(format!("--scorer: {e}"))
+            } else {
+                CliError::Internal(e.to_string())
+            }
+        })?;
     let ids: Vec<String> = labels.iter().map(|(i, _)| i.clone()).collect();
     let scored = score::score_calls(&store, scorer.as_ref(), &ids)
         .await

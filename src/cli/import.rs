@@ -54,6 +54,20 @@ pub struct ImportArgs {
     /// Role of the imported cases.
     #[arg(long, default_value = "single")]
     pub role: String,
+    /// Answer languages validate accepts, comma-separated (default: every language a
+    /// built-in scorer reads, `en,zh`, since an imported run's scorers are chosen later).
+    #[arg(long, value_delimiter = ',')]
+    pub languages: Option<Vec<String>>,
+}
+
+/// What the file recorded about a call beyond the request and response. What it did not
+/// record stays NULL: an import never invents a provider, a start time or an attempt count.
+#[derive(Debug, Clone, Default)]
+struct Facts {
+    provider: Option<String>,
+    attempts: Option<i32>,
+    latency_ms: Option<f64>,
+    started_at_us: Option<i64>,
 }
 
 /// One imported call before case ids are assigned.
@@ -67,7 +81,7 @@ struct Record {
     max_tokens: Option<u32>,
     temperature: Option<f64>,
     result: CallResult,
-    latency_ms: f64,
+    facts: Facts,
 }
 
 fn bad(file: &Path, line: usize, field: &str, msg: impl std::fmt::Display) -> CliError {
@@ -142,7 +156,6 @@ fn jsonl_record(
         Some(Value::Null) | None if error.is_some() => CallResult {
             http_status: status,
             error,
-            attempts: 1,
             ..CallResult::default()
         },
         Some(resp) if resp.is_object() => {
@@ -157,7 +170,6 @@ fn jsonl_record(
                 reasoning_chars: p.reasoning_chars,
                 http_status: status.or(Some(200)),
                 error,
-                attempts: 1,
                 ..CallResult::default()
             }
         }
@@ -185,7 +197,65 @@ fn jsonl_record(
             .map(|m| m as u32),
         temperature: req.get("temperature").and_then(Value::as_f64),
         result,
-        latency_ms: v.get("latency_ms").and_then(Value::as_f64).unwrap_or(0.0),
+        facts: jsonl_facts(file, n, &v)?,
+    })
+}
+
+/// The optional `provider`, `attempts`, `latency_ms` and `started_at` (RFC 3339 text or
+/// Unix seconds) of a JSONL record.
+fn jsonl_facts(file: &Path, n: usize, v: &Value) -> Result<Facts, CliError> {
+    let field = |k: &str| v.get(k).filter(|x| !x.is_null());
+    let provider = match field("provider") {
+        None => None,
+        Some(p) => Some(
+            p.as_str()
+                .ok_or_else(|| bad(file, n, "provider", "not a string"))?
+                .to_string(),
+        ),
+    };
+    let attempts = match field("attempts") {
+        None => None,
+        Some(a) => Some(
+            a.as_i64()
+                .filter(|k| (0..=i32::MAX as i64).contains(k))
+                .ok_or_else(|| bad(file, n, "attempts", "not a non-negative integer"))?
+                as i32,
+        ),
+    };
+    let latency_ms = match field("latency_ms") {
+        None => None,
+        Some(l) => Some(
+            l.as_f64()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| bad(file, n, "latency_ms", "not a non-negative number"))?,
+        ),
+    };
+    let started_at_us = match field("started_at") {
+        None => None,
+        Some(Value::String(t)) => Some(
+            chrono::DateTime::parse_from_rfc3339(t)
+                .map_err(|e| bad(file, n, "started_at", format!("not an RFC 3339 time: {e}")))?
+                .timestamp_micros(),
+        ),
+        Some(x) => Some(
+            x.as_f64()
+                .filter(|s| s.is_finite())
+                .map(|s| (s * 1e6).round() as i64)
+                .ok_or_else(|| {
+                    bad(
+                        file,
+                        n,
+                        "started_at",
+                        "not an RFC 3339 time or Unix seconds",
+                    )
+                })?,
+        ),
+    };
+    Ok(Facts {
+        provider,
+        attempts,
+        latency_ms,
+        started_at_us,
     })
 }
 
@@ -235,6 +305,16 @@ fn parquet_records(file: &Path, model: &Option<String>) -> Result<Vec<Record>, C
         let (temp, lat) = (
             col("temperature", &DataType::Float64)?,
             col("latency_ms", &DataType::Float64)?,
+        );
+        let (prov, started) = (
+            s("provider")?,
+            col(
+                "started_at",
+                &DataType::Timestamp(
+                    datafusion::arrow::datatypes::TimeUnit::Microsecond,
+                    Some("UTC".into()),
+                ),
+            )?,
         );
         let gs = |a: &Option<std::sync::Arc<dyn Array>>, r: usize| -> Option<String> {
             a.as_ref()
@@ -289,15 +369,71 @@ fn parquet_records(file: &Path, model: &Option<String>) -> Result<Vec<Record>, C
                     reasoning_chars: gi(&rc, r),
                     http_status: gi(&hs, r).map(|h| h as i32),
                     error,
-                    attempts: gi(&at, r).unwrap_or(1) as i32,
                     ..CallResult::default()
                 },
-                latency_ms: gf(&lat, r).unwrap_or(0.0),
+                facts: Facts {
+                    provider: gs(&prov, r),
+                    attempts: gi(&at, r).map(|a| a as i32),
+                    latency_ms: gf(&lat, r),
+                    started_at_us: started.as_ref().filter(|a| a.is_valid(r)).map(|a| {
+                        a.as_primitive::<datafusion::arrow::datatypes::TimestampMicrosecondType>()
+                            .value(r)
+                    }),
+                },
             });
         }
         row0 += b.num_rows();
     }
     Ok(out)
+}
+
+/// Replaces the columns the call stage fills from its own run (provider, attempts,
+/// latency, start time) with what the file recorded, NULL where it recorded nothing.
+fn with_facts(
+    b: RecordBatch,
+    facts: &[&Facts],
+) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {
+    use datafusion::arrow::array::{
+        ArrayRef, Float64Array, Int32Array, StringArray, TimestampMicrosecondArray,
+    };
+    let schema = b.schema();
+    let mut cols = b.columns().to_vec();
+    let set = |cols: &mut Vec<ArrayRef>, name: &str, a: ArrayRef| -> Result<(), _> {
+        cols[schema.index_of(name)?] = a;
+        Ok::<(), datafusion::arrow::error::ArrowError>(())
+    };
+    set(
+        &mut cols,
+        "provider",
+        std::sync::Arc::new(
+            facts
+                .iter()
+                .map(|f| f.provider.as_deref())
+                .collect::<StringArray>(),
+        ),
+    )?;
+    set(
+        &mut cols,
+        "attempts",
+        std::sync::Arc::new(facts.iter().map(|f| f.attempts).collect::<Int32Array>()),
+    )?;
+    set(
+        &mut cols,
+        "latency_ms",
+        std::sync::Arc::new(facts.iter().map(|f| f.latency_ms).collect::<Float64Array>()),
+    )?;
+    set(
+        &mut cols,
+        "started_at",
+        std::sync::Arc::new(
+            facts
+                .iter()
+                .map(|f| f.started_at_us)
+                .collect::<TimestampMicrosecondArray>()
+                .with_timezone("UTC"),
+        ),
+    )?;
+    RecordBatch::try_new(schema, cols)
 }
 
 /// Runs the import.
@@ -344,9 +480,8 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
     // Cases: one per distinct (system, user prompt).
     let mut cases: Vec<Case> = Vec::new();
     let mut case_of: HashMap<(Option<String>, String), usize> = HashMap::new();
-    let mut by_model: BTreeMap<String, Vec<CallRow>> = BTreeMap::new();
+    let mut by_model: BTreeMap<String, Vec<(CallRow, Facts)>> = BTreeMap::new();
     let mut repeats: HashMap<(String, String), i32> = HashMap::new();
-    let now = chrono::Utc::now().timestamp_micros();
     for r in records {
         let idx = *case_of
             .entry((r.system.clone(), r.input.clone()))
@@ -382,28 +517,43 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
         let sample_idx = r.sample_idx.unwrap_or(*next);
         *next = (*next).max(sample_idx + 1);
         let request_hash = call::sha_hex(&[&r.request_key])[..32].to_string();
-        by_model.entry(r.model.clone()).or_default().push(CallRow {
-            req: CallRequest {
-                call_id: call::call_id(&case_id, &r.model, sample_idx, &request_hash),
-                case_id,
-                input: r.input.clone(),
-                prompt: r.input,
-                system: r.system,
-                sample_idx,
-                max_tokens: r.max_tokens,
-                temperature: r.temperature,
-                request_hash,
+        by_model.entry(r.model.clone()).or_default().push((
+            CallRow {
+                req: CallRequest {
+                    call_id: call::call_id(&case_id, &r.model, sample_idx, &request_hash),
+                    case_id,
+                    input: r.input.clone(),
+                    prompt: r.input,
+                    system: r.system,
+                    sample_idx,
+                    max_tokens: r.max_tokens,
+                    temperature: r.temperature,
+                    request_hash,
+                },
+                res: r.result,
+                latency_ms: 0.0,
+                started_at_us: 0,
             },
-            res: r.result,
-            latency_ms: r.latency_ms,
-            started_at_us: now,
-        });
+            r.facts,
+        ));
     }
     let models: Vec<String> = by_model.keys().cloned().collect();
+    let languages: Vec<String> = a.languages.clone().unwrap_or_else(|| {
+        crate::stages::score::ALL_LANGUAGES
+            .iter()
+            .map(|l| l.to_string())
+            .collect()
+    });
+    if let Some(l) = languages.iter().find(|l| l.trim().is_empty()) {
+        return Err(CliError::BadInput(format!(
+            "--languages: empty language `{l}`"
+        )));
+    }
     let pipeline_text = format!(
-        "# Written by `evalflow import {}`: the pipeline of an imported run (no model is called).\n\n[model]\nprovider = \"openai\"\nname = {}\n\n[suite]\nname = \"imported\"\n",
+        "# Written by `evalflow import {}`: the pipeline of an imported run (no model is called;\n# the provider below only satisfies the pipeline format: the calls table records NULL\n# where the file named no provider).\n\n[model]\nprovider = \"openai\"\nname = {}\n\n[suite]\nname = \"imported\"\n\n[validate]\nlanguages = {}\n",
         a.file.display(),
-        json!(models[0])
+        json!(models[0]),
+        json!(languages)
     );
     let ppath = Path::new(store.display()).join("import.toml");
     let pipeline =
@@ -422,7 +572,7 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
             name: m.clone(),
             ..pipeline.model.clone()
         };
-        for r in rows {
+        for (r, _) in rows {
             if !seen.insert(r.req.call_id.clone()) {
                 return Err(CliError::BadInput(format!(
                     "{}: two records for case `{}` model `{m}` sample {}: give distinct sample_idx",
@@ -433,7 +583,11 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
             }
         }
         for chunk in rows.chunks(8192) {
-            w.write(call::to_batch(&cfg, chunk)).await.map_err(io)?;
+            let calls: Vec<CallRow> = chunk.iter().map(|(c, _)| c.clone()).collect();
+            let facts: Vec<&Facts> = chunk.iter().map(|(_, f)| f).collect();
+            let batch = with_facts(call::to_batch(&cfg, &calls), &facts)
+                .map_err(|e| CliError::Internal(e.to_string()))?;
+            w.write(batch).await.map_err(io)?;
         }
         n_calls += rows.len() as u64;
     }

@@ -8,7 +8,7 @@
 use datafusion::arrow::util::pretty::pretty_format_batches;
 
 use super::CliError;
-use super::compare::{collect, session_with_runs};
+use super::compare::{chosen_scorer, collect, session_with_runs, with_scorer};
 use crate::udaf::mde::mde;
 use crate::udaf::sample_size::sample_size;
 
@@ -37,6 +37,9 @@ pub struct PlanArgs {
     /// Power.
     #[arg(long, default_value_t = 0.8)]
     pub power: f64,
+    /// With --pilot: the scorer, NAME or NAME@VERSION (default: pilot A's first scorer).
+    #[arg(long)]
+    pub scorer: Option<String>,
 }
 
 /// The pilot query for one delta and one K.
@@ -86,10 +89,15 @@ pub async fn run(a: PlanArgs) -> Result<(), CliError> {
                     "--alpha/--power other than 0.05/0.8 need --var-d (the pilot report uses the defaults)".into(),
                 ));
             }
-            let batches = collect(&ctx, "plan", &pilot_sql(a.delta, a.k)).await?;
+            let spec = chosen_scorer(&[&p[0], &p[1]], a.scorer.as_deref()).await?;
+            let sql = with_scorer(&pilot_sql(a.delta, a.k), &spec);
+            let batches = collect(&ctx, "plan", &sql).await?;
             let table =
                 pretty_format_batches(&batches).map_err(|e| CliError::Internal(e.to_string()))?;
-            println!("pilot A = {}\npilot B = {}\n{table}", p[0], p[1]);
+            println!(
+                "pilot A = {}\npilot B = {}\nscorer: {spec}\n{table}",
+                p[0], p[1]
+            );
             Ok(())
         }
         _ => Err(CliError::BadInput(

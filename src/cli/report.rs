@@ -183,9 +183,20 @@ pub async fn run(a: ReportArgs) -> Result<(), CliError> {
         })?;
     let id = match ScorerId::parse(&tag) {
         Some(id) => id,
-        None => score::build(&tag, a.cues.as_deref())
-            .map_err(|e| CliError::BadInput(format!("--scorer: {e}")))?
-            .id(),
+        None => match manifest
+            .scorer_versions
+            .iter()
+            .rev()
+            .filter_map(|t| ScorerId::parse(t))
+            .find(|s| s.name == tag)
+        {
+            // A bare name reports the run's newest version of that scorer.
+            Some(id) => id,
+            None => score::build_for_run(&tag, a.cues.as_deref(), &store, &manifest.pipeline)
+                .await
+                .map_err(|e| CliError::BadInput(format!("--scorer: {e}")))?
+                .id(),
+        },
     };
     println!(
         "run {} ({}), scorer {}\n",
@@ -197,8 +208,15 @@ pub async fn run(a: ReportArgs) -> Result<(), CliError> {
     println!("{}", aggregate::render(&rows));
     if let Some(h) = &a.holdout {
         let labels = super::holdout::read_labels(h)?;
-        let scorer = score::build(&id.name, a.cues.as_deref())
-            .map_err(|e| CliError::BadInput(format!("--scorer: {e}")))?;
+        let scorer = score::build_for_run(&id.name, a.cues.as_deref(), &store, &manifest.pipeline)
+            .await
+            .map_err(|e| {
+                if e.is_bad_input() {
+                    CliError::BadInput(format!("--scorer: {e}"))
+                } else {
+                    CliError::Internal(e.to_string())
+                }
+            })?;
         if scorer.id() != id {
             return Err(CliError::BadInput(format!(
                 "the holdout re-scores with {} but the report is of {}: pass --scorer {}",

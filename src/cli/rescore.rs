@@ -31,8 +31,15 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
     let (_, store, mut manifest) = open_run(&a.run)
         .await
         .map_err(|e| CliError::BadInput(e.to_string()))?;
-    let scorer = score::build(&a.scorer, a.cues.as_deref())
-        .map_err(|e| CliError::BadInput(format!("--scorer: {e}")))?;
+    let scorer = score::build_for_run(&a.scorer, a.cues.as_deref(), &store, &manifest.pipeline)
+        .await
+        .map_err(|e| {
+            if e.is_bad_input() {
+                CliError::BadInput(format!("--scorer: {e}"))
+            } else {
+                CliError::Internal(e.to_string())
+            }
+        })?;
     let id = scorer.id();
     if !store
         .list_parts(&id.dir())

@@ -150,7 +150,10 @@ fn print(a: &SqlArgs, batches: &[RecordBatch]) -> Result<(), CliError> {
         "json" => {
             let mut buf = Vec::new();
             {
-                let mut w = datafusion::arrow::json::ArrayWriter::new(&mut buf);
+                // Every column is kept, NULL as `null` (DESIGN: rows keyed by column name).
+                let mut w = datafusion::arrow::json::WriterBuilder::new()
+                    .with_explicit_nulls(true)
+                    .build::<_, datafusion::arrow::json::writer::JsonArray>(&mut buf);
                 let refs: Vec<&RecordBatch> = batches.iter().collect();
                 w.write_batches(&refs).map_err(|e| internal(&e))?;
                 w.finish().map_err(|e| internal(&e))?;

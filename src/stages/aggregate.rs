@@ -1,21 +1,50 @@
-//! Aggregate: failure rates per test and per capability x test type, each with an honest
-//! 95% interval and the validity distribution beside it.
+//! Aggregate: the headline metric per test and per capability x test type, each with an
+//! honest 95% interval and the validity distribution beside it.
 //!
-//! The interval is a Wilson score interval at the effective sample size n / deff, where
-//! deff is Miller's clustered variance (clusters = templates) over the naive variance,
-//! floored at 1. Wilson rather than Wald so that 0 failures in 20 cases does not print as
-//! the interval [0, 0]; the design effect so that cases sharing a template are not counted
-//! as independent evidence.
+//! The metric follows the scorer's kind ([`MetricKind`], DESIGN.md "results"):
+//! - pass/fail scorers (checklist) give the failure rate;
+//! - label scorers (cue) give the rate of each label, one row per label;
+//! - numeric scorers (judge) give the mean score.
+//!
+//! A rate's interval is a Wilson score interval at the effective sample size n / deff, where
+//! deff is the clustered variance (clusters = templates, the default method of
+//! `clustered_mean_ci`) over the naive variance, floored at 1. Wilson rather than Wald so that
+//! 0 failures in 20 cases does not print as the interval [0, 0]; the design effect so that
+//! cases sharing a template are not counted as independent evidence. A mean's interval is
+//! `clustered_mean_ci`'s own. With one template nothing can be clustered: the interval then
+//! treats cases as independent and the row says so (`clustered = false` and a note), never
+//! silently.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::array::{
+    ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray,
+};
 
 use crate::query::{QueryError, new_context, register_run, text_rows};
 use crate::schema::Table;
-use crate::stages::score::ScorerId;
+use crate::stages::score::{JUDGE_VERDICTS, MetricKind, ScorerId};
 use crate::stages::validate::VERDICTS;
 use crate::storage::RunStore;
+
+/// Every verdict a scores row can carry, in the order of the results columns: the
+/// validator's six, then the judge scorer's two.
+pub const ALL_VERDICTS: [&str; 8] = [
+    VERDICTS[0],
+    VERDICTS[1],
+    VERDICTS[2],
+    VERDICTS[3],
+    VERDICTS[4],
+    VERDICTS[5],
+    JUDGE_VERDICTS[0],
+    JUDGE_VERDICTS[1],
+];
+
+/// The note stored and printed beside an interval that could not be clustered.
+pub const UNCLUSTERED_NOTE: &str = "1 template: interval assumes independent cases";
+
+const Z95: f64 = 1.959963984540054;
 
 /// One result row.
 #[derive(Debug, Clone, Default)]
@@ -25,17 +54,48 @@ pub struct ResultRow {
     pub test_type: String,
     pub test: Option<String>,
     pub model: String,
+    /// `failure_rate`, `label_rate` or `mean_score`.
+    pub metric: String,
+    /// The label whose rate this row gives (label scorers only).
+    pub label: Option<String>,
+    /// Rows that enter the metric (valid, scored, not a base row).
     pub n: i64,
-    pub failures: i64,
-    pub failure_rate: Option<f64>,
+    /// Rows counted by a rate (failures, or rows with the label); None for a mean.
+    pub hits: Option<i64>,
+    pub value: Option<f64>,
     pub se: Option<f64>,
     pub ci_lo: Option<f64>,
     pub ci_hi: Option<f64>,
+    /// How the interval was made, e.g. `wilson_deff` or `clustered_mean_ci`.
+    pub ci_method: String,
     pub n_templates: i64,
+    /// False when the interval treats cases as independent (fewer than two templates).
+    pub clustered: bool,
+    pub note: Option<String>,
     pub n_rows: i64,
-    /// Counts per validity verdict, in [`VERDICTS`] order.
-    pub validity: [i64; 6],
+    /// Counts per verdict, in [`ALL_VERDICTS`] order.
+    pub validity: [i64; 8],
+    /// Rows whose verdict is none of [`ALL_VERDICTS`] (counted, never dropped).
+    pub validity_other: i64,
+    /// Valid perturbed answers of a scorer that compares with the base case, left unscored
+    /// because the base case's answer is invalid.
     pub not_comparable: i64,
+    /// Other valid answers left unscored (nothing to score against, e.g. no expected entity).
+    pub unscored: i64,
+}
+
+impl ResultRow {
+    /// The failure count of a pass/fail row.
+    pub fn failures(&self) -> Option<i64> {
+        (self.metric == MetricKind::PassFail.metric()).then_some(self.hits.unwrap_or(0))
+    }
+
+    /// The failure rate of a pass/fail row.
+    pub fn failure_rate(&self) -> Option<f64> {
+        (self.metric == MetricKind::PassFail.metric())
+            .then_some(self.value)
+            .flatten()
+    }
 }
 
 /// The Wilson score interval for a proportion `p` at effective size `n_eff` and `z`.
@@ -50,82 +110,262 @@ pub fn wilson(p: f64, n_eff: f64, z: f64) -> (f64, f64) {
     ((centre - half).max(0.0), (centre + half).min(1.0))
 }
 
-impl ResultRow {
-    /// Fills the rate and its interval from n, failures and the two standard errors.
-    fn finish(&mut self, se: Option<f64>, naive_se: Option<f64>) {
-        self.se = se;
-        if self.n == 0 {
-            return;
+/// The statistics of one indicator in one group, as read from the query.
+#[derive(Debug, Clone, Default)]
+struct Stats {
+    n: i64,
+    sum: f64,
+    n_templates: i64,
+    /// The clustered SE and interval of `clustered_mean_ci` (default method).
+    se: Option<f64>,
+    lo: Option<f64>,
+    hi: Option<f64>,
+    naive_se: Option<f64>,
+}
+
+/// Fills value, SE and interval of `row` from `st`.
+fn finish(row: &mut ResultRow, kind: MetricKind, st: &Stats) {
+    row.n = st.n;
+    row.n_templates = st.n_templates;
+    row.clustered = st.n_templates >= 2;
+    if !row.clustered && st.n > 0 {
+        row.note = Some(UNCLUSTERED_NOTE.into());
+    }
+    if kind != MetricKind::Numeric {
+        row.hits = Some(st.sum.round() as i64);
+    }
+    if st.n == 0 {
+        row.ci_method = "none".into();
+        return;
+    }
+    let mean = st.sum / st.n as f64;
+    row.value = Some(mean);
+    let se = if row.clustered { st.se } else { st.naive_se };
+    row.se = se;
+    match kind {
+        MetricKind::PassFail | MetricKind::Label => {
+            let deff = match (se, st.naive_se) {
+                (Some(s), Some(n)) if row.clustered && n > 0.0 => (s * s / (n * n)).max(1.0),
+                _ => 1.0,
+            };
+            let (lo, hi) = wilson(mean, st.n as f64 / deff, Z95);
+            row.ci_lo = Some(lo);
+            row.ci_hi = Some(hi);
+            row.ci_method = if row.clustered {
+                "wilson_deff".into()
+            } else {
+                "wilson".into()
+            };
         }
-        let p = self.failures as f64 / self.n as f64;
-        self.failure_rate = Some(p);
-        let deff = match (se, naive_se) {
-            (Some(s), Some(n)) if n > 0.0 => (s * s / (n * n)).max(1.0),
-            _ => 1.0,
-        };
-        let (lo, hi) = wilson(p, self.n as f64 / deff, 1.959963984540054);
-        self.ci_lo = Some(lo);
-        self.ci_hi = Some(hi);
+        MetricKind::Numeric => {
+            if row.clustered {
+                row.ci_lo = st.lo;
+                row.ci_hi = st.hi;
+                row.ci_method = "clustered_mean_ci".into();
+            } else if let Some(s) = se {
+                row.ci_lo = Some(mean - Z95 * s);
+                row.ci_hi = Some(mean + Z95 * s);
+                row.ci_method = "normal".into();
+            } else {
+                row.ci_method = "none".into();
+            }
+        }
     }
 }
 
-/// Per group: counts, the failure indicator's clustered (Miller) and naive standard errors
-/// from the statistics functions, and the validity distribution. `{keys}` is the grouping.
-const SQL: &str = "WITH s AS (SELECT *, \
-        CASE WHEN role <> 'base' AND score IS NOT NULL THEN CASE WHEN passed THEN 0.0 ELSE 1.0 END END AS fail \
-        FROM scores WHERE scorer = '{name}' AND scoring_version = '{version}') \
-    SELECT {keys}, count(*) AS n_rows, count(fail) AS n, CAST(coalesce(sum(fail), 0) AS BIGINT) AS failures, \
-        count(DISTINCT CASE WHEN fail IS NOT NULL THEN template_id END) AS n_templates, \
-        clustered_se(fail, template_id) AS se, mean_se(fail) AS naive_se, \
-        {verdicts}, \
-        sum(CASE WHEN role <> 'base' AND validity = 'valid_answer' AND score IS NULL THEN 1 ELSE 0 END) AS not_comparable \
-    FROM s GROUP BY {keys} ORDER BY {keys}";
+/// A SQL string literal.
+fn lit(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// The indicators a scorer's kind aggregates: `(label, SQL value over a scored row)`.
+async fn indicators(
+    ctx: &datafusion::prelude::SessionContext,
+    kind: MetricKind,
+    scorer: &ScorerId,
+) -> Result<Vec<(Option<String>, String)>, QueryError> {
+    Ok(match kind {
+        MetricKind::PassFail => vec![(
+            None,
+            "CASE WHEN passed THEN 0.0 WHEN NOT passed THEN 1.0 END".into(),
+        )],
+        MetricKind::Numeric => vec![(None, "CAST(score AS DOUBLE)".into())],
+        MetricKind::Label => {
+            let labels = text_rows(
+                ctx,
+                &format!(
+                    "SELECT DISTINCT label FROM scores WHERE scorer = {} AND scoring_version = {} \
+                     AND role <> 'base' AND score IS NOT NULL AND label IS NOT NULL ORDER BY label",
+                    lit(&scorer.name),
+                    lit(&scorer.version)
+                ),
+            )
+            .await?;
+            let labels: Vec<String> = labels.into_iter().filter_map(|r| r[0].clone()).collect();
+            if labels.is_empty() {
+                // No scored row at all: one row still reports n = 0 and the validity.
+                vec![(None, "CAST(NULL AS DOUBLE)".into())]
+            } else {
+                labels
+                    .into_iter()
+                    .map(|l| {
+                        let e = format!(
+                            "CASE WHEN label IS NULL THEN NULL WHEN label = {} THEN 1.0 ELSE 0.0 END",
+                            lit(&l)
+                        );
+                        (Some(l), e)
+                    })
+                    .collect()
+            }
+        }
+    })
+}
+
+/// Per group: for each indicator, its count, sum, number of templates, clustered and naive
+/// SE and clustered interval; then the validity distribution and the unscored counts.
+fn group_sql(
+    scorer: &ScorerId,
+    keys: &str,
+    inds: &[(Option<String>, String)],
+    compares_to_base: bool,
+) -> String {
+    let mut sel = Vec::new();
+    let mut vals = Vec::new();
+    for (i, (_, e)) in inds.iter().enumerate() {
+        vals.push(format!(
+            "CASE WHEN role <> 'base' AND score IS NOT NULL THEN {e} END AS v{i}"
+        ));
+        sel.push(format!(
+            "count(v{i}) AS n{i}, coalesce(sum(v{i}), 0.0) AS s{i}, \
+             count(DISTINCT CASE WHEN v{i} IS NOT NULL THEN template_id END) AS g{i}, \
+             clustered_mean_ci(v{i}, template_id)['se'] AS se{i}, \
+             clustered_mean_ci(v{i}, template_id)['lo'] AS lo{i}, \
+             clustered_mean_ci(v{i}, template_id)['hi'] AS hi{i}, \
+             mean_se(v{i}) AS nse{i}"
+        ));
+    }
+    for (j, v) in ALL_VERDICTS.iter().enumerate() {
+        sel.push(format!(
+            "sum(CASE WHEN validity = {} THEN 1 ELSE 0 END) AS verdict{j}",
+            lit(v)
+        ));
+    }
+    let known = ALL_VERDICTS
+        .iter()
+        .map(|v| lit(v))
+        .collect::<Vec<_>>()
+        .join(", ");
+    sel.push(format!(
+        "sum(CASE WHEN validity IN ({known}) THEN 0 ELSE 1 END) AS verdict_other"
+    ));
+    let perturbed = if compares_to_base {
+        "role = 'perturbed'"
+    } else {
+        "FALSE"
+    };
+    sel.push(format!(
+        "sum(CASE WHEN role <> 'base' AND validity = 'valid_answer' AND score IS NULL AND {perturbed} THEN 1 ELSE 0 END) AS not_comparable"
+    ));
+    sel.push(format!(
+        "sum(CASE WHEN role <> 'base' AND validity = 'valid_answer' AND score IS NULL AND NOT ({perturbed}) THEN 1 ELSE 0 END) AS unscored"
+    ));
+    format!(
+        "WITH s AS (SELECT *, {} FROM scores WHERE scorer = {} AND scoring_version = {}) \
+         SELECT {keys}, count(*) AS n_rows, {} FROM s GROUP BY {keys} ORDER BY {keys}",
+        vals.join(", "),
+        lit(&scorer.name),
+        lit(&scorer.version),
+        sel.join(", ")
+    )
+}
+
+/// Reads the named columns of `rows` (as returned by [`text_rows`]) by name.
+struct Named<'a> {
+    idx: HashMap<String, usize>,
+    row: &'a [Option<String>],
+}
+
+impl Named<'_> {
+    fn s(&self, c: &str) -> Option<String> {
+        self.row[self.idx[c]].clone()
+    }
+    fn i(&self, c: &str) -> i64 {
+        self.s(c).and_then(|v| v.parse().ok()).unwrap_or(0)
+    }
+    fn f(&self, c: &str) -> Option<f64> {
+        self.s(c)
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite())
+    }
+}
 
 /// Computes the results of one scorer version: test-level rows, then capability x test type.
 pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRow>, QueryError> {
     let ctx = new_context();
     register_run(&ctx, store, "").await?;
-    let verdicts: Vec<String> = VERDICTS
-        .iter()
-        .map(|v| format!("sum(CASE WHEN validity = '{v}' THEN 1 ELSE 0 END) AS {v}"))
-        .collect();
+    let kind = MetricKind::of(&scorer.name);
+    let inds = indicators(&ctx, kind, scorer).await?;
+    let compares = crate::stages::score::compares_to_base(&scorer.name);
     let mut out = Vec::new();
     for (level, keys) in [
         ("test", "model, capability, test_type, test"),
         ("capability", "model, capability, test_type"),
     ] {
-        let sql = SQL
-            .replace("{name}", &scorer.name)
-            .replace("{version}", &scorer.version)
-            .replace("{keys}", keys)
-            .replace("{verdicts}", &verdicts.join(", "));
+        let sql = group_sql(scorer, keys, &inds, compares);
+        let mut names: Vec<String> = keys.split(", ").map(String::from).collect();
+        names.push("n_rows".into());
+        for i in 0..inds.len() {
+            for c in ["n", "s", "g", "se", "lo", "hi", "nse"] {
+                names.push(format!("{c}{i}"));
+            }
+        }
+        for j in 0..ALL_VERDICTS.len() {
+            names.push(format!("verdict{j}"));
+        }
+        names.extend(["verdict_other", "not_comparable", "unscored"].map(String::from));
+        let idx: HashMap<String, usize> = names
+            .iter()
+            .enumerate()
+            .map(|(k, n)| (n.clone(), k))
+            .collect();
         for r in text_rows(&ctx, &sql).await? {
-            let txt = |i: usize| r[i].clone().unwrap_or_default();
-            let int = |i: usize| {
-                r[i].as_deref()
-                    .and_then(|v| v.parse::<i64>().ok())
-                    .unwrap_or(0)
+            let r = Named {
+                idx: idx.clone(),
+                row: &r,
             };
-            let flt = |i: usize| r[i].as_deref().and_then(|v| v.parse::<f64>().ok());
-            let k = keys.split(", ").count();
-            let mut row = ResultRow {
+            let mut base = ResultRow {
                 level: level.into(),
-                model: txt(0),
-                capability: txt(1),
-                test_type: txt(2),
-                test: (level == "test").then(|| txt(3)),
-                n_rows: int(k),
-                n: int(k + 1),
-                failures: int(k + 2),
-                n_templates: int(k + 3),
-                not_comparable: int(k + 6 + VERDICTS.len()),
+                model: r.s("model").unwrap_or_default(),
+                capability: r.s("capability").unwrap_or_default(),
+                test_type: r.s("test_type").unwrap_or_default(),
+                test: (level == "test").then(|| r.s("test").unwrap_or_default()),
+                metric: kind.metric().into(),
+                n_rows: r.i("n_rows"),
+                validity_other: r.i("verdict_other"),
+                not_comparable: r.i("not_comparable"),
+                unscored: r.i("unscored"),
                 ..Default::default()
             };
-            for (j, v) in row.validity.iter_mut().enumerate() {
-                *v = int(k + 6 + j);
+            for (j, v) in base.validity.iter_mut().enumerate() {
+                *v = r.i(&format!("verdict{j}"));
             }
-            row.finish(flt(k + 4), flt(k + 5));
-            out.push(row);
+            for (i, (label, _)) in inds.iter().enumerate() {
+                let st = Stats {
+                    n: r.i(&format!("n{i}")),
+                    sum: r.f(&format!("s{i}")).unwrap_or(0.0),
+                    n_templates: r.i(&format!("g{i}")),
+                    se: r.f(&format!("se{i}")),
+                    lo: r.f(&format!("lo{i}")),
+                    hi: r.f(&format!("hi{i}")),
+                    naive_se: r.f(&format!("nse{i}")),
+                };
+                let mut row = ResultRow {
+                    label: label.clone(),
+                    ..base.clone()
+                };
+                finish(&mut row, kind, &st);
+                out.push(row);
+            }
         }
     }
     Ok(out)
@@ -136,8 +376,14 @@ pub fn to_batch(scorer: &ScorerId, rows: &[ResultRow]) -> RecordBatch {
     let s = |f: &dyn Fn(&ResultRow) -> &str| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
     };
+    let os = |f: &dyn Fn(&ResultRow) -> Option<&str>| -> ArrayRef {
+        Arc::new(rows.iter().map(f).collect::<StringArray>())
+    };
     let i = |f: &dyn Fn(&ResultRow) -> i64| -> ArrayRef {
         Arc::new(Int64Array::from_iter_values(rows.iter().map(f)))
+    };
+    let oi = |f: &dyn Fn(&ResultRow) -> Option<i64>| -> ArrayRef {
+        Arc::new(rows.iter().map(f).collect::<Int64Array>())
     };
     let f = |f: &dyn Fn(&ResultRow) -> Option<f64>| -> ArrayRef {
         Arc::new(rows.iter().map(f).collect::<Float64Array>())
@@ -146,11 +392,7 @@ pub fn to_batch(scorer: &ScorerId, rows: &[ResultRow]) -> RecordBatch {
         s(&|r| &r.level),
         s(&|r| &r.capability),
         s(&|r| &r.test_type),
-        Arc::new(
-            rows.iter()
-                .map(|r| r.test.as_deref())
-                .collect::<StringArray>(),
-        ),
+        os(&|r| r.test.as_deref()),
         s(&|r| &r.model),
         Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
             scorer.name.as_str(),
@@ -160,19 +402,32 @@ pub fn to_batch(scorer: &ScorerId, rows: &[ResultRow]) -> RecordBatch {
             scorer.version.as_str(),
             rows.len(),
         ))),
+        s(&|r| &r.metric),
+        os(&|r| r.label.as_deref()),
         i(&|r| r.n),
-        i(&|r| r.failures),
-        f(&|r| r.failure_rate),
+        oi(&|r| r.failures()),
+        f(&|r| r.failure_rate()),
+        f(&|r| r.value),
+        oi(&|r| r.hits),
         f(&|r| r.se),
         f(&|r| r.ci_lo),
         f(&|r| r.ci_hi),
+        s(&|r| &r.ci_method),
         i(&|r| r.n_templates),
+        Arc::new(
+            rows.iter()
+                .map(|r| Some(r.clustered))
+                .collect::<BooleanArray>(),
+        ),
+        os(&|r| r.note.as_deref()),
         i(&|r| r.n_rows),
     ];
-    for k in 0..VERDICTS.len() {
+    for k in 0..ALL_VERDICTS.len() {
         cols.push(i(&|r| r.validity[k]));
     }
+    cols.push(i(&|r| r.validity_other));
     cols.push(i(&|r| r.not_comparable));
+    cols.push(i(&|r| r.unscored));
     RecordBatch::try_new(Table::Results.schema(), cols)
         .expect("results batch matches schemas/results.json")
 }
@@ -192,15 +447,17 @@ fn pct(x: Option<f64>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-/// The validity distribution as `valid_answer 95.0% | provider_error 5.0%` (non-zero only).
-pub fn validity_summary(counts: &[i64; 6]) -> String {
-    let total: i64 = counts.iter().sum();
+/// The validity distribution as `valid_answer 19/20 (95.0%), provider_error 1/20 (5.0%)`
+/// (non-zero only; `other` counts verdicts outside [`ALL_VERDICTS`]).
+pub fn validity_summary(counts: &[i64; 8], other: i64) -> String {
+    let total: i64 = counts.iter().sum::<i64>() + other;
     if total == 0 {
         return "no rows".into();
     }
-    VERDICTS
+    ALL_VERDICTS
         .iter()
         .zip(counts)
+        .chain(std::iter::once((&"other", &other)))
         .filter(|(_, c)| **c > 0)
         .map(|(v, c)| {
             format!(
@@ -241,83 +498,130 @@ pub fn render_table(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// The report printed by `evalflow run` and `evalflow aggregate`.
+/// The interval cell: `[lo, hi]`, marked `*` when it could not be clustered.
+fn interval_cell(r: &ResultRow, as_pct: bool) -> String {
+    let mark = if r.clustered || r.n == 0 { "" } else { " *" };
+    match (r.ci_lo, r.ci_hi) {
+        (Some(lo), Some(hi)) if as_pct => {
+            format!("[{:.1}%, {:.1}%]{mark}", lo * 100.0, hi * 100.0)
+        }
+        (Some(lo), Some(hi)) => format!("[{lo:.3}, {hi:.3}]{mark}"),
+        _ => "-".into(),
+    }
+}
+
+/// The report printed by `evalflow run`, `evalflow aggregate` and `evalflow report`.
 pub fn render(rows: &[ResultRow]) -> String {
     let mut out = String::new();
+    let kind = rows
+        .first()
+        .map(|r| MetricKind::from_metric(&r.metric))
+        .unwrap_or(MetricKind::PassFail);
+    let (title, headers): (&str, Vec<&str>) = match kind {
+        MetricKind::PassFail => (
+            "failure rate",
+            vec!["type", "n", "fail", "fail rate", "95% CI", "validity"],
+        ),
+        MetricKind::Label => (
+            "rate of each label",
+            vec!["type", "label", "n", "count", "rate", "95% CI", "validity"],
+        ),
+        MetricKind::Numeric => (
+            "mean score",
+            vec!["type", "n", "mean", "95% CI", "validity"],
+        ),
+    };
     let fmt_row = |r: &ResultRow, first: String| {
-        vec![
-            first,
-            r.test_type.clone(),
-            r.n.to_string(),
-            r.failures.to_string(),
-            pct(r.failure_rate),
-            match (r.ci_lo, r.ci_hi) {
-                (Some(lo), Some(hi)) => format!("[{:.1}%, {:.1}%]", lo * 100.0, hi * 100.0),
-                _ => "-".into(),
-            },
-            validity_summary(&r.validity),
-        ]
+        let v = validity_summary(&r.validity, r.validity_other);
+        let mut cells = vec![first, r.test_type.clone()];
+        match kind {
+            MetricKind::PassFail => cells.extend([
+                r.n.to_string(),
+                r.hits.unwrap_or(0).to_string(),
+                pct(r.value),
+                interval_cell(r, true),
+                v,
+            ]),
+            MetricKind::Label => cells.extend([
+                r.label.clone().unwrap_or_else(|| "-".into()),
+                r.n.to_string(),
+                r.hits.unwrap_or(0).to_string(),
+                pct(r.value),
+                interval_cell(r, true),
+                v,
+            ]),
+            MetricKind::Numeric => cells.extend([
+                r.n.to_string(),
+                r.value
+                    .map(|m| format!("{m:.3}"))
+                    .unwrap_or_else(|| "-".into()),
+                interval_cell(r, false),
+                v,
+            ]),
+        }
+        cells
+    };
+    let with_first = |first: &'static str| {
+        let mut h = vec![first];
+        h.extend(headers.iter().copied());
+        h
     };
     let models: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.model.as_str()).collect();
     for model in models {
+        // One validity distribution per group, not one per label row: every group has a
+        // row for each label, so the rows of the first label count each group once.
+        let first_label = rows.first().and_then(|r| r.label.clone());
+        let first_of_group = |r: &&ResultRow| r.label == first_label;
         let caps: Vec<Vec<String>> = rows
             .iter()
             .filter(|r| r.level == "capability" && r.model == model)
             .map(|r| fmt_row(r, r.capability.clone()))
             .collect();
-        out.push_str(&format!("model: {model}\n\nCapability x test type (failure rate, 95% interval clustered by template)\n"));
-        out.push_str(&render_table(
-            &[
-                "capability",
-                "type",
-                "n",
-                "fail",
-                "fail rate",
-                "95% CI",
-                "validity",
-            ],
-            &caps,
+        out.push_str(&format!(
+            "model: {model}\n\nCapability x test type ({title}, 95% interval clustered by template)\n"
         ));
+        out.push_str(&render_table(&with_first("capability"), &caps));
         out.push_str("\n\nPer test\n");
         let tests: Vec<Vec<String>> = rows
             .iter()
             .filter(|r| r.level == "test" && r.model == model)
             .map(|r| fmt_row(r, r.test.clone().unwrap_or_default()))
             .collect();
-        out.push_str(&render_table(
-            &[
-                "test",
-                "type",
-                "n",
-                "fail",
-                "fail rate",
-                "95% CI",
-                "validity",
-            ],
-            &tests,
-        ));
-        let mut total = [0i64; 6];
-        for r in rows
+        out.push_str(&render_table(&with_first("test"), &tests));
+        let groups: Vec<&ResultRow> = rows
             .iter()
             .filter(|r| r.level == "capability" && r.model == model)
-        {
+            .filter(first_of_group)
+            .collect();
+        let mut total = [0i64; 8];
+        let mut other = 0;
+        for r in &groups {
             for (t, v) in total.iter_mut().zip(r.validity) {
                 *t += v;
             }
+            other += r.validity_other;
         }
-        let nc: i64 = rows
-            .iter()
-            .filter(|r| r.level == "capability" && r.model == model)
-            .map(|r| r.not_comparable)
-            .sum();
+        let nc: i64 = groups.iter().map(|r| r.not_comparable).sum();
+        let unscored: i64 = groups.iter().map(|r| r.unscored).sum();
         out.push_str(&format!(
             "\n\nValidity of all calls: {}\n",
-            validity_summary(&total)
+            validity_summary(&total, other)
         ));
         if nc > 0 {
             out.push_str(&format!(
                 "Perturbed cases not comparable (base case invalid): {nc}\n"
             ));
+        }
+        if unscored > 0 {
+            out.push_str(&format!(
+                "Valid answers not scored (nothing to score against, e.g. no expected entity): {unscored}\n"
+            ));
+        }
+        if rows
+            .iter()
+            .any(|r| r.model == model && !r.clustered && r.n > 0)
+        {
+            out.push_str(&format!("* {UNCLUSTERED_NOTE}\n"));
         }
     }
     out
@@ -332,5 +636,54 @@ mod tests {
         let (lo, hi) = wilson(0.0, 20.0, 1.959963984540054);
         assert_eq!(lo, 0.0);
         assert!((hi - 0.16113).abs() < 1e-4, "{hi}");
+    }
+
+    #[test]
+    fn one_template_is_marked_unclustered() {
+        let mut r = ResultRow::default();
+        let st = Stats {
+            n: 10,
+            sum: 3.0,
+            n_templates: 1,
+            se: None,
+            lo: None,
+            hi: None,
+            naive_se: Some(0.152_752_523_165_194_67),
+        };
+        finish(&mut r, MetricKind::PassFail, &st);
+        assert!(!r.clustered);
+        assert_eq!(r.note.as_deref(), Some(UNCLUSTERED_NOTE));
+        assert_eq!(r.ci_method, "wilson");
+        let (lo, hi) = wilson(0.3, 10.0, Z95);
+        assert_eq!((r.ci_lo, r.ci_hi), (Some(lo), Some(hi)));
+        assert!(
+            render(&[ResultRow {
+                level: "capability".into(),
+                metric: "failure_rate".into(),
+                ..r
+            }])
+            .contains(UNCLUSTERED_NOTE)
+        );
+    }
+
+    #[test]
+    fn a_mean_takes_the_clustered_interval() {
+        let mut r = ResultRow::default();
+        let st = Stats {
+            n: 4,
+            sum: 2.0,
+            n_templates: 2,
+            se: Some(0.25),
+            lo: Some(0.01),
+            hi: Some(0.99),
+            naive_se: Some(0.2),
+        };
+        finish(&mut r, MetricKind::Numeric, &st);
+        assert_eq!(r.value, Some(0.5));
+        assert_eq!(
+            (r.ci_lo, r.ci_hi, r.se),
+            (Some(0.01), Some(0.99), Some(0.25))
+        );
+        assert!(r.clustered && r.note.is_none() && r.hits.is_none());
     }
 }

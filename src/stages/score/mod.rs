@@ -53,6 +53,72 @@ impl ScorerId {
     }
 }
 
+/// What a scorer's scores measure, and so what `aggregate` reports of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// `passed` is the verdict (checklist): the failure rate.
+    PassFail,
+    /// `label` is the verdict (cue): the rate of each label.
+    Label,
+    /// `score` is the measurement (judge): the mean score.
+    Numeric,
+}
+
+impl MetricKind {
+    /// The kind of the scorer named `name` (scores tables name their scorer, so a run of any
+    /// age is aggregated by the kind of its scorer). Unknown names are numeric: the mean of
+    /// `score` is defined for any scorer.
+    pub fn of(name: &str) -> MetricKind {
+        match name {
+            "checklist" => MetricKind::PassFail,
+            "cue" => MetricKind::Label,
+            _ => MetricKind::Numeric,
+        }
+    }
+
+    /// The `metric` column of `results`.
+    pub fn metric(self) -> &'static str {
+        match self {
+            MetricKind::PassFail => "failure_rate",
+            MetricKind::Label => "label_rate",
+            MetricKind::Numeric => "mean_score",
+        }
+    }
+
+    /// The kind whose [`MetricKind::metric`] is `m`.
+    pub fn from_metric(m: &str) -> MetricKind {
+        match m {
+            "failure_rate" => MetricKind::PassFail,
+            "label_rate" => MetricKind::Label,
+            _ => MetricKind::Numeric,
+        }
+    }
+}
+
+/// Whether the scorer named `name` scores a perturbed case against its base case, so that
+/// a valid perturbed answer is left unscored when the base answer is invalid.
+pub fn compares_to_base(name: &str) -> bool {
+    name == "checklist"
+}
+
+/// The answer languages the scorer named `name` reads (`validate` marks answers in other
+/// languages `unscorable_language`). The cue scorer has cue lists for English and Chinese;
+/// the checklist's label matching and the judge's questions are English.
+pub fn languages_of(name: &str) -> &'static [&'static str] {
+    match name {
+        "cue" => &["en", "zh"],
+        _ => &["en"],
+    }
+}
+
+/// Every language some built-in scorer reads: the default of `import`, whose scorers are
+/// chosen later.
+pub const ALL_LANGUAGES: &[&str] = &["en", "zh"];
+
+/// The verdicts a judge scorer adds to the validator's six: its answer could not be parsed,
+/// or its own call failed.
+pub const JUDGE_VERDICTS: [&str; 2] = ["judge_unparseable", "judge_error"];
+
 /// What a scorer sees of one valid call.
 #[derive(Debug, Clone, Copy)]
 pub struct ScoreInput<'a> {
@@ -124,10 +190,22 @@ pub enum ScorerError {
     Version { spec: String, have: String },
     #[error("{file}: {msg}")]
     Cues { file: String, msg: String },
+    #[error("scorer `{spec}`: {msg}")]
+    Judge { spec: String, msg: String },
+    /// The judge's own calls failed while preparing its answers (not bad input).
+    #[error("scorer `{spec}`: preparing the judge's answers: {msg}")]
+    JudgeCalls { spec: String, msg: String },
 }
 
-/// Names of every registered scorer.
-pub const NAMES: &[&str] = &["checklist", "cue"];
+impl ScorerError {
+    /// Whether the error is the user's input (exit 2) rather than a failure (exit 3).
+    pub fn is_bad_input(&self) -> bool {
+        !matches!(self, ScorerError::JudgeCalls { .. })
+    }
+}
+
+/// Names of every registered scorer (`judge` needs a run: see [`build_for_run`]).
+pub const NAMES: &[&str] = &["checklist", "cue", "judge"];
 
 /// Builds a scorer by `name` or `name@version`. `cues` optionally replaces the cue
 /// scorer's lists (its version then carries the lists' hash).
@@ -141,8 +219,22 @@ pub fn build(spec: &str, cues: Option<&std::path::Path>) -> Result<Box<dyn Score
             Some(f) => cue::CueScorer::from_file(f)?,
             None => cue::CueScorer::default(),
         }),
+        "judge" => {
+            return Err(ScorerError::Judge {
+                spec: spec.to_string(),
+                msg: "the judge scorer is built from a run's [judge] model and [score.judge] questions".into(),
+            });
+        }
         _ => return Err(ScorerError::Unknown(spec.to_string(), NAMES.join(", "))),
     };
+    check_version(spec, version, scorer)
+}
+
+fn check_version(
+    spec: &str,
+    version: Option<&str>,
+    scorer: Box<dyn Scorer>,
+) -> Result<Box<dyn Scorer>, ScorerError> {
     if let Some(v) = version
         && v != scorer.id().version
     {
@@ -152,6 +244,60 @@ pub fn build(spec: &str, cues: Option<&std::path::Path>) -> Result<Box<dyn Score
         });
     }
     Ok(scorer)
+}
+
+/// Builds a scorer by `name` or `name@version` for an existing run: the built-in scorers as
+/// [`build`] does, and the judge scorer from the `[judge]` model and `[score.judge]`
+/// questions recorded in the run's manifest (`pipeline`), with its judge answers prepared
+/// under the run root (resumable and cached, so a judge that already answered is not paid
+/// again).
+pub async fn build_for_run(
+    spec: &str,
+    cues: Option<&std::path::Path>,
+    store: &RunStore,
+    pipeline: &serde_json::Value,
+) -> Result<Box<dyn Scorer>, ScorerError> {
+    let (name, version) = spec
+        .split_once('@')
+        .map_or((spec, None), |(n, v)| (n, Some(v)));
+    if name != "judge" {
+        return build(spec, cues);
+    }
+    let bad = |msg: String| ScorerError::Judge {
+        spec: spec.to_string(),
+        msg,
+    };
+    let model: crate::pipeline::ModelConfig = pipeline
+        .get("judge")
+        .filter(|v| !v.is_null())
+        .ok_or_else(|| bad("the run's pipeline has no [judge] model".into()))
+        .and_then(|v| {
+            serde_json::from_value(v.clone()).map_err(|e| bad(format!("[judge]: {e}")))
+        })?;
+    let checklist: crate::pipeline::JudgeChecklist = pipeline
+        .get("score")
+        .and_then(|s| s.get("judge"))
+        .filter(|v| !v.is_null())
+        .ok_or_else(|| bad("the run's pipeline has no [score.judge] questions".into()))
+        .and_then(|v| {
+            serde_json::from_value(v.clone()).map_err(|e| bad(format!("[score.judge]: {e}")))
+        })?;
+    if let Some(v) = version
+        && v != judge::version(&checklist, &model)
+    {
+        return Err(ScorerError::Version {
+            spec: spec.to_string(),
+            have: format!("judge@{}", judge::version(&checklist, &model)),
+        });
+    }
+    let provider = crate::stages::call::build_provider(&model).map_err(|e| bad(e.to_string()))?;
+    let s = judge::JudgeScorer::prepare(store, &checklist, &model, provider)
+        .await
+        .map_err(|e| ScorerError::JudgeCalls {
+            spec: spec.to_string(),
+            msg: e.to_string(),
+        })?;
+    Ok(Box::new(s))
 }
 
 const JOIN_SQL: &str = "SELECT k.call_id, k.case_id, k.model, k.sample_idx, k.response, k.response_score, \
@@ -499,7 +645,11 @@ mod tests {
             "1".into(),
             Default::default(),
         );
-        let mut all: Vec<Box<dyn Scorer>> = NAMES.iter().map(|n| build(n, None).unwrap()).collect();
+        let mut all: Vec<Box<dyn Scorer>> = NAMES
+            .iter()
+            .filter(|n| **n != "judge")
+            .map(|n| build(n, None).unwrap())
+            .collect();
         all.push(Box::new(judge));
         for s in all {
             let id = s.id();
