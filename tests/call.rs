@@ -521,15 +521,47 @@ fn child_evalflow() {
     std::process::exit(code);
 }
 
-#[test]
-fn sigkill_at_any_moment_resends_at_most_the_calls_in_flight() {
+/// Call ids a SIGKILLed session left durable: committed parts plus complete journal lines.
+fn durable_call_ids(rt: &tokio::runtime::Runtime, root: &Path) -> HashSet<String> {
+    let mut ids: HashSet<String> = rt
+        .block_on(calls(root))
+        .into_iter()
+        .map(|r| r.call_id)
+        .collect();
+    let jdir = root.join("_journal").join("calls");
+    for e in std::fs::read_dir(&jdir).into_iter().flatten() {
+        let text = std::fs::read_to_string(e.unwrap().path()).unwrap_or_default();
+        // A torn last line (killed mid-write) was never fsynced as a whole: not durable.
+        for line in text.lines() {
+            match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(v) => {
+                    ids.insert(v["req"]["call_id"].as_str().unwrap().to_string());
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    ids
+}
+
+/// SIGKILLs `evalflow call` six times, then lets it finish, and checks from the mock's own
+/// request log that no call is paid twice: a call durable (committed or journaled) at a
+/// kill is never requested again, each kill re-sends at most the `concurrency` calls in
+/// flight, every (request hash, sample) is requested at most once per session, and the
+/// token totals equal what the server reported for the answers that were kept.
+///
+/// `cache`: with the response cache on, a broken journal recovery would be masked (the
+/// re-run would be served from the cache instead of re-sending), so the cache-off run is
+/// the one that proves the journal.
+fn sigkill_resume(cache: bool) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
     let cfg = MockConfig {
         latency: Duration::from_millis(30),
         request_log: Some(log.clone()),
-        ..mock_cfg(vec![])
+        // Starved answers, so reasoning tokens are part of the totals too.
+        ..mock_cfg(vec![(Fault::EmptyLength, 0.1)])
     };
     let server = rt.block_on(MockServer::start(loopback(), cfg)).unwrap();
     let concurrency = 8;
@@ -541,15 +573,23 @@ fn sigkill_at_any_moment_resends_at_most_the_calls_in_flight() {
         &format!("samples = 3\nconcurrency = {concurrency}"),
     );
     let root = dir.path().join("run");
+    let cache_dir = dir.path().join("cache");
+    let cache_env = if cache {
+        cache_dir.to_str().unwrap()
+    } else {
+        "off"
+    };
     let (p, root_s) = (p.to_str().unwrap(), root.to_str().unwrap());
     let o = bin().args(["generate", p, "--out", root_s]).output();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
     // Kill at several points: early (startup), mid-flight, around a commit (every 2 s).
     let mut marks = vec![0usize];
+    let mut durable = vec![HashSet::new()];
     for ms in [150u64, 450, 900, 2100, 250, 700] {
         let mut child = bin()
             .args(["call", p, "--out", root_s])
+            .env("EVALFLOW_CACHE_DIR", cache_env)
             .command()
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -558,42 +598,69 @@ fn sigkill_at_any_moment_resends_at_most_the_calls_in_flight() {
         std::thread::sleep(Duration::from_millis(ms));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
+        // Requests the killed process wrote just before dying reach the log a moment later.
+        std::thread::sleep(Duration::from_millis(200));
         marks.push(read_log(&log).len());
+        durable.push(durable_call_ids(&rt, &root));
     }
     assert!(
         *marks.last().unwrap() < 1200,
         "every kill interrupted unfinished work: {marks:?}"
     );
-    let o = bin().args(["call", p, "--out", root_s]).output();
+    assert!(
+        durable.last().unwrap().len() > 100,
+        "the killed sessions recorded work: {marks:?}"
+    );
+    let o = bin()
+        .args(["call", p, "--out", root_s])
+        .env("EVALFLOW_CACHE_DIR", cache_env)
+        .output();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let reqs = read_log(&log);
     marks.push(reqs.len());
+    assert_eq!(cache, cache_dir.exists(), "the cache setting took effect");
 
-    // Every call answered; re-sent calls after each kill <= concurrency.
-    let ids: Vec<String> = reqs
-        .iter()
-        .map(|r| r["call_id"].as_str().unwrap().to_string())
-        .collect();
-    let distinct: HashSet<_> = ids.iter().cloned().collect();
-    assert_eq!(distinct.len(), 1200, "400 cases x 3 samples all answered");
+    // Session by session: nothing durable at the start of a session is requested in it,
+    // no call is requested twice in it, and at most `concurrency` calls are re-sent.
+    let key = |r: &serde_json::Value| {
+        (
+            r["request_hash"].as_str().unwrap().to_string(),
+            r["sample_idx"].as_i64().unwrap(),
+        )
+    };
     let mut seen = HashSet::new();
     let mut resent_total = 0;
-    for w in marks.windows(2) {
-        let seg = &ids[w[0]..w[1]];
-        let resent = seg.iter().filter(|id| seen.contains(*id)).count();
+    for (s, w) in marks.windows(2).enumerate() {
+        let seg = &reqs[w[0]..w[1]];
+        let mut in_session = HashSet::new();
+        let mut resent = 0;
+        for r in seg {
+            let id = r["call_id"].as_str().unwrap();
+            assert!(
+                !durable[s].contains(id),
+                "session {s} re-sent call {id}, durable before it started (marks {marks:?})"
+            );
+            assert!(
+                in_session.insert(key(r)),
+                "session {s} sent {:?} twice",
+                key(r)
+            );
+            resent += usize::from(seen.contains(&key(r)));
+        }
         assert!(
             resent <= concurrency,
             "{resent} calls re-sent after one kill (concurrency {concurrency}); marks {marks:?}"
         );
         resent_total += resent;
-        seen.extend(seg.iter().cloned());
+        seen.extend(in_session);
     }
     eprintln!(
-        "requests {} for 1200 calls, re-sent {resent_total}, marks {marks:?}",
-        ids.len()
+        "cache {cache}: requests {} for 1200 calls, re-sent {resent_total}, marks {marks:?}",
+        reqs.len()
     );
 
-    // Exactly one row per (case, model, sample_idx), and exact token totals.
+    // Exactly one row per (case, model, sample_idx), and one per (request hash, sample)
+    // the server saw: nothing committed that was not paid for, nothing paid and lost.
     let rows = rt.block_on(calls(&root));
     assert_eq!(rows.len(), 1200);
     let keys: HashSet<_> = rows
@@ -601,24 +668,218 @@ fn sigkill_at_any_moment_resends_at_most_the_calls_in_flight() {
         .map(|r| (r.case_id.clone(), r.model.clone(), r.sample_idx))
         .collect();
     assert_eq!(keys.len(), 1200, "no duplicate rows");
+    let committed: HashSet<String> = rows.iter().map(|r| r.call_id.clone()).collect();
+    let requested: HashSet<String> = reqs
+        .iter()
+        .map(|r| r["call_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(committed, requested, "every committed call was paid for");
+    assert_eq!(seen.len(), 1200);
+
+    // Token totals against the server: the kept answer of a call is its last request's.
+    let mut last: HashMap<(String, i64), &serde_json::Value> = HashMap::new();
+    for r in &reqs {
+        last.insert(key(r), &r["usage"]);
+    }
+    let server_sum = |f: &str| {
+        last.values()
+            .map(|u| u[f].as_i64().expect("every answer reported usage"))
+            .sum::<i64>()
+    };
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("manifest.json")).unwrap()).unwrap();
     let d = &manifest["stages"]["call"]["details"];
-    let sum = |f: fn(&Row) -> Option<i64>| rows.iter().filter_map(f).sum::<i64>();
-    assert_eq!(
-        d["prompt_tokens"].as_i64().unwrap(),
-        sum(|r| r.prompt_tokens)
-    );
-    assert_eq!(
-        d["completion_tokens"].as_i64().unwrap(),
-        sum(|r| r.completion_tokens)
-    );
-    assert_eq!(
-        d["reasoning_tokens"].as_i64().unwrap(),
-        sum(|r| r.reasoning_tokens)
+    for f in ["prompt_tokens", "completion_tokens", "reasoning_tokens"] {
+        assert_eq!(d[f].as_i64().unwrap(), server_sum(f), "{f}");
+    }
+    assert!(
+        server_sum("reasoning_tokens") > 0,
+        "some answers were starved"
     );
     assert_eq!(manifest["stages"]["call"]["rows"].as_u64().unwrap(), 1200);
     drop(server);
+}
+
+#[test]
+fn sigkill_resume_without_the_cache_pays_no_durable_call_twice() {
+    sigkill_resume(false);
+}
+
+#[test]
+fn sigkill_resume_with_the_cache_pays_no_durable_call_twice() {
+    sigkill_resume(true);
+}
+
+/// `evalflow mock-server ARGS` on a free loopback port: the child and its base URL.
+fn mock_server_cli(args: &[&str]) -> (KillOnDrop, String) {
+    use std::io::BufRead;
+    let mut child = bin()
+        .args(["mock-server", "--addr", "127.0.0.1:0"])
+        .args(args)
+        .command()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The test harness of the child may print its own lines first.
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "mock-server exited before naming its address"
+        );
+        if let Some(a) = line.trim().strip_prefix("listening on ") {
+            break a.to_string();
+        }
+    };
+    (KillOnDrop(child), format!("{addr}/v1"))
+}
+
+/// Kills a child process (by its own handle) when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The request log's lines for one pipeline's requests (by model name), in arrival order:
+/// (seconds, tokens the answer reported, the 429 it got, (request hash, sample)).
+type Arrival = (f64, i64, bool, (String, i64));
+
+fn arrivals(log: &Path, model: &str) -> Vec<Arrival> {
+    let mut v: Vec<Arrival> = read_log(log)
+        .iter()
+        .filter(|r| r["model"] == model)
+        .map(|r| {
+            let u = &r["usage"];
+            let tokens = u["prompt_tokens"].as_i64().unwrap_or(0)
+                + u["completion_tokens"].as_i64().unwrap_or(0);
+            (
+                r["t"].as_f64().unwrap(),
+                tokens,
+                r["fault"] == "rate_limit",
+                (
+                    r["request_hash"].as_str().unwrap().to_string(),
+                    r["sample_idx"].as_i64().unwrap(),
+                ),
+            )
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    v
+}
+
+/// Checks that no window of the arrivals holds more than a per-minute limit allows: at
+/// most `limit` units in any 60 s window and, for shorter windows, at most the limiter's
+/// burst plus its refill over the window (`burst + (limit - burst) * w / 60`, which is
+/// `limit` at w = 60 s). `units` gives each arrival's weight (1 for requests, reported
+/// tokens for tokens). Windows are measured at the server, so `slack` seconds absorb the
+/// jitter between the client's send and the server's receive.
+fn assert_windows(what: &str, a: &[Arrival], units: fn(&Arrival) -> f64, limit: f64, burst: f64) {
+    let slack = 0.25;
+    for (i, first) in a.iter().enumerate() {
+        let mut sum = 0.0;
+        for (j, x) in a.iter().enumerate().skip(i) {
+            sum += units(x);
+            let w = x.0 - first.0;
+            if w < 60.0 {
+                assert!(
+                    sum <= limit,
+                    "{what}: {sum} in {w:.3} s, over {limit} a minute"
+                );
+            }
+            let allowed = burst + (limit - burst) / 60.0 * (w + slack);
+            assert!(
+                sum <= allowed + 1e-9,
+                "{what}: {sum} in {w:.3} s (arrivals {i}..={j}), allowed {allowed:.2}: {a:?}"
+            );
+        }
+    }
+}
+
+/// Every retry after a 429 came at least `retry_after` seconds after it, as the server
+/// measured.
+fn assert_retries_waited(a: &[Arrival], retry_after: f64) -> usize {
+    let mut last: HashMap<&(String, i64), (f64, bool)> = HashMap::new();
+    let mut retries = 0;
+    for (t, _, limited, key) in a {
+        if let Some((t0, true)) = last.get(key) {
+            retries += 1;
+            assert!(
+                t - t0 >= retry_after - 1e-3,
+                "{key:?} retried {:.3} s after a 429 with Retry-After {retry_after}",
+                t - t0
+            );
+        }
+        last.insert(key, (*t, *limited));
+    }
+    retries
+}
+
+/// Rate limits and Retry-After end to end, against the mock server started by the CLI with
+/// `--fault rate_limit=0.25 --retry-after 2`: one run paced by `requests_per_minute`, one
+/// by `tokens_per_minute`, both checked from the timestamps and token counts of the
+/// server's request log.
+#[test]
+fn rate_limits_and_retry_after_hold_at_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let (_server, url) = mock_server_cli(&[
+        "--fault",
+        "rate_limit=0.25",
+        "--retry-after",
+        "2",
+        "--request-log",
+        log.to_str().unwrap(),
+    ]);
+    // (name, rpm, tpm); the burst of each limiter is one second's worth, at least 1.
+    let runs = [("rpm", 120u32, 1_000_000u32), ("tpm", 100_000, 1_800)];
+    let mut handles = Vec::new();
+    for (name, rpm, tpm) in runs {
+        let p = pipeline(
+            dir.path(),
+            name,
+            &url,
+            2,
+            &format!(
+                "requests_per_minute = {rpm}\ntokens_per_minute = {tpm}\nconcurrency = 1\nmax_retries = 8"
+            ),
+        );
+        let text = std::fs::read_to_string(&p)
+            .unwrap()
+            .replace("name = \"mock-model\"", &format!("name = \"{name}\""));
+        std::fs::write(&p, text).unwrap();
+        let root = dir.path().join(name);
+        handles.push(std::thread::spawn(move || {
+            let (p, r) = (p.to_str().unwrap(), root.to_str().unwrap());
+            let started = std::time::Instant::now();
+            for stage in ["generate", "call"] {
+                let o = bin()
+                    .args([stage, p, "--out", r])
+                    .env("EVALFLOW_CACHE_DIR", "off")
+                    .output();
+                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            }
+            started.elapsed()
+        }));
+    }
+    for h in handles {
+        eprintln!("run took {:?}", h.join().unwrap());
+    }
+    let burst = |limit: u32| (f64::from(limit) / 60.0).max(1.0);
+    let a = arrivals(&log, "rpm");
+    assert!(a.len() > 10, "10 calls and their retries: {a:?}");
+    assert_windows("requests", &a, |_| 1.0, 120.0, burst(120));
+    let b = arrivals(&log, "tpm");
+    assert!(b.len() > 10, "{b:?}");
+    assert_windows("tokens", &b, |x| x.1 as f64, 1800.0, burst(1800));
+    let retries = assert_retries_waited(&a, 2.0) + assert_retries_waited(&b, 2.0);
+    assert!(retries >= 2, "the 429s were retried: {a:?} {b:?}");
 }
 
 fn grep_tree(dir: &Path, needle: &str) -> Vec<PathBuf> {

@@ -388,6 +388,42 @@ fn sql_formats_and_errors() {
     assert_eq!(stdout(&o).trim(), r#"[{"n":2}]"#);
 }
 
+/// Rogan-Gladen by hand (DESIGN.md, `rogan_gladen_ci`): the corrected rate of a class with
+/// `pos` scorer positives among `n` rows, given the holdout's confusion counts, and its
+/// delta-method 95% interval clipped to [0, 1].
+fn rogan_gladen_by_hand(pos: f64, n: f64, tp: f64, fn_: f64, tn: f64, fp: f64) -> [f64; 3] {
+    let (se, sp) = (tp / (tp + fn_), tn / (tn + fp));
+    let (p, j) = (pos / n, se + sp - 1.0);
+    let e = ((p + sp - 1.0) / j).clamp(0.0, 1.0);
+    let var = (p * (1.0 - p) / n
+        + e * e * se * (1.0 - se) / (tp + fn_)
+        + (1.0 - e).powi(2) * sp * (1.0 - sp) / (tn + fp))
+        / (j * j);
+    let z = 1.959963984540054;
+    [
+        e,
+        (e - z * var.sqrt()).max(0.0),
+        (e + z * var.sqrt()).min(1.0),
+    ]
+}
+
+/// The cells of one class's row in the printed Rogan-Gladen table (the only place that
+/// reads that table's layout).
+fn prevalence_cells(out: &str, class: &str) -> Vec<String> {
+    let header = out
+        .find("(Rogan-Gladen)")
+        .unwrap_or_else(|| panic!("no Rogan-Gladen table in:\n{out}"));
+    let line = out[header..]
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(class))
+        .unwrap_or_else(|| panic!("no {class} row in:\n{out}"));
+    line.split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(String::from)
+        .collect()
+}
+
 #[test]
 fn run_prints_rogan_gladen_corrected_rates_given_a_holdout() {
     let dir = tempfile::tempdir().unwrap();
@@ -397,7 +433,7 @@ fn run_prints_rogan_gladen_corrected_rates_given_a_holdout() {
         "good.toml",
         &MINIMAL.replace(
             "adj = [\"good\", \"bad\"]",
-            "adj = [\"good\", \"bad\", \"fine\", \"awful\"]",
+            "adj = [\"good\", \"great\", \"nice\", \"fine\", \"bad\", \"awful\", \"terrible\", \"horrible\"]",
         ),
     );
     assert!(
@@ -410,17 +446,35 @@ fn run_prints_rogan_gladen_corrected_rates_given_a_holdout() {
         .status
         .success()
     );
-    // Hand labels: the truth for each sentence, keyed by the deterministic call ids.
+    // VADER reads the first four as positive ("fine": compound 0.2023) and the last four as
+    // negative.
     let v = sql_json(
         &root,
-        "SELECT k.call_id, c.input FROM calls k JOIN cases c USING (case_id) ORDER BY c.input",
+        "SELECT k.call_id, c.input, k.response FROM calls k JOIN cases c USING (case_id) ORDER BY c.input",
     );
+    let v = v.as_array().unwrap();
+    assert_eq!(v.len(), 8);
+    for r in v {
+        let input = r["input"].as_str().unwrap();
+        let positive = ["good", "great", "nice", "fine"]
+            .iter()
+            .any(|w| input == format!("It is {w}."));
+        assert_eq!(
+            r["response"],
+            if positive { "positive" } else { "negative" },
+            "{r}"
+        );
+    }
+    // Hand labels that disagree with the model once: the reader finds "It is fine."
+    // lukewarm, a negative. For `positive`: tp 3, fn 0, tn 4, fp 1 (sens 1, spec 0.8);
+    // for `negative`: tp 4, fn 1, tn 3, fp 0 (sens 0.8, spec 1). The model's raw rate is
+    // 4 / 8 for both; corrected, 37.5% [0.0%, 88.7%] and 62.5% [11.3%, 100.0%].
     let truth = |input: &str| match input {
-        "It is good." | "It is fine." => "positive",
+        "It is good." | "It is great." | "It is nice." => "positive",
         _ => "negative",
     };
     let mut csv = "call_id,label\n".to_string();
-    for r in v.as_array().unwrap() {
+    for r in v {
         csv.push_str(&format!(
             "{},{}\n",
             r["call_id"].as_str().unwrap(),
@@ -443,11 +497,32 @@ fn run_prints_rogan_gladen_corrected_rates_given_a_holdout() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("Rogan-Gladen"), "{out}");
-    // VADER reads "fine" as positive (compound 0.2023), so the labels agree with it on all
-    // four sentences: the corrected rate equals the raw one.
-    let pos = out.lines().find(|l| l.starts_with("positive")).unwrap();
-    assert!(pos.contains("2 / 4") && pos.contains("50.0%"), "{out}");
+    let pct = |x: f64| format!("{:.1}%", x * 100.0);
+    for (class, (tp, fn_, tn, fp), sens_spec) in [
+        ("positive", (3.0, 0.0, 4.0, 1.0), "100% / 80%"),
+        ("negative", (4.0, 1.0, 3.0, 0.0), "80% / 100%"),
+    ] {
+        let [e, lo, hi] = rogan_gladen_by_hand(4.0, 8.0, tp, fn_, tn, fp);
+        assert_ne!(pct(e), "50.0%", "the correction moves the rate");
+        assert_eq!(
+            prevalence_cells(&out, class),
+            [
+                class.to_string(),
+                "4 / 8".into(),
+                "50.0%".into(),
+                pct(e),
+                format!("[{}, {}]", pct(lo), pct(hi)),
+                sens_spec.into(),
+            ],
+            "{out}"
+        );
+    }
+    // The hand computation, spelled out for `positive`: e = (0.5 + 0.8 - 1) / 0.8 = 0.375,
+    // var = (0.25 / 8 + 0.625^2 * 0.8 * 0.2 / 5) / 0.8^2 = 0.068359375.
+    let [e, lo, hi] = rogan_gladen_by_hand(4.0, 8.0, 3.0, 0.0, 4.0, 1.0);
+    assert!((e - 0.375).abs() < 1e-12);
+    assert!((hi - (0.375 + 1.959963984540054 * 0.068359375f64.sqrt())).abs() < 1e-12);
+    assert_eq!(lo, 0.0);
 }
 
 /// Kills a child process when dropped.

@@ -178,6 +178,20 @@ fn done_means(grid: Grid) {
     eprintln!("{}", apply::render(&e));
 }
 
+/// `evalflow ARGS`, asserting success: stdout only.
+fn evalflow_stdout(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_evalflow"))
+        .args(args)
+        .output()
+        .expect("run evalflow");
+    assert!(
+        out.status.success(),
+        "evalflow {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
 fn evalflow(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_evalflow"))
         .args(args)
@@ -236,6 +250,8 @@ fn cli_synth_train_predict_explain_eval() {
         &d("pred.parquet"),
         "--top",
         "2",
+        "--labels",
+        &d("data/labels.csv"),
     ]);
     let rows = evalflow(&[
         "sql",
@@ -270,7 +286,7 @@ fn cli_synth_train_predict_explain_eval() {
     let svg = std::fs::read_to_string(d("charts/u0007.svg")).unwrap();
     assert!(svg.contains("E[f(X)]") && svg.contains("other questions"));
 
-    let out = evalflow(&[
+    let out = evalflow_stdout(&[
         "judge",
         "eval",
         "--model",
@@ -280,11 +296,41 @@ fn cli_synth_train_predict_explain_eval() {
         "--labels",
         &d("data/labels.csv"),
         "--held-out-judge",
+        "--json",
     ]);
-    assert!(
-        out.contains("held out") && out.contains("self-consistency"),
-        "{out}"
-    );
+    let got: serde_json::Value = serde_json::from_str(&out).expect("eval --json prints JSON");
+    let want = eval_by_hand(&d("pred.parquet"), &d("data/labels.csv"));
+    assert_eval_matches(&got, &want);
+    // Held out: one row per judge, each judge's own cell empty, the others agreements.
+    let held = got["agreement_held_out"].as_array().unwrap();
+    assert_eq!(held.len(), 4);
+    for (i, row) in held.iter().enumerate() {
+        for (j, c) in row.as_array().unwrap().iter().enumerate() {
+            match i == j {
+                true => assert!(c.is_null(), "{row:?}"),
+                false => assert!((0.0..=1.0).contains(&c.as_f64().unwrap()), "{row:?}"),
+            }
+        }
+    }
+    // The text form prints the same numbers.
+    let out = evalflow(&[
+        "judge",
+        "eval",
+        "--model",
+        &d("model"),
+        "--scores",
+        &scores,
+        "--labels",
+        &d("data/labels.csv"),
+    ]);
+    for needle in [
+        format!("{:.4}", want.rmse_baseline),
+        format!("{:.4}", want.rmse_gbdt),
+        format!("empirical coverage {:.3}", want.coverage),
+        format!("mean width {:.3}", want.mean_width),
+    ] {
+        assert!(out.contains(&needle), "{needle} not in\n{out}");
+    }
 
     // A missing unit is bad input (exit code 2) naming the unit.
     let bad = Command::new(env!("CARGO_BIN_EXE_evalflow"))
@@ -302,6 +348,158 @@ fn cli_synth_train_predict_explain_eval() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unit `nope`"));
+}
+
+/// `judge eval`'s figures recomputed from the prediction table (`judge predict --labels`)
+/// with the paper's definitions, independently of `judge::apply` and `judge::metrics`.
+#[derive(Debug)]
+struct EvalByHand {
+    test_units: usize,
+    test_rows: usize,
+    rmse_baseline: f64,
+    rmse_gbdt: f64,
+    coverage: f64,
+    mean_width: f64,
+    judges: Vec<String>,
+    agreement_baseline: Vec<Vec<Option<f64>>>,
+    agreement_gbdt: Vec<Vec<Option<f64>>>,
+}
+
+fn eval_by_hand(predictions: &str, labels_csv: &str) -> EvalByHand {
+    use std::collections::{BTreeMap, BTreeSet};
+    let rows = evalflow_stdout(&[
+        "sql",
+        "SELECT unit, judge, split, prediction, lo, hi, fraction_yes, label FROM p",
+        "--table",
+        &format!("p={predictions}"),
+        "--format",
+        "json",
+    ]);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(rows.trim()).unwrap();
+    // The label range is the range of every label in the file.
+    let labels: Vec<f64> = std::fs::read_to_string(labels_csv)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(1).unwrap().parse().unwrap())
+        .collect();
+    let (r0, r1) = (
+        labels.iter().copied().fold(f64::INFINITY, f64::min),
+        labels.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    );
+    let test: Vec<&serde_json::Value> = rows.iter().filter(|r| r["split"] == "test").collect();
+    let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap();
+    let labelled: Vec<&&serde_json::Value> = test.iter().filter(|r| r["label"].is_f64()).collect();
+    let n = labelled.len() as f64;
+    let rmse = |pred: &dyn Fn(&serde_json::Value) -> f64| {
+        (labelled
+            .iter()
+            .map(|r| (pred(r) - f(r, "label")).powi(2))
+            .sum::<f64>()
+            / n)
+            .sqrt()
+    };
+    let baseline = |r: &serde_json::Value| r0 + f(r, "fraction_yes") * (r1 - r0);
+    let to_unit = |r: &serde_json::Value| ((f(r, "prediction") - r0) / (r1 - r0)).clamp(0.0, 1.0);
+    let fy = |r: &serde_json::Value| f(r, "fraction_yes");
+    let judges: Vec<String> = test
+        .iter()
+        .map(|r| r["judge"].as_str().unwrap().to_string())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    // unit -> judge -> scores in [0, 1]
+    let table = |score: &dyn Fn(&serde_json::Value) -> f64| {
+        let mut by: BTreeMap<&str, BTreeMap<&str, Vec<f64>>> = BTreeMap::new();
+        for r in &test {
+            by.entry(r["unit"].as_str().unwrap())
+                .or_default()
+                .entry(r["judge"].as_str().unwrap())
+                .or_default()
+                .push(score(r));
+        }
+        let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        judges
+            .iter()
+            .map(|a| {
+                judges
+                    .iter()
+                    .map(|b| {
+                        let per_unit = by.values().filter_map(|m| {
+                            let (x, y) = (m.get(a.as_str())?, m.get(b.as_str())?);
+                            let mut diffs = Vec::new();
+                            for (i, p) in x.iter().enumerate() {
+                                for (j, q) in y.iter().enumerate() {
+                                    // Self-consistency: each unordered pair of trials once.
+                                    if a != b || i < j {
+                                        diffs.push((p - q).abs());
+                                    }
+                                }
+                            }
+                            mean(diffs).map(|d| 1.0 - d)
+                        });
+                        mean(per_unit.collect())
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    EvalByHand {
+        test_units: test
+            .iter()
+            .map(|r| r["unit"].as_str().unwrap())
+            .collect::<BTreeSet<_>>()
+            .len(),
+        test_rows: labelled.len(),
+        rmse_baseline: rmse(&baseline),
+        rmse_gbdt: rmse(&|r| f(r, "prediction")),
+        coverage: labelled
+            .iter()
+            .filter(|r| f(r, "lo") <= f(r, "label") && f(r, "label") <= f(r, "hi"))
+            .count() as f64
+            / n,
+        mean_width: test.iter().map(|r| f(r, "hi") - f(r, "lo")).sum::<f64>() / test.len() as f64,
+        agreement_baseline: table(&fy),
+        agreement_gbdt: table(&to_unit),
+        judges,
+    }
+}
+
+fn assert_eval_matches(got: &serde_json::Value, want: &EvalByHand) {
+    let close = |k: &str, w: f64| {
+        let g = got[k].as_f64().unwrap();
+        assert!((g - w).abs() < 1e-9, "{k}: eval {g}, by hand {w}");
+    };
+    assert_eq!(got["test_units"], want.test_units);
+    assert_eq!(got["test_rows"], want.test_rows);
+    assert!(want.test_rows > 0);
+    close("rmse_baseline", want.rmse_baseline);
+    close("rmse_gbdt", want.rmse_gbdt);
+    close("coverage", want.coverage);
+    close("mean_width", want.mean_width);
+    assert_eq!(got["judges"], serde_json::json!(want.judges));
+    for (key, t) in [
+        ("agreement_baseline", &want.agreement_baseline),
+        ("agreement_gbdt", &want.agreement_gbdt),
+    ] {
+        for (i, row) in t.iter().enumerate() {
+            for (j, w) in row.iter().enumerate() {
+                let g = got[key][i][j].as_f64();
+                let ok = match (g, w) {
+                    (Some(g), Some(w)) => (g - w).abs() < 1e-9,
+                    (None, None) => true,
+                    _ => false,
+                };
+                assert!(ok, "{key}[{i}][{j}]: eval {g:?}, by hand {w:?}");
+            }
+        }
+        // The self-consistency columns are the diagonals.
+        let sc = key.replace("agreement", "self_consistency");
+        for (i, row) in t.iter().enumerate() {
+            let (g, w) = (got[&sc][i].as_f64().unwrap(), row[i].unwrap());
+            assert!((g - w).abs() < 1e-9, "{sc}[{i}]: eval {g}, by hand {w}");
+        }
+    }
 }
 
 #[test]
@@ -413,4 +611,132 @@ fn reads_answers_from_a_run_root() {
     let ds = rt.block_on(data::read_scores(&root, None, &cols)).unwrap();
     assert_eq!(ds.judges(), vec!["1".to_string()]);
     assert!(ds.obs[0].unit.contains('/'));
+}
+
+/// `judge train` with its default grid (`paper`, 576 points x 3 folds) on a small synthetic
+/// set, so the default is exercised in every test run; the full-size check with the paper
+/// grid is `synthetic_done_means_with_the_paper_grid`. The small grid is a subset of the
+/// paper grid, so on the same folds the default's best cross-validated RMSE is at most the
+/// small grid's.
+#[test]
+fn cli_train_with_the_default_paper_grid() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |p: &str| dir.path().join(p).display().to_string();
+    evalflow(&[
+        "judge",
+        "synth",
+        "--out",
+        &d("data"),
+        "--units",
+        "60",
+        "--judges",
+        "2",
+        "--trials",
+        "2",
+        "--questions",
+        "6",
+    ]);
+    let train = |out: &str, grid: Option<&str>| {
+        let mut args = vec![
+            "judge".to_string(),
+            "train".into(),
+            "--scores".into(),
+            d("data/scores"),
+            "--labels".into(),
+            d("data/labels.csv"),
+            "--out".into(),
+            d(out),
+        ];
+        if let Some(g) = grid {
+            args.extend(["--grid".into(), g.into()]);
+        }
+        let started = std::time::Instant::now();
+        let text = evalflow(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        eprintln!("{out}: trained in {:.1} s", started.elapsed().as_secs_f64());
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(d(&format!("{out}/meta.json"))).unwrap())
+                .unwrap();
+        (text, meta)
+    };
+    let (text, paper) = train("default", None);
+    assert!(text.contains("576-point grid x 3 folds"), "{text}");
+    let grid: Grid = serde_json::from_value(paper["grid"].clone()).unwrap();
+    assert_eq!(grid, Grid::paper(), "the default grid is the paper's");
+    let best: Params = serde_json::from_value(paper["params"].clone()).unwrap();
+    let g = Grid::paper();
+    assert!(
+        g.n_estimators.contains(&best.n_estimators)
+            && g.learning_rate.contains(&best.learning_rate)
+            && g.max_depth.contains(&best.max_depth)
+            && g.min_child_samples.contains(&best.min_child_samples)
+            && g.reg_lambda.contains(&best.reg_lambda),
+        "{best:?}"
+    );
+    let (_, small) = train("small", Some("small"));
+    let rmse = |m: &serde_json::Value| m["cv_top"][0]["rmse"].as_f64().unwrap();
+    assert!(
+        rmse(&paper) <= rmse(&small) + 1e-12,
+        "paper {} vs small {}",
+        rmse(&paper),
+        rmse(&small)
+    );
+    assert_eq!(paper["splits"], small["splits"], "same seed, same split");
+}
+
+/// `judge labels` through the CLI: one label per unit, the mean of the experts' scores on
+/// the axis, readable by `judge train`'s label loader; an unknown axis exits 2.
+#[test]
+fn cli_labels_from_a_summeval_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/judge/summeval_sample.jsonl");
+    let out = dir.path().join("labels.csv");
+    let text = evalflow(&[
+        "judge",
+        "labels",
+        "--summeval",
+        fixture.to_str().unwrap(),
+        "--axis",
+        "coherence",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(text.contains("labels: 3 units (coherence)"), "{text}");
+    let csv = std::fs::read_to_string(&out).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("unit,label"));
+    let got: std::collections::BTreeMap<String, f64> = lines
+        .map(|l| {
+            let (u, v) = l.rsplit_once(',').unwrap();
+            (u.to_string(), v.parse().unwrap())
+        })
+        .collect();
+    // The fixture's expert coherence scores: (2, 3, 2), (4, 5, 4) and (5); the third line
+    // has no id, so its unit is a hash of document and summary.
+    let id = "dm-test-8764fb95bfad8ee849274873a92fb8d6b400eee2";
+    assert_eq!(got.len(), 3, "{csv}");
+    assert_eq!(got[&format!("{id}/M11")], 7.0 / 3.0);
+    assert_eq!(got[&format!("{id}/M13")], 13.0 / 3.0);
+    let hashed: Vec<_> = got.iter().filter(|(u, _)| !u.starts_with(id)).collect();
+    assert_eq!(hashed.len(), 1);
+    assert_eq!(*hashed[0].1, 5.0);
+    assert_eq!(hashed[0].0.len(), 16, "8 bytes of hash, in hex");
+    // The file reads back as regression labels with the same values.
+    let l = data::read_labels(&out).unwrap();
+    assert_eq!(l.kind, LabelKind::Regression);
+    assert_eq!(l.values, got);
+
+    let bad = Command::new(env!("CARGO_BIN_EXE_evalflow"))
+        .args(["judge", "labels", "--summeval"])
+        .arg(&fixture)
+        .args(["--axis", "style", "--out"])
+        .arg(dir.path().join("x.csv"))
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("unknown SummEval axis `style`"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
 }

@@ -24,7 +24,8 @@ pub struct MockServerArgs {
     /// Seed of the fault draws: the same seed and requests give the same faults.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Append one JSON line per request received (with its request hash) to this file.
+    /// Append one JSON line per request received to this file: its request hash, arrival
+    /// time (`t`, Unix seconds), fault and the token `usage` its answer reports.
     #[arg(long)]
     pub request_log: Option<PathBuf>,
     /// How to answer: `echo` the last user message, its `vader` sentiment label, or as a

@@ -11,8 +11,12 @@
 //!   The request hash is the client's `x-evalflow-request-hash` header, or a hash of the
 //!   body when absent (any other client).
 //! - The request log gets one JSON line per request received, written before the answer
-//!   is sent: `{"seq","path","request_hash","sample_idx","call_id","attempt","fault","model"}`
-//!   (`call_id` from the `x-evalflow-call-id` header, null for other clients).
+//!   is sent: `{"seq","t","path","request_hash","sample_idx","call_id","attempt","fault",
+//!   "model","usage"}` (`t`: seconds since the Unix epoch when the request was received;
+//!   `call_id` from the `x-evalflow-call-id` header, null for other clients; `usage`: the
+//!   `prompt_tokens` / `completion_tokens` / `reasoning_tokens` the answer reports, null
+//!   for a fault answered without usage, `reasoning_tokens` null on the Anthropic API), so
+//!   a test can check a client's pacing and token totals against what the server saw.
 //! - `reset` answers by resetting the TCP connection (SO_LINGER 0), `hang` never answers.
 
 use std::collections::HashMap;
@@ -336,6 +340,25 @@ struct Incoming {
     /// A second uniform draw, for choices inside a fault (500 vs 503).
     u2: f64,
     body: Value,
+    /// The answer text when no fault replaces it.
+    answer: String,
+    max_tokens: i64,
+    prompt_tokens: i64,
+}
+
+impl Incoming {
+    /// `(prompt, completion, reasoning)` tokens the answer reports; `None` for a fault
+    /// answered without usage.
+    fn usage(&self) -> Option<(i64, i64, i64)> {
+        match self.fault {
+            None => Some((self.prompt_tokens, approx_tokens(&self.answer), 0)),
+            Some(Fault::EmptyLength) => {
+                Some((self.prompt_tokens, self.max_tokens, self.max_tokens))
+            }
+            Some(Fault::Truncated) => Some((self.prompt_tokens, self.max_tokens, 0)),
+            Some(_) => None,
+        }
+    }
 }
 
 impl MockState {
@@ -346,6 +369,9 @@ impl MockState {
         raw: &[u8],
     ) -> Result<Incoming, Box<Response>> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
         let body: Value = match serde_json::from_slice(raw) {
             Ok(v) => v,
             Err(e) => {
@@ -386,29 +412,46 @@ impl MockState {
                 break;
             }
         }
-        if let Some(log) = &self.log {
-            let line = json!({
-                "seq": seq,
-                "path": path,
-                "request_hash": hash,
-                "sample_idx": sample,
-                "call_id": headers.get(CALL_ID_HEADER).and_then(|v| v.to_str().ok()),
-                "attempt": attempt,
-                "fault": fault.map(Fault::name),
-                "model": body.get("model"),
-            });
-            let mut w = log.lock().unwrap();
-            let _ = writeln!(w, "{line}");
-            let _ = w.flush();
-        }
-        Ok(Incoming {
+        let (last_user, all) = prompt_of(&body);
+        let max_tokens = body
+            .get("max_tokens")
+            .or_else(|| body.get("max_completion_tokens"))
+            .and_then(Value::as_i64)
+            .unwrap_or(512);
+        let mut inc = Incoming {
             hash,
             sample,
             attempt,
             fault,
             u2,
             body,
-        })
+            answer: String::new(),
+            max_tokens,
+            prompt_tokens: approx_tokens(&all),
+        };
+        inc.answer = self.answer(&inc, &last_user);
+        if let Some(log) = &self.log {
+            let line = json!({
+                "seq": seq,
+                "t": t,
+                "path": path,
+                "request_hash": inc.hash,
+                "sample_idx": inc.sample,
+                "call_id": headers.get(CALL_ID_HEADER).and_then(|v| v.to_str().ok()),
+                "attempt": inc.attempt,
+                "fault": inc.fault.map(Fault::name),
+                "model": inc.body.get("model"),
+                "usage": inc.usage().map(|(p, c, r)| json!({
+                    "prompt_tokens": p,
+                    "completion_tokens": c,
+                    "reasoning_tokens": (path != "/v1/messages").then_some(r),
+                })),
+            });
+            let mut w = log.lock().unwrap();
+            let _ = writeln!(w, "{line}");
+            let _ = w.flush();
+        }
+        Ok(inc)
     }
 
     /// The answer text for a request, and the last user message it came from.
@@ -559,39 +602,27 @@ async fn openai(
     if let Some(r) = common_fault(&st, &inc, &conn).await {
         return r;
     }
-    let (last, all) = prompt_of(&inc.body);
-    let max_tokens = inc
-        .body
-        .get("max_tokens")
-        .or_else(|| inc.body.get("max_completion_tokens"))
-        .and_then(Value::as_i64)
-        .unwrap_or(512);
-    let answer = st.answer(&inc, &last);
-    let (content, finish, completion, reasoning, reasoning_text) = match inc.fault {
+    let (prompt_tokens, completion, reasoning) = inc.usage().unwrap_or_default();
+    let answer = &inc.answer;
+    let (content, finish, reasoning_text) = match inc.fault {
         Some(Fault::EmptyLength) => (
             String::new(),
             "length",
-            max_tokens,
-            max_tokens,
-            Some("thinking ".repeat((max_tokens as usize).min(4096) / 9 + 1)),
+            Some("thinking ".repeat((inc.max_tokens as usize).min(4096) / 9 + 1)),
         ),
         Some(Fault::Truncated) => {
             let half: String = answer
                 .chars()
                 .take(answer.chars().count().div_ceil(2))
                 .collect();
-            (half, "length", max_tokens, 0, None)
+            (half, "length", None)
         }
-        _ => {
-            let c = approx_tokens(&answer);
-            (answer, "stop", c, 0, None)
-        }
+        _ => (answer.clone(), "stop", None),
     };
     let mut message = json!({"role": "assistant", "content": content});
     if let Some(r) = reasoning_text {
         message["reasoning_content"] = json!(r);
     }
-    let prompt_tokens = approx_tokens(&all);
     axum::Json(json!({
         "id": format!("chatcmpl-mock-{}-{}-{}", &inc.hash[..inc.hash.len().min(12)], inc.sample, inc.attempt),
         "object": "chat.completion",
@@ -623,34 +654,21 @@ async fn anthropic(
     if let Some(r) = common_fault(&st, &inc, &conn).await {
         return r;
     }
-    let (last, all) = prompt_of(&inc.body);
-    let max_tokens = inc
-        .body
-        .get("max_tokens")
-        .and_then(Value::as_i64)
-        .unwrap_or(512);
-    let answer = st.answer(&inc, &last);
-    let (content, stop, output) = match inc.fault {
+    let (input, output, _) = inc.usage().unwrap_or_default();
+    let answer = &inc.answer;
+    let (content, stop) = match inc.fault {
         Some(Fault::EmptyLength) => (
-            json!([{"type": "thinking", "thinking": "thinking ".repeat((max_tokens as usize).min(4096) / 9 + 1)}]),
+            json!([{"type": "thinking", "thinking": "thinking ".repeat((inc.max_tokens as usize).min(4096) / 9 + 1)}]),
             "max_tokens",
-            max_tokens,
         ),
         Some(Fault::Truncated) => {
             let half: String = answer
                 .chars()
                 .take(answer.chars().count().div_ceil(2))
                 .collect();
-            (
-                json!([{"type": "text", "text": half}]),
-                "max_tokens",
-                max_tokens,
-            )
+            (json!([{"type": "text", "text": half}]), "max_tokens")
         }
-        _ => {
-            let c = approx_tokens(&answer);
-            (json!([{"type": "text", "text": answer}]), "end_turn", c)
-        }
+        _ => (json!([{"type": "text", "text": answer}]), "end_turn"),
     };
     axum::Json(json!({
         "id": format!("msg_mock_{}_{}_{}", &inc.hash[..inc.hash.len().min(12)], inc.sample, inc.attempt),
@@ -660,7 +678,7 @@ async fn anthropic(
         "content": content,
         "stop_reason": stop,
         "stop_sequence": null,
-        "usage": {"input_tokens": approx_tokens(&all), "output_tokens": output}
+        "usage": {"input_tokens": input, "output_tokens": output}
     }))
     .into_response()
 }

@@ -12,8 +12,14 @@ use rand::Rng;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-/// A token bucket refilled continuously at `per_minute / 60` units per second, holding
-/// at most one minute's worth.
+/// A token bucket that keeps every 60 s window within a per-minute limit: it holds a burst
+/// of one second's worth (`max(1, limit / 60)` units) and refills at
+/// `(limit - burst) / 60` units per second, so a window of `w` seconds admits at most
+/// `burst + (limit - burst) * w / 60` units, which is the limit at one minute.
+///
+/// A bucket as deep as the whole minute (the obvious choice) admits a full minute's burst
+/// at once *and* a minute's refill after it: twice the limit in the first minute, and a
+/// burst providers that enforce their limits over shorter periods refuse with 429s.
 #[derive(Debug)]
 pub struct Bucket {
     capacity: f64,
@@ -22,32 +28,42 @@ pub struct Bucket {
 }
 
 impl Bucket {
-    /// A full bucket allowing `per_minute` units per minute.
+    /// A full bucket allowing `per_minute` units in any minute.
     pub fn per_minute(per_minute: u32) -> Self {
-        let capacity = per_minute.max(1) as f64;
+        let limit = f64::from(per_minute.max(1));
+        let capacity = (limit / 60.0).max(1.0);
+        // A limit of 1 a minute has no room for a burst beside its refill; the half-open
+        // minute after a take still admits only one more.
+        let refill = if limit > capacity {
+            limit - capacity
+        } else {
+            limit
+        };
         Self {
             capacity,
-            rate_per_sec: capacity / 60.0,
+            rate_per_sec: refill / 60.0,
             state: Mutex::new((capacity, Instant::now())),
         }
     }
 
     /// Waits until `units` are available and takes them. A request larger than the whole
-    /// bucket waits for a full bucket and then takes it all (it could never run otherwise).
+    /// bucket waits for a full bucket and then takes all its units, leaving the level
+    /// negative, so later requests wait for what it used beyond the bucket.
     pub async fn take(&self, units: f64) {
-        let units = units.min(self.capacity).max(0.0);
+        let units = units.max(0.0);
+        let need = units.min(self.capacity);
         loop {
             let wait = {
                 let mut s = self.state.lock().await;
                 let now = Instant::now();
                 let level = (s.0 + now.duration_since(s.1).as_secs_f64() * self.rate_per_sec)
                     .min(self.capacity);
-                if level >= units {
+                if level >= need {
                     *s = (level - units, now);
                     return;
                 }
                 *s = (level, now);
-                Duration::from_secs_f64((units - level) / self.rate_per_sec)
+                Duration::from_secs_f64((need - level) / self.rate_per_sec)
             };
             tokio::time::sleep(wait).await;
         }
@@ -133,11 +149,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn bucket_paces_after_the_burst() {
-        // 600 per minute: a burst of 600, then one every 100 ms.
+    async fn bucket_paces_after_a_one_second_burst() {
+        // 600 per minute: a burst of 10, then 590 a minute (one every ~102 ms).
         let b = Bucket::per_minute(600);
         let t0 = Instant::now();
-        for _ in 0..600 {
+        for _ in 0..10 {
             b.take(1.0).await;
         }
         assert!(
@@ -147,8 +163,28 @@ mod tests {
         b.take(2.0).await;
         let e = t0.elapsed();
         assert!(
-            e >= Duration::from_millis(180) && e < Duration::from_millis(400),
+            e >= Duration::from_millis(195) && e < Duration::from_millis(400),
             "{e:?}"
         );
+        // A take larger than the bucket runs once the bucket is full and leaves a debt.
+        let b = Bucket::per_minute(600);
+        b.take(25.0).await;
+        let t0 = Instant::now();
+        b.take(1.0).await;
+        let e = t0.elapsed();
+        assert!(e >= Duration::from_millis(1500), "{e:?}");
+    }
+
+    #[test]
+    fn every_minute_holds_at_most_the_limit() {
+        for limit in [1u32, 2, 30, 59, 60, 61, 600, 100_000] {
+            let b = Bucket::per_minute(limit);
+            // A minute's admissions from a full bucket: the burst plus 60 s of refill. At
+            // 1 a minute that is 2 over a closed minute, 1 over any half-open one.
+            let admitted = b.capacity + b.rate_per_sec * 60.0;
+            let bound = if limit == 1 { 2.0 } else { f64::from(limit) };
+            assert!((admitted - bound).abs() < 1e-9, "{limit}: {admitted}");
+            assert!(b.capacity >= 1.0 && b.rate_per_sec > 0.0, "{limit}");
+        }
     }
 }

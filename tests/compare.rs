@@ -1,0 +1,266 @@
+//! `evalflow compare` on runs whose true paired difference is known: B better, B worse, and
+//! B within the minimum detectable effect of A. The runs are built directly (cases and calls
+//! written through the library's table builders, then validated and scored by the checklist
+//! scorer), so every case's score in each run is chosen by the test, and the expected
+//! difference, Miller-clustered interval and verdict are computed here by hand.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::process::{Command, Output};
+
+use evalflow::stages::call::{self, CallRequest, CallResult, CallRow};
+use evalflow::stages::generate::{self, Case};
+use evalflow::storage::{Manifest, RunStore};
+
+fn bin(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_evalflow"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+const PIPELINE: &str = r#"
+[model]
+provider = "builtin:vader"
+name = "recorded"
+[suite]
+name = "paired"
+"#;
+
+/// Cases in the suite, and the templates they are spread over (case i has template i % 8).
+const N: usize = 40;
+const TEMPLATES: usize = 8;
+
+/// Writes a run root of `N` MFT cases expecting `positive`; case i's answer passes when
+/// `pass[i]`, so its checklist score is 1 or 0.
+async fn build_run(root: &Path, pass: &[bool]) {
+    assert_eq!(pass.len(), N);
+    let store = RunStore::open(root.to_str().unwrap()).unwrap();
+    let p = evalflow::pipeline::Pipeline::parse(PIPELINE, Path::new("paired.toml")).unwrap();
+    let mut cases = Vec::new();
+    let mut rows = Vec::new();
+    for (i, &ok) in pass.iter().enumerate() {
+        cases.push(Case {
+            case_id: format!("case{i:02}"),
+            suite: "paired".into(),
+            test: "label".into(),
+            capability: "Vocabulary".into(),
+            test_type: "MFT".into(),
+            template_id: format!("t{}", i % TEMPLATES),
+            group_id: format!("case{i:02}"),
+            role: "single".into(),
+            input: format!("Sentence number {i} is good."),
+            expected: Some("positive".into()),
+            expectation: None,
+            tolerance: None,
+            perturbation: None,
+        });
+        rows.push(CallRow {
+            req: CallRequest {
+                call_id: format!("call{i:02}"),
+                case_id: format!("case{i:02}"),
+                input: String::new(),
+                prompt: String::new(),
+                system: None,
+                sample_idx: 0,
+                max_tokens: None,
+                temperature: None,
+                request_hash: format!("req{i:02}"),
+            },
+            res: CallResult {
+                response: Some(if ok { "positive" } else { "negative" }.into()),
+                finish_reason: Some("stop".into()),
+                attempts: 1,
+                ..Default::default()
+            },
+            latency_ms: 1.0,
+            started_at_us: 1_700_000_000_000_000,
+        });
+    }
+    let mut w = store.part_writer("cases", evalflow::schema::Table::Cases.schema(), "part");
+    w.write(generate::to_batch(&cases)).await.unwrap();
+    w.finish().await.unwrap();
+    let mut w = store.part_writer("calls", evalflow::schema::Table::Calls.schema(), "part");
+    w.write(call::to_batch(&p.model, &rows)).await.unwrap();
+    w.finish().await.unwrap();
+    let mut m = Manifest {
+        run_id: root.file_name().unwrap().to_string_lossy().to_string(),
+        evalflow_version: "test".into(),
+        pipeline_path: "paired.toml".into(),
+        pipeline_hash: p.hash(),
+        pipeline: serde_json::to_value(&p).unwrap(),
+        created_at: "2026-11-30T00:00:00Z".into(),
+        finished_at: None,
+        stages: BTreeMap::new(),
+        row_counts: BTreeMap::new(),
+        scorer_versions: vec![],
+        validator_version: None,
+    };
+    m.complete("generate", "cases", N as u64, BTreeMap::new());
+    m.complete("call", "calls", N as u64, BTreeMap::new());
+    m.save(&store).await.unwrap();
+    evalflow::stages::validate::run(&store, &["en".into()])
+        .await
+        .unwrap();
+    let scorer = evalflow::stages::score::build("checklist", None).unwrap();
+    evalflow::stages::score::run(&store, scorer.as_ref())
+        .await
+        .unwrap();
+    m.scorer_versions.push("checklist@1".into());
+    m.save(&store).await.unwrap();
+}
+
+/// The paired difference of B - A by hand: (mean, Miller's clustered SE, lo, hi, MDE).
+///
+/// se^2 = var_samp(d) / n + (1 / n^2) * sum over templates of sum over i != j in the
+/// template of (d_i - mean)(d_j - mean) (DESIGN.md, `clustered_se`); the interval is
+/// mean -+ z_0.975 * se; MDE = (z_0.975 + z_0.8) * se (`mde(n, se^2 n)`).
+fn by_hand(a: &[bool], b: &[bool]) -> (f64, f64, f64, f64, f64) {
+    let d: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .map(|(&a, &b)| f64::from(u8::from(b)) - f64::from(u8::from(a)))
+        .collect();
+    let n = d.len() as f64;
+    let mean = d.iter().sum::<f64>() / n;
+    let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    let mut cross = 0.0;
+    for g in 0..TEMPLATES {
+        let e: Vec<f64> = (0..N)
+            .filter(|i| i % TEMPLATES == g)
+            .map(|i| d[i] - mean)
+            .collect();
+        for (i, x) in e.iter().enumerate() {
+            for (j, y) in e.iter().enumerate() {
+                if i != j {
+                    cross += x * y;
+                }
+            }
+        }
+    }
+    let se = (var / n + cross / (n * n)).sqrt();
+    let (z, z_power) = (1.959963984540054, 0.8416212335729143);
+    (mean, se, mean - z * se, mean + z * se, (z + z_power) * se)
+}
+
+/// The `overall` row of `compare`'s output, column name -> cell, and its verdict line.
+/// Every reading of compare's text output is here, so a change of layout is one edit.
+fn overall(out: &str) -> (HashMap<String, String>, String) {
+    let cells = |l: &str| -> Vec<String> {
+        l.trim()
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    let header = out
+        .lines()
+        .find(|l| l.contains("| scope"))
+        .unwrap_or_else(|| panic!("no table header in:\n{out}"));
+    let row = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("| overall"))
+        .unwrap_or_else(|| panic!("no overall row in:\n{out}"));
+    let map = cells(header).into_iter().zip(cells(row)).collect();
+    let verdict = out
+        .lines()
+        .find_map(|l| l.strip_prefix("overall: "))
+        .unwrap_or_else(|| panic!("no verdict line in:\n{out}"))
+        .to_string();
+    (map, verdict)
+}
+
+fn num(row: &HashMap<String, String>, col: &str) -> f64 {
+    row.get(col)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("column {col} is not a number: {row:?}"))
+}
+
+/// Runs `compare A B` with and without `--require-improvement`, checks the overall
+/// difference, interval and MDE against `by_hand`, and returns the verdict and the gate's
+/// exit code.
+fn compare(a: &Path, b: &Path, pa: &[bool], pb: &[bool]) -> (String, Option<i32>) {
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let o = bin(&["compare", a, b]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let (row, verdict) = overall(&String::from_utf8_lossy(&o.stdout));
+    let (mean, se, lo, hi, mde) = by_hand(pa, pb);
+    let close = |col: &str, want: f64| {
+        let got = num(&row, col);
+        assert!(
+            (got - want).abs() < 1e-9,
+            "{col}: compare says {got}, by hand {want}; {row:?}"
+        );
+    };
+    assert_eq!(num(&row, "n_cases"), N as f64, "{row:?}");
+    close("diff_b_minus_a", mean);
+    close("se_clustered", se);
+    close("lo95", lo);
+    close("hi95", hi);
+    close("mde", mde);
+    let gate = bin(&["compare", a, b, "--require-improvement"]);
+    (verdict, gate.status.code())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_verdicts_and_gate_on_known_differences() {
+    let dir = tempfile::tempdir().unwrap();
+    // A passes every fourth case (10 of 40).
+    let pa: Vec<bool> = (0..N).map(|i| i % 4 == 0).collect();
+    // B passes all but every tenth-from-nine case: d = +1 on 26 cases, 0 elsewhere.
+    let pb: Vec<bool> = (0..N).map(|i| i % 10 != 9).collect();
+    // C differs from A on three cases in three templates: +1, +1, -1 (mean d = 1/40).
+    let pc: Vec<bool> = (0..N)
+        .map(|i| match i {
+            1 | 6 => true,
+            8 => false,
+            _ => pa[i],
+        })
+        .collect();
+    let (a, b, c) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("c"),
+    );
+    build_run(&a, &pa).await;
+    build_run(&b, &pb).await;
+    build_run(&c, &pc).await;
+
+    let (mean, _, lo, _, _) = by_hand(&pa, &pb);
+    assert!(
+        (mean - 0.65).abs() < 1e-12 && lo > 0.0,
+        "the design: {mean} {lo}"
+    );
+    let (verdict, gate) = compare(&a, &b, &pa, &pb);
+    assert_eq!(verdict, "B better");
+    assert_eq!(gate, Some(0), "a significant improvement ships");
+
+    let (verdict, gate) = compare(&b, &a, &pb, &pa);
+    assert_eq!(verdict, "A better");
+    assert_eq!(gate, Some(1), "a regression must not ship");
+
+    let (mean, _, lo, hi, mde) = by_hand(&pa, &pc);
+    assert!(
+        (mean - 0.025).abs() < 1e-12 && lo < 0.0 && hi > 0.0 && mean < mde,
+        "the design: {mean} [{lo}, {hi}] mde {mde}"
+    );
+    let (verdict, gate) = compare(&a, &c, &pa, &pc);
+    assert!(
+        verdict.starts_with("could not tell") && verdict.contains("MDE"),
+        "{verdict}"
+    );
+    assert_eq!(
+        gate,
+        Some(1),
+        "a difference below the MDE is not an improvement"
+    );
+}
