@@ -67,6 +67,11 @@ pub async fn register_parquet_paths(
     urls: &[String],
 ) -> Result<(), QueryError> {
     let what = format!("table `{name}` ({})", urls.join(", "));
+    // A table on an object store (`s3://`, `memory://`) needs that store registered,
+    // exactly as a run root's is.
+    for url in urls {
+        RunStore::register_url(ctx, url)?;
+    }
     let table_urls = urls
         .iter()
         .map(ListingTableUrl::parse)
@@ -92,6 +97,10 @@ pub async fn register_parquet_paths(
 
 /// Registers the five tables of a run as `<prefix>cases`, `<prefix>calls`, ...; a table
 /// with no parts yet is registered empty with its declared schema.
+///
+/// # Errors
+/// [`StorageError::Schema`] naming the part file and column when a part does not fit its
+/// declared schema; [`StorageError::CorruptPart`] when a part is not readable Parquet.
 pub async fn register_run(
     ctx: &SessionContext,
     store: &RunStore,
@@ -101,6 +110,7 @@ pub async fn register_run(
     for t in Table::ALL {
         let name = format!("{prefix}{}", t.name());
         let parts = store.list_parts(t.name()).await?;
+        check_parts(store, &parts, t).await?;
         if parts.is_empty() {
             let empty = MemTable::try_new(t.schema(), vec![vec![]])
                 .map_err(QueryError::df(name.clone()))?;
@@ -122,6 +132,33 @@ pub async fn register_run(
         dirs.dedup();
         let urls: Vec<String> = dirs.iter().map(|d| store.table_url(d)).collect();
         register_parquet_paths(ctx, &name, &urls).await?;
+    }
+    Ok(())
+}
+
+/// Checks that every part of every table of a run fits `schemas/<table>.json` (footers
+/// only, no rows are read): a hand-edited part fails with its file and column, not as a
+/// panic in a stage that downcasts the column. Stages call it before they record that
+/// they started, so a bad run is refused with its root untouched.
+///
+/// # Errors
+/// [`StorageError::Schema`] naming the part and column, [`StorageError::CorruptPart`] for a
+/// part that is not readable Parquet.
+pub async fn check_tables(store: &RunStore) -> Result<(), StorageError> {
+    for t in Table::ALL {
+        let parts = store.list_parts(t.name()).await?;
+        check_parts(store, &parts, t).await?;
+    }
+    Ok(())
+}
+
+async fn check_parts(
+    store: &RunStore,
+    parts: &[object_store::ObjectMeta],
+    t: Table,
+) -> Result<(), StorageError> {
+    for p in parts {
+        store.check_part(p, t).await?;
     }
     Ok(())
 }

@@ -32,6 +32,7 @@ pub struct SqlArgs {
 fn bad(e: QueryError) -> CliError {
     match &e {
         QueryError::DataFusion { .. } => CliError::BadInput(e.to_string()),
+        QueryError::Storage(s) if s.is_bad_input() => CliError::BadInput(e.to_string()),
         QueryError::Storage(_) => CliError::Internal(e.to_string()),
     }
 }
