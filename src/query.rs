@@ -152,6 +152,40 @@ pub async fn check_tables(store: &RunStore) -> Result<(), StorageError> {
     Ok(())
 }
 
+/// Explains a query that failed while decoding a run's Parquet (invalid UTF-8 in a text
+/// column of a hand-edited part, a corrupt page): the error is replaced by one naming the
+/// part and its rows (see [`locate_unreadable_part`]). Any other error is returned as is.
+pub async fn explain_read_error(store: &RunStore, e: QueryError) -> QueryError {
+    match &e {
+        QueryError::DataFusion { source, .. } if source.to_string().contains("Parquet") => {
+            match locate_unreadable_part(store).await {
+                Some(s) => QueryError::Storage(s),
+                None => e,
+            }
+        }
+        _ => e,
+    }
+}
+
+/// The first part of the run that does not decode in full, as an error naming the part
+/// and the rows that fail. The footers were checked already, so this reads every part:
+/// it runs on a failure path only.
+pub async fn locate_unreadable_part(store: &RunStore) -> Option<StorageError> {
+    use futures::TryStreamExt;
+    for t in Table::ALL {
+        for p in store.list_parts(t.name()).await.ok()? {
+            let res = match store.read_part(&p, t).await {
+                Ok(s) => s.try_for_each(|_| futures::future::ready(Ok(()))).await,
+                Err(err) => Err(err),
+            };
+            if let Err(err) = res {
+                return Some(err);
+            }
+        }
+    }
+    None
+}
+
 async fn check_parts(
     store: &RunStore,
     parts: &[object_store::ObjectMeta],

@@ -281,7 +281,14 @@ impl Runner {
         let stage = format!("score:{}", id.tag());
         self.manifest.start(&stage);
         self.manifest.save(&self.store).await?;
-        let rows = score_stage::run(&self.store, scorer).await?;
+        let rows = match score_stage::run(&self.store, scorer).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                return Err(crate::query::explain_read_error(&self.store, e)
+                    .await
+                    .into());
+            }
+        };
         if !self.manifest.scorer_versions.contains(&id.tag()) {
             self.manifest.scorer_versions.push(id.tag());
         }
@@ -303,7 +310,14 @@ impl Runner {
         self.require("aggregate", "score")?;
         crate::query::check_tables(&self.store).await?;
         self.manifest.start("aggregate");
-        let rows = aggregate::run(&self.store, scorer).await?;
+        let rows = match aggregate::run(&self.store, scorer).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                return Err(crate::query::explain_read_error(&self.store, e)
+                    .await
+                    .into());
+            }
+        };
         self.manifest
             .complete("aggregate", "results", rows.len() as u64, BTreeMap::new());
         self.manifest.finished_at = Some(manifest_now());

@@ -1019,3 +1019,38 @@ fn sql_table_on_s3_registers_its_object_store() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "n\n2");
 }
+
+/// Rewrites a part uncompressed and without dictionaries, then replaces a text value's
+/// bytes with invalid UTF-8 of the same length: a part whose footer is fine but whose
+/// text column does not decode.
+const CORRUPT_TEXT: &str = r#"
+import sys, pyarrow.parquet as pq
+path = sys.argv[1]
+pq.write_table(pq.read_table(path), path, compression="none", use_dictionary=False, write_statistics=False)
+b = open(path, "rb").read()
+assert b"Vocabulary" in b
+open(path, "wb").write(b.replace(b"Vocabulary", b"Vocabul\xff\xfe\xfd"))
+"#;
+
+#[test]
+fn invalid_utf8_inside_a_part_names_the_part() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let (good, root) = good_run(dir);
+    let r = root.to_str().unwrap();
+    let part = std::fs::read_dir(root.join("cases"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .unwrap();
+    py(CORRUPT_TEXT, &[part.to_str().unwrap()]);
+    let file = part.file_name().unwrap().to_str().unwrap();
+    let before = tree(&root);
+    let o = run_in(dir, &["sql", "SELECT capability FROM cases", "--run", r]);
+    let e = assert_bad(&o, "sql", file, "rows from 1");
+    assert!(e.contains("UTF-8") && e.contains("cases"), "{e}");
+    assert_eq!(tree(&root), before, "sql: the run root changed");
+    // A stage names the part too (it has recorded its start in the manifest by then).
+    let o = run_in(dir, &["score", good.to_str().unwrap(), "--out", r]);
+    assert_bad(&o, "score", file, "rows from 1");
+}
