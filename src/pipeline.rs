@@ -7,8 +7,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use toml::Spanned;
 
 /// Errors in a pipeline file. Every variant names the file and, where known, the line.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +70,73 @@ pub struct Pipeline {
     /// The text of every included file, for the pipeline hash.
     #[serde(skip)]
     pub included_sources: Vec<String>,
+    /// The line of each checked field (`model.provider`, `score.scorers`, `lexicons.NAME`),
+    /// from the TOML parser's spans: an error points at the key itself, not at the first
+    /// text that looks like it.
+    #[serde(skip)]
+    field_lines: BTreeMap<String, usize>,
+}
+
+/// Where the checked fields sit in the file: a second, lenient parse that keeps spans.
+#[derive(Debug, Default, Deserialize)]
+struct Spans {
+    #[serde(default)]
+    lexicons: BTreeMap<String, Spanned<IgnoredAny>>,
+    model: Option<ModelSpans>,
+    judge: Option<ModelSpans>,
+    rephrase: Option<ModelSpans>,
+    score: Option<ScoreSpans>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ModelSpans {
+    provider: Option<Spanned<IgnoredAny>>,
+    samples: Option<Spanned<IgnoredAny>>,
+    concurrency: Option<Spanned<IgnoredAny>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ScoreSpans {
+    scorers: Option<Spanned<IgnoredAny>>,
+    judge: Option<JudgeSpans>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct JudgeSpans {
+    questions: Option<Spanned<IgnoredAny>>,
+}
+
+impl Spans {
+    /// `field -> line` for every span found in `source`.
+    fn lines(self, source: &str) -> BTreeMap<String, usize> {
+        let mut out = BTreeMap::new();
+        let mut put = |field: String, s: &Option<Spanned<IgnoredAny>>| {
+            if let Some(s) = s {
+                out.insert(field, line_of_offset(source, s.span().start));
+            }
+        };
+        for (name, s) in &self.lexicons {
+            put(format!("lexicons.{name}"), &Some(s.clone()));
+        }
+        for (key, m) in [
+            ("model", &self.model),
+            ("judge", &self.judge),
+            ("rephrase", &self.rephrase),
+        ] {
+            if let Some(m) = m {
+                put(format!("{key}.provider"), &m.provider);
+                put(format!("{key}.samples"), &m.samples);
+                put(format!("{key}.concurrency"), &m.concurrency);
+            }
+        }
+        if let Some(sc) = &self.score {
+            put("score.scorers".into(), &sc.scorers);
+            if let Some(j) = &sc.judge {
+                put("score.judge.questions".into(), &j.questions);
+            }
+        }
+        out
+    }
 }
 
 /// `[run]`: naming of runs.
@@ -376,10 +445,11 @@ impl Pipeline {
     /// [`PipelineError`] naming the file, line and field of the first problem.
     pub fn load(path: &Path) -> Result<Self, PipelineError> {
         let file = path.display().to_string();
-        let source = std::fs::read_to_string(path).map_err(|source| PipelineError::Read {
+        let bytes = std::fs::read(path).map_err(|source| PipelineError::Read {
             file: file.clone(),
             source,
         })?;
+        let source = utf8_text(bytes, &file)?;
         Self::parse(&source, path)
     }
 
@@ -396,12 +466,16 @@ impl Pipeline {
         })?;
         p.path = path.to_path_buf();
         p.source = source.to_string();
+        // The strict parse above succeeded, so this lenient one does too.
+        p.field_lines = toml::from_str::<Spans>(source)
+            .unwrap_or_default()
+            .lines(source);
         for name in p.lexicons.keys() {
             p.lexicon_origins.insert(
                 name.clone(),
                 LexiconOrigin {
                     file: file.clone(),
-                    line: p.line_of(&format!("{name} =")),
+                    line: p.field_line(&format!("lexicons.{name}")),
                 },
             );
         }
@@ -460,7 +534,7 @@ impl Pipeline {
         for inc in self.suite.include.clone() {
             let path = self.resolve(&inc);
             let file = path.display().to_string();
-            let text = std::fs::read_to_string(&path).map_err(|source| {
+            let text = std::fs::read(&path).map_err(|source| {
                 let line = self.line_of(&format!("\"{inc}\""));
                 PipelineError::Invalid {
                     file: self.path.display().to_string(),
@@ -469,6 +543,7 @@ impl Pipeline {
                     msg: format!("cannot read `{file}`: {source}"),
                 }
             })?;
+            let text = utf8_text(text, &file)?;
             let lf: LexiconFile = toml::from_str(&text).map_err(|e| PipelineError::Parse {
                 file: file.clone(),
                 line: e
@@ -477,11 +552,11 @@ impl Pipeline {
                     .unwrap_or(0),
                 msg: e.message().to_string(),
             })?;
+            let lines = toml::from_str::<Spans>(&text)
+                .unwrap_or_default()
+                .lines(&text);
             for (name, words) in lf.lexicons {
-                let line = text
-                    .find(&format!("{name} ="))
-                    .map(|i| line_of_offset(&text, i))
-                    .unwrap_or(0);
+                let line = lines.get(&format!("lexicons.{name}")).copied().unwrap_or(0);
                 if let Some(prev) = self.lexicon_origins.get(&name) {
                     return Err(PipelineError::Invalid {
                         file: file.clone(),
@@ -515,6 +590,21 @@ impl Pipeline {
             .unwrap_or(0)
     }
 
+    /// The line of a checked field (`model.provider`, `lexicons.NAME`; 0 when absent).
+    fn field_line(&self, field: &str) -> usize {
+        self.field_lines.get(field).copied().unwrap_or(0)
+    }
+
+    /// An error naming this file, `field` and its line (from the parser's spans).
+    fn at(&self, field: &str, msg: impl Into<String>) -> PipelineError {
+        PipelineError::Invalid {
+            file: self.path.display().to_string(),
+            line: self.field_line(field),
+            field: field.to_string(),
+            msg: msg.into(),
+        }
+    }
+
     /// An error naming this file, the line of `needle`, and `field`.
     pub fn invalid(&self, needle: &str, field: &str, msg: impl Into<String>) -> PipelineError {
         PipelineError::Invalid {
@@ -525,12 +615,11 @@ impl Pipeline {
         }
     }
 
-    fn check(&self) -> Result<(), PipelineError> {
-        let m = &self.model;
+    /// Checks a `[model]`-shaped table (`[model]`, `[judge]`, `[rephrase]`).
+    fn check_model(&self, key: &str, m: &ModelConfig) -> Result<(), PipelineError> {
         if !crate::stages::call::KNOWN_PROVIDERS.contains(&m.provider.as_str()) {
-            return Err(self.invalid(
-                &format!("\"{}\"", m.provider),
-                "model.provider",
+            return Err(self.at(
+                &format!("{key}.provider"),
                 format!(
                     "unknown provider `{}` (known: {})",
                     m.provider,
@@ -539,11 +628,68 @@ impl Pipeline {
             ));
         }
         if m.samples == 0 {
-            return Err(self.invalid("samples", "model.samples", "must be at least 1"));
+            return Err(self.at(&format!("{key}.samples"), "must be at least 1"));
         }
         if m.concurrency == 0 {
-            return Err(self.invalid("concurrency", "model.concurrency", "must be at least 1"));
+            return Err(self.at(&format!("{key}.concurrency"), "must be at least 1"));
         }
+        Ok(())
+    }
+
+    /// Checks `[score]`: at least one scorer (the first is aggregated), and what a judge
+    /// scorer needs, so nothing fails (or scores every row 0) after the run has started.
+    fn check_score(&self) -> Result<(), PipelineError> {
+        let sc = &self.score;
+        if sc.scorers.is_empty() {
+            return Err(self.at(
+                "score.scorers",
+                "needs at least one scorer (the first one is aggregated), e.g. [\"checklist\"]",
+            ));
+        }
+        if let Some(j) = &sc.judge {
+            if j.questions.is_empty() {
+                return Err(self.at(
+                    "score.judge.questions",
+                    "the judge checklist needs at least one question",
+                ));
+            }
+            let mut ids = std::collections::HashSet::new();
+            for q in &j.questions {
+                if q.id.trim().is_empty() || !ids.insert(q.id.as_str()) {
+                    return Err(self.at(
+                        "score.judge.questions",
+                        format!("question id `{}` is empty or repeated", q.id),
+                    ));
+                }
+            }
+        }
+        if sc
+            .scorers
+            .iter()
+            .any(|n| n == "judge" || n.starts_with("judge@"))
+        {
+            if sc.judge.is_none() {
+                return Err(self.at(
+                    "score.scorers",
+                    "the judge scorer needs a [score.judge] checklist of questions",
+                ));
+            }
+            if self.judge.is_none() {
+                return Err(self.at("score.scorers", "the judge scorer needs a [judge] model"));
+            }
+        }
+        Ok(())
+    }
+
+    fn check(&self) -> Result<(), PipelineError> {
+        self.check_model("model", &self.model)?;
+        if let Some(m) = &self.judge {
+            self.check_model("judge", m)?;
+        }
+        if let Some(m) = &self.rephrase {
+            self.check_model("rephrase", m)?;
+        }
+        self.check_score()?;
         let mut seen = std::collections::HashSet::new();
         for t in &self.tests {
             let needle = format!("\"{}\"", t.name);
@@ -639,4 +785,80 @@ impl Pipeline {
 
 fn line_of_offset(s: &str, offset: usize) -> usize {
     s[..offset.min(s.len())].matches('\n').count() + 1
+}
+
+/// The text of a file that must be UTF-8; otherwise an error naming the line and column of
+/// the first invalid byte.
+fn utf8_text(bytes: Vec<u8>, file: &str) -> Result<String, PipelineError> {
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let valid = &e.as_bytes()[..at];
+        let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
+        let column = at - valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1) + 1;
+        PipelineError::Parse {
+            file: file.to_string(),
+            line,
+            msg: format!("column {column}: invalid UTF-8 (the file must be UTF-8 text)"),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str =
+        "[model]\nprovider = \"builtin:vader\"\nname = \"v\"\n\n[suite]\nname = \"s\"\n";
+
+    fn err(text: &str) -> String {
+        Pipeline::parse(text, Path::new("p.toml"))
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn lexicon_errors_point_at_the_lexicon_not_a_lookalike() {
+        // `bad_adj =` contains `adj =`: a text search would name line 8.
+        let e = err(&format!(
+            "{BASE}\n[lexicons]\nbad_adj = [\"x\"]\nadj = []\n"
+        ));
+        assert_eq!(e, "p.toml:10: field `lexicons.adj`: lexicon is empty");
+    }
+
+    #[test]
+    fn empty_scorers_and_questions_and_other_models_are_checked_at_load() {
+        let e = err(&format!("{BASE}\n[score]\nscorers = []\n"));
+        assert!(e.starts_with("p.toml:9: field `score.scorers`"), "{e}");
+        let e = err(&format!(
+            "{BASE}\n[judge]\nprovider = \"openai\"\nname = \"j\"\n\n[score.judge]\nquestions = []\n"
+        ));
+        assert!(
+            e.starts_with("p.toml:13: field `score.judge.questions`"),
+            "{e}"
+        );
+        let e = err(&format!("{BASE}\n[score]\nscorers = [\"judge\"]\n"));
+        assert!(
+            e.contains("field `score.scorers`") && e.contains("[score.judge]"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{BASE}\n[rephrase]\nprovider = \"nope\"\nname = \"r\"\n"
+        ));
+        assert!(e.starts_with("p.toml:9: field `rephrase.provider`"), "{e}");
+        let e = err(&format!(
+            "{BASE}\n[judge]\nprovider = \"openai\"\nname = \"j\"\nconcurrency = 0\n"
+        ));
+        assert!(e.starts_with("p.toml:11: field `judge.concurrency`"), "{e}");
+    }
+
+    #[test]
+    fn invalid_utf8_names_line_and_column() {
+        let e = utf8_text(b"a = 1\nb = \"x\xff\"\n".to_vec(), "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "p.toml:2: column 7: invalid UTF-8 (the file must be UTF-8 text)"
+        );
+    }
 }

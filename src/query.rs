@@ -67,6 +67,11 @@ pub async fn register_parquet_paths(
     urls: &[String],
 ) -> Result<(), QueryError> {
     let what = format!("table `{name}` ({})", urls.join(", "));
+    // A table on an object store (`s3://`, `memory://`) needs that store registered,
+    // exactly as a run root's is.
+    for url in urls {
+        RunStore::register_url(ctx, url)?;
+    }
     let table_urls = urls
         .iter()
         .map(ListingTableUrl::parse)
@@ -92,6 +97,10 @@ pub async fn register_parquet_paths(
 
 /// Registers the five tables of a run as `<prefix>cases`, `<prefix>calls`, ...; a table
 /// with no parts yet is registered empty with its declared schema.
+///
+/// # Errors
+/// [`StorageError::Schema`] naming the part file and column when a part does not fit its
+/// declared schema; [`StorageError::CorruptPart`] when a part is not readable Parquet.
 pub async fn register_run(
     ctx: &SessionContext,
     store: &RunStore,
@@ -101,6 +110,7 @@ pub async fn register_run(
     for t in Table::ALL {
         let name = format!("{prefix}{}", t.name());
         let parts = store.list_parts(t.name()).await?;
+        check_parts(store, &parts, t).await?;
         if parts.is_empty() {
             let empty = MemTable::try_new(t.schema(), vec![vec![]])
                 .map_err(QueryError::df(name.clone()))?;
@@ -122,6 +132,67 @@ pub async fn register_run(
         dirs.dedup();
         let urls: Vec<String> = dirs.iter().map(|d| store.table_url(d)).collect();
         register_parquet_paths(ctx, &name, &urls).await?;
+    }
+    Ok(())
+}
+
+/// Checks that every part of every table of a run fits `schemas/<table>.json` (footers
+/// only, no rows are read): a hand-edited part fails with its file and column, not as a
+/// panic in a stage that downcasts the column. Stages call it before they record that
+/// they started, so a bad run is refused with its root untouched.
+///
+/// # Errors
+/// [`StorageError::Schema`] naming the part and column, [`StorageError::CorruptPart`] for a
+/// part that is not readable Parquet.
+pub async fn check_tables(store: &RunStore) -> Result<(), StorageError> {
+    for t in Table::ALL {
+        let parts = store.list_parts(t.name()).await?;
+        check_parts(store, &parts, t).await?;
+    }
+    Ok(())
+}
+
+/// Explains a query that failed while decoding a run's Parquet (invalid UTF-8 in a text
+/// column of a hand-edited part, a corrupt page): the error is replaced by one naming the
+/// part and its rows (see [`locate_unreadable_part`]). Any other error is returned as is.
+pub async fn explain_read_error(store: &RunStore, e: QueryError) -> QueryError {
+    match &e {
+        QueryError::DataFusion { source, .. } if source.to_string().contains("Parquet") => {
+            match locate_unreadable_part(store).await {
+                Some(s) => QueryError::Storage(s),
+                None => e,
+            }
+        }
+        _ => e,
+    }
+}
+
+/// The first part of the run that does not decode in full, as an error naming the part
+/// and the rows that fail. The footers were checked already, so this reads every part:
+/// it runs on a failure path only.
+pub async fn locate_unreadable_part(store: &RunStore) -> Option<StorageError> {
+    use futures::TryStreamExt;
+    for t in Table::ALL {
+        for p in store.list_parts(t.name()).await.ok()? {
+            let res = match store.read_part(&p, t).await {
+                Ok(s) => s.try_for_each(|_| futures::future::ready(Ok(()))).await,
+                Err(err) => Err(err),
+            };
+            if let Err(err) = res {
+                return Some(err);
+            }
+        }
+    }
+    None
+}
+
+async fn check_parts(
+    store: &RunStore,
+    parts: &[object_store::ObjectMeta],
+    t: Table,
+) -> Result<(), StorageError> {
+    for p in parts {
+        store.check_part(p, t).await?;
     }
     Ok(())
 }

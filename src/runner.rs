@@ -47,14 +47,7 @@ impl RunError {
             RunError::Pipeline(_) | RunError::Root { .. } | RunError::Scorer { .. } => true,
             RunError::Storage(e)
             | RunError::Query(QueryError::Storage(e))
-            | RunError::Call(CallError::Storage(e)) => {
-                matches!(
-                    e,
-                    StorageError::Schema(_)
-                        | StorageError::BadRoot { .. }
-                        | StorageError::MissingTable { .. }
-                )
-            }
+            | RunError::Call(CallError::Storage(e)) => e.is_bad_input(),
             RunError::Call(CallError::Provider(..)) => true,
             RunError::Generate(generate::GenerateError::Rephrase { .. }) => false,
             RunError::Generate(_) => true,
@@ -147,14 +140,17 @@ impl Runner {
         if self.manifest.is_complete("generate") {
             return Ok(self.manifest.row_counts.get("cases").copied().unwrap_or(0));
         }
+        // Everything that can be checked is checked before the manifest records a start,
+        // so bad input leaves the run root as it was.
+        let mut cases = generate::CaseStream::new(&self.pipeline)?;
+        generate::source::check_sources(&self.pipeline)?;
+        if let Some(m) = generate::rephrase_model_for(&self.pipeline) {
+            cases = cases.with_rephraser(call::build_provider(m)?);
+        }
         self.manifest.start("generate");
         self.manifest.save(&self.store).await?;
         self.store.delete_dir("cases").await?;
         // Streamed: cases are built and written a batch at a time, never all held.
-        let mut cases = generate::CaseStream::new(&self.pipeline)?;
-        if let Some(m) = generate::rephrase_model_for(&self.pipeline) {
-            cases = cases.with_rephraser(call::build_provider(m)?);
-        }
         let mut w = self
             .store
             .part_writer("cases", crate::schema::Table::Cases.schema(), "part");
@@ -177,6 +173,7 @@ impl Runner {
     pub async fn call(&mut self) -> Result<call::CallStats, RunError> {
         self.require("call", "generate")?;
         let provider = call::build_provider(&self.pipeline.model)?;
+        crate::query::check_tables(&self.store).await?;
         self.manifest.start("call");
         self.manifest.save(&self.store).await?;
         let stats = call::run(&self.store, &self.pipeline.model, provider).await?;
@@ -200,6 +197,7 @@ impl Runner {
     /// Decides validity for every committed call not yet validated.
     pub async fn validate(&mut self) -> Result<u64, RunError> {
         self.require("validate", "call")?;
+        crate::query::check_tables(&self.store).await?;
         self.manifest.start("validate");
         let rows = validate::run(&self.store, &self.pipeline.languages()).await?;
         self.manifest.validator_version = Some(validate::VALIDATOR_VERSION.to_string());
@@ -278,11 +276,19 @@ impl Runner {
     /// Scores with `scorer`, replacing an incomplete earlier attempt of the same version.
     pub async fn score(&mut self, scorer: &dyn Scorer) -> Result<u64, RunError> {
         self.require("score", "validate")?;
+        crate::query::check_tables(&self.store).await?;
         let id = scorer.id();
         let stage = format!("score:{}", id.tag());
         self.manifest.start(&stage);
         self.manifest.save(&self.store).await?;
-        let rows = score_stage::run(&self.store, scorer).await?;
+        let rows = match score_stage::run(&self.store, scorer).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                return Err(crate::query::explain_read_error(&self.store, e)
+                    .await
+                    .into());
+            }
+        };
         if !self.manifest.scorer_versions.contains(&id.tag()) {
             self.manifest.scorer_versions.push(id.tag());
         }
@@ -302,8 +308,16 @@ impl Runner {
     /// Aggregates the scores of `scorer` into `results/`.
     pub async fn aggregate(&mut self, scorer: &ScorerId) -> Result<Vec<ResultRow>, RunError> {
         self.require("aggregate", "score")?;
+        crate::query::check_tables(&self.store).await?;
         self.manifest.start("aggregate");
-        let rows = aggregate::run(&self.store, scorer).await?;
+        let rows = match aggregate::run(&self.store, scorer).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                return Err(crate::query::explain_read_error(&self.store, e)
+                    .await
+                    .into());
+            }
+        };
         self.manifest
             .complete("aggregate", "results", rows.len() as u64, BTreeMap::new());
         self.manifest.finished_at = Some(manifest_now());
@@ -321,7 +335,14 @@ impl Runner {
         for s in &scorers {
             self.score(s.as_ref()).await?;
         }
-        let primary = scorers[0].id();
+        // `Pipeline::check` refuses an empty `[score] scorers`; never index blindly.
+        let primary = scorers
+            .first()
+            .map(|s| s.id())
+            .ok_or_else(|| RunError::Root {
+                root: self.pipeline.path.display().to_string(),
+                msg: "[score] scorers is empty".into(),
+            })?;
         self.aggregate(&primary).await
     }
 }

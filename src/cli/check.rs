@@ -55,7 +55,37 @@ fn num(v: &Option<String>) -> f64 {
     v.as_deref().and_then(|s| s.parse().ok()).unwrap_or(0.0)
 }
 
+/// Reads a baseline file written by `--write-baseline`.
+///
+/// # Errors
+/// Exit 2 naming the file, and the line and column (or field) of the problem.
+fn read_baseline(p: &std::path::Path) -> Result<Baseline, CliError> {
+    let text = std::fs::read(p).map_err(|e| CliError::BadInput(format!("{}: {e}", p.display())))?;
+    let b: Baseline = serde_json::from_slice(&text).map_err(|e| {
+        CliError::BadInput(format!(
+            "{}:{}:{}: not a baseline file: {e}",
+            p.display(),
+            e.line(),
+            e.column()
+        ))
+    })?;
+    if !(0.0..=1.0).contains(&b.invalid_fraction) {
+        return Err(CliError::BadInput(format!(
+            "{}: field `invalid_fraction`: {} is not a fraction in [0, 1]",
+            p.display(),
+            b.invalid_fraction
+        )));
+    }
+    Ok(b)
+}
+
 pub async fn run(a: CheckArgs) -> Result<(), CliError> {
+    // The baseline is read first: a bad file fails before the report writes anything
+    // (the hand-reading sample lands in the run root).
+    let baseline = match &a.baseline {
+        Some(p) => Some(read_baseline(p)?),
+        None => None,
+    };
     let (ctx, store, manifest) = open_run(&a.run)
         .await
         .map_err(|e| CliError::BadInput(e.to_string()))?;
@@ -276,12 +306,7 @@ pub async fn run(a: CheckArgs) -> Result<(), CliError> {
         std::fs::rename(&tmp, p).map_err(internal)?;
         println!("baseline written to {}", p.display());
     }
-    if let Some(p) = &a.baseline {
-        let text =
-            std::fs::read(p).map_err(|e| CliError::BadInput(format!("{}: {e}", p.display())))?;
-        let b: Baseline = serde_json::from_slice(&text).map_err(|e| {
-            CliError::BadInput(format!("{}: not a baseline file: {e}", p.display()))
-        })?;
+    if let Some(b) = &baseline {
         let drift_pp = (invalid_fraction - b.invalid_fraction) * 100.0;
         println!(
             "gate: invalid fraction {:.1}% vs baseline {:.1}% (run {}): drift {:+.1} pp, limit {:.1} pp",

@@ -66,43 +66,45 @@ pub struct HoldoutBaseline {
     pub classes: BTreeMap<String, ClassMetrics>,
 }
 
-/// Reads `call_id,label` rows (header required).
+/// Reads `call_id,label` rows (header required; RFC 4180 quoting, so a label may hold a
+/// comma). Each call may be labelled once.
+///
+/// # Errors
+/// Exit 2 naming the file, the line and the field: a missing column or value, a malformed
+/// record, or a `call_id` labelled twice (naming both lines).
 pub fn read_labels(path: &std::path::Path) -> Result<Vec<(String, String)>, CliError> {
+    use datafusion::arrow::array::{Array, AsArray};
     let file = path.display().to_string();
-    let text =
-        std::fs::read_to_string(path).map_err(|e| CliError::BadInput(format!("{file}: {e}")))?;
-    let mut lines = text.lines().enumerate();
-    let (_, header) = lines.next().ok_or_else(|| {
-        CliError::BadInput(format!("{file}: empty; expected a header `call_id,label`"))
-    })?;
-    let cols: Vec<&str> = header
-        .split(',')
-        .map(|c| c.trim().trim_matches('"'))
-        .collect();
-    let find = |name: &str| {
-        cols.iter().position(|c| *c == name).ok_or_else(|| {
-            CliError::BadInput(format!("{file}:1: no column `{name}` in the header"))
-        })
-    };
-    let (ci, li) = (find("call_id")?, find("label")?);
+    let bad = |line: u64, msg: String| CliError::BadInput(format!("{file}:{line}: {msg}"));
+    let mut records =
+        crate::stages::generate::source::CsvRecords::open(path, &["call_id", "label"])
+            .map_err(|e| bad(e.line, e.msg))?;
     let mut out = Vec::new();
-    for (n, line) in lines {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let f: Vec<&str> = line
-            .split(',')
-            .map(|c| c.trim().trim_matches('"'))
-            .collect();
+    let mut first_line: HashMap<String, u64> = HashMap::new();
+    while let Some((line, b)) = records.next_record().map_err(|e| bad(e.line, e.msg))? {
         let get = |i: usize, name: &str| {
-            f.get(i)
-                .filter(|v| !v.is_empty())
-                .map(|v| v.to_string())
-                .ok_or_else(|| {
-                    CliError::BadInput(format!("{file}:{}: field `{name}` is missing", n + 1))
-                })
+            let c = b.column(i).as_string::<i32>();
+            let v = if c.is_null(0) { "" } else { c.value(0).trim() };
+            if v.is_empty() {
+                Err(bad(line, format!("field `{name}` is missing")))
+            } else {
+                Ok(v.to_string())
+            }
         };
-        out.push((get(ci, "call_id")?, get(li, "label")?));
+        let (id, label) = (get(0, "call_id")?, get(1, "label")?);
+        if let Some(prev) = first_line.insert(id.clone(), line) {
+            return Err(bad(
+                line,
+                format!("field `call_id`: `{id}` is labelled twice (lines {prev} and {line})"),
+            ));
+        }
+        out.push((id, label));
+    }
+    if out.is_empty() {
+        return Err(bad(
+            1,
+            "no labelled rows after the header `call_id,label`".into(),
+        ));
     }
     Ok(out)
 }
@@ -158,6 +160,24 @@ pub async fn run(cmd: HoldoutCmd) -> Result<(), CliError> {
         HoldoutCmd::Accept(a) => (true, a),
     };
     let labels = read_labels(&a.labels)?;
+    // Read the baseline before any scoring, so a bad file fails first and clearly.
+    let baseline: Option<HoldoutBaseline> = match std::fs::read(&a.baseline) {
+        Ok(b) => Some(serde_json::from_slice(&b).map_err(|e| {
+            CliError::BadInput(format!(
+                "{}:{}:{}: not a holdout baseline: {e}",
+                a.baseline.display(),
+                e.line(),
+                e.column()
+            ))
+        })?),
+        Err(_) if accept => None,
+        Err(e) => {
+            return Err(CliError::BadInput(format!(
+                "{}: {e} (record one with `holdout accept`)",
+                a.baseline.display()
+            )));
+        }
+    };
     let (_, store, manifest) = open_run(&a.run)
         .await
         .map_err(|e| CliError::BadInput(e.to_string()))?;
@@ -215,21 +235,6 @@ pub async fn run(cmd: HoldoutCmd) -> Result<(), CliError> {
         labels: labels.len() as u64,
         ids_hash: ids_hash(&labels),
         classes: now.clone(),
-    };
-    let baseline: Option<HoldoutBaseline> = match std::fs::read(&a.baseline) {
-        Ok(b) => Some(serde_json::from_slice(&b).map_err(|e| {
-            CliError::BadInput(format!(
-                "{}: not a holdout baseline: {e}",
-                a.baseline.display()
-            ))
-        })?),
-        Err(_) if accept => None,
-        Err(e) => {
-            return Err(CliError::BadInput(format!(
-                "{}: {e} (record one with `holdout accept`)",
-                a.baseline.display()
-            )));
-        }
     };
     if let Some(b) = &baseline
         && !accept
@@ -316,5 +321,48 @@ mod tests {
         assert_eq!(m["rej"].recall, Some(2.0 / 3.0));
         assert_eq!(m["rec"].precision, Some(1.0));
         assert_eq!(m["neu"].recall, Some(0.0));
+    }
+
+    fn labels(text: &[u8]) -> Result<Vec<(String, String)>, String> {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("labels.csv");
+        std::fs::write(&p, text).unwrap();
+        read_labels(&p).map_err(|e| e.to_string().replace(&p.display().to_string(), "L"))
+    }
+
+    #[test]
+    fn labels_csv_is_parsed_with_quoting() {
+        let got =
+            labels(b"label,call_id\n\"rejected, firmly\",c1\n\n\"multi\nline\",\"c,2\"\nok,c3\n")
+                .unwrap();
+        let p = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(
+            got,
+            vec![
+                p("c1", "rejected, firmly"),
+                p("c,2", "multi\nline"),
+                p("c3", "ok")
+            ]
+        );
+    }
+
+    #[test]
+    fn labels_errors_name_line_and_field() {
+        let e = labels(b"call_id,label\nc1,a\nc2,b\nc1,c\n").unwrap_err();
+        assert_eq!(
+            e,
+            "L:4: field `call_id`: `c1` is labelled twice (lines 2 and 4)"
+        );
+        let e = labels(b"call_id,label\n\"c1\",\"x\ny\"\nc2,\n").unwrap_err();
+        assert_eq!(e, "L:4: field `label` is missing");
+        let e = labels(b"id,label\nc1,a\n").unwrap_err();
+        assert!(e.starts_with("L:1: no column `call_id`"), "{e}");
+        let e = labels(b"call_id,label\nc1,a\nc2\n").unwrap_err();
+        assert!(
+            e.starts_with("L:3: ") && e.contains("number of fields"),
+            "{e}"
+        );
+        let e = labels(b"call_id,label\nc1,\xff\n").unwrap_err();
+        assert!(e.starts_with("L:2: ") && e.contains("UTF-8"), "{e}");
     }
 }

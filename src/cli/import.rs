@@ -113,6 +113,7 @@ fn jsonl_record(
         .get("request")
         .filter(|r| r.is_object())
         .ok_or_else(|| bad(file, n, "request", "missing or not an object"))?;
+    check_optional_fields(file, n, &v, req)?;
     let msgs = req
         .get("messages")
         .and_then(Value::as_array)
@@ -259,25 +260,160 @@ fn jsonl_facts(file: &Path, n: usize, v: &Value) -> Result<Facts, CliError> {
     })
 }
 
+/// Optional fields of a JSONL record must have their type when present: a mistyped
+/// `max_tokens` or `http_status` is an error naming the line and field, never a silent NULL
+/// or a value wrapped through `as u32`.
+fn check_optional_fields(file: &Path, n: usize, v: &Value, req: &Value) -> Result<(), CliError> {
+    let int = |x: &Value, field: &str, lo: i64, hi: i64| match x {
+        Value::Null => Ok(()),
+        x => match x.as_i64() {
+            Some(k) if (lo..=hi).contains(&k) => Ok(()),
+            _ => Err(bad(
+                file,
+                n,
+                field,
+                format!("`{x}` is not an integer in {lo}..={hi}"),
+            )),
+        },
+    };
+    let typed = |x: Option<&Value>, field: &str, ok: fn(&Value) -> bool, what: &str| match x {
+        Some(x) if !x.is_null() && !ok(x) => {
+            Err(bad(file, n, field, format!("`{x}` is not {what}")))
+        }
+        _ => Ok(()),
+    };
+    if let Some(x) = req.get("max_tokens") {
+        int(x, "request.max_tokens", 0, i32::MAX as i64)?;
+    }
+    if let Some(x) = v.get("http_status") {
+        int(x, "http_status", 100, 599)?;
+    }
+    typed(
+        req.get("temperature"),
+        "request.temperature",
+        Value::is_number,
+        "a number",
+    )?;
+    typed(
+        v.get("latency_ms"),
+        "latency_ms",
+        Value::is_number,
+        "a number",
+    )?;
+    typed(v.get("expected"), "expected", Value::is_string, "a string")?;
+    typed(v.get("error"), "error", Value::is_string, "a string")?;
+    Ok(())
+}
+
+/// Fails unless `v` (when present) lies in `lo..=hi`.
+fn in_range(
+    file: &Path,
+    line: usize,
+    field: &str,
+    v: Option<i64>,
+    lo: i64,
+    hi: i64,
+) -> Result<(), CliError> {
+    match v {
+        Some(k) if !(lo..=hi).contains(&k) => Err(bad(
+            file,
+            line,
+            field,
+            format!("{k} is out of range ({lo}..={hi})"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Casts column `name` of a batch whose first row is file row `row0 + 1` to `t`.
+///
+/// # Errors
+/// A value that does not convert (a string where a number belongs, an overflow, a
+/// fraction in an integer column, a number in a text column) is an error naming its row
+/// and the column: never a silent NULL.
+fn checked_cast(
+    file: &Path,
+    row0: usize,
+    name: &str,
+    c: &std::sync::Arc<dyn Array>,
+    t: &DataType,
+) -> Result<std::sync::Arc<dyn Array>, CliError> {
+    use datafusion::arrow::util::display::array_value_to_string;
+    let first_valid = (0..c.len()).find(|&r| c.is_valid(r)).unwrap_or(0);
+    let is_text = |d: &DataType| {
+        matches!(d, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+            || matches!(d, DataType::Dictionary(_, v) if matches!(v.as_ref(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View))
+    };
+    if *t == DataType::Utf8 && !is_text(c.data_type()) && c.null_count() < c.len() {
+        return Err(bad(
+            file,
+            row0 + first_valid + 1,
+            name,
+            format!("has type {}, expected text", c.data_type()),
+        ));
+    }
+    let out = cast(c, t).map_err(|e| {
+        bad(
+            file,
+            row0 + first_valid + 1,
+            name,
+            format!("has type {}, cannot be read as {t}: {e}", c.data_type()),
+        )
+    })?;
+    let fraction = t.is_integer() && c.data_type().is_floating();
+    let as_f64 = if fraction {
+        Some(cast(c, &DataType::Float64).map_err(|e| bad(file, row0 + 1, name, e))?)
+    } else {
+        None
+    };
+    for r in 0..c.len() {
+        if !c.is_valid(r) {
+            continue;
+        }
+        let whole = as_f64
+            .as_ref()
+            .is_none_or(|f| f.as_primitive::<Float64Type>().value(r).fract() == 0.0);
+        if out.is_null(r) || !whole {
+            let v = array_value_to_string(c, r).unwrap_or_default();
+            return Err(bad(
+                file,
+                row0 + r + 1,
+                name,
+                format!("`{v}` is not a valid {t}"),
+            ));
+        }
+    }
+    Ok(out)
+}
+
 fn parquet_records(file: &Path, model: &Option<String>) -> Result<Vec<Record>, CliError> {
     use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     let f = std::fs::File::open(file)
         .map_err(|e| CliError::BadInput(format!("{}: {e}", file.display())))?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(f)
         .and_then(|b| b.build())
-        .map_err(|e| CliError::BadInput(format!("{}: not a Parquet file: {e}", file.display())))?;
+        .map_err(|e| {
+            CliError::BadInput(format!(
+                "{}: footer: not a Parquet file: {e}",
+                file.display()
+            ))
+        })?;
     let mut out = Vec::new();
     let mut row0 = 0usize;
     for b in reader {
-        let b: RecordBatch =
-            b.map_err(|e| CliError::BadInput(format!("{}: {e}", file.display())))?;
+        let b: RecordBatch = b.map_err(|e| {
+            bad(
+                file,
+                row0 + 1,
+                "(rows)",
+                format!("cannot decode the rows from here on: {e}"),
+            )
+        })?;
         let col =
             |name: &str, t: &DataType| -> Result<Option<std::sync::Arc<dyn Array>>, CliError> {
                 match b.column_by_name(name) {
                     None => Ok(None),
-                    Some(c) => cast(c, t)
-                        .map(Some)
-                        .map_err(|e| bad(file, row0 + 1, name, format!("cannot read as {t}: {e}"))),
+                    Some(c) => checked_cast(file, row0, name, c, t).map(Some),
                 }
             };
         let s = |name: &str| col(name, &DataType::Utf8);
@@ -343,6 +479,17 @@ fn parquet_records(file: &Path, model: &Option<String>) -> Result<Vec<Record>, C
             let error = gs(&err, r);
             if response.is_none() && error.is_none() {
                 return Err(bad(file, line, "response", "null with no error"));
+            }
+            // Values that would wrap through `as u32` / `as i32` below.
+            in_range(file, line, "max_tokens", gi(&mt, r), 0, i32::MAX as i64)?;
+            in_range(file, line, "http_status", gi(&hs, r), 100, 599)?;
+            for (name, a) in [
+                ("prompt_tokens", &pt),
+                ("completion_tokens", &ct),
+                ("reasoning_tokens", &rt),
+                ("reasoning_chars", &rc),
+            ] {
+                in_range(file, line, name, gi(a, r), 0, i64::MAX)?;
             }
             let sample_idx = match gi(&si, r) {
                 Some(k) if !(0..=i32::MAX as i64).contains(&k) => {

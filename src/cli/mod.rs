@@ -172,7 +172,17 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Aggregate(a) => {
             let mut r = open_stage(&a).await?;
-            let primary = r.prepared_scorers().await?[0].id();
+            let primary = r
+                .prepared_scorers()
+                .await?
+                .first()
+                .map(|s| s.id())
+                .ok_or_else(|| {
+                    CliError::BadInput(format!(
+                        "{}: [score] scorers is empty",
+                        a.pipeline.display()
+                    ))
+                })?;
             let rows = r.aggregate(&primary).await?;
             println!("{}", aggregate::render(&rows));
             Ok(())

@@ -32,6 +32,7 @@ pub struct SqlArgs {
 fn bad(e: QueryError) -> CliError {
     match &e {
         QueryError::DataFusion { .. } => CliError::BadInput(e.to_string()),
+        QueryError::Storage(s) if s.is_bad_input() => CliError::BadInput(e.to_string()),
         QueryError::Storage(_) => CliError::Internal(e.to_string()),
     }
 }
@@ -48,6 +49,7 @@ pub async fn run(a: SqlArgs) -> Result<(), CliError> {
         }
     };
     let ctx = new_context();
+    let mut stores = Vec::new();
     for (i, run) in a.runs.iter().enumerate() {
         if !run.contains("://") && !std::path::Path::new(run).exists() {
             return Err(CliError::BadInput(format!("--run {run}: no such run root")));
@@ -67,6 +69,7 @@ pub async fn run(a: SqlArgs) -> Result<(), CliError> {
             format!("{}_", (b'a' + i as u8) as char)
         };
         register_run(&ctx, &store, &prefix).await.map_err(bad)?;
+        stores.push(store);
     }
     for t in &a.tables {
         let (name, url) = t
@@ -91,10 +94,20 @@ pub async fn run(a: SqlArgs) -> Result<(), CliError> {
             .sql(&stmt)
             .await
             .map_err(|e| CliError::BadInput(format!("SQL: {e}")))?;
-        batches = df
-            .collect()
-            .await
-            .map_err(|e| CliError::BadInput(format!("SQL: {e}")))?;
+        batches = match df.collect().await {
+            Ok(b) => b,
+            Err(e) => {
+                // A part that fails to decode is named (file and rows), not just the query.
+                if e.to_string().contains("Parquet") {
+                    for store in &stores {
+                        if let Some(s) = crate::query::locate_unreadable_part(store).await {
+                            return Err(CliError::BadInput(s.to_string()));
+                        }
+                    }
+                }
+                return Err(CliError::BadInput(format!("SQL: {e}")));
+            }
+        };
     }
     print(&a, &batches)
 }

@@ -65,7 +65,7 @@ impl Manifest {
             .map(Some)
             .map_err(|e| StorageError::Manifest {
                 location: store.location(&store.path(MANIFEST)),
-                msg: e.to_string(),
+                msg: format!("not a valid evalflow manifest: {e}"),
             })
     }
 

@@ -9,7 +9,7 @@ mod manifest;
 mod store;
 
 pub use manifest::{Manifest, StageRecord, StageStatus, now as manifest_now};
-pub use store::{PART_ROWS, PartWriter, RunStore, encode_parquet};
+pub use store::{PART_ROWS, PartWriter, RootUrl, RunStore, encode_parquet};
 
 /// Errors of the run store. Each names the location it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +23,24 @@ pub enum StorageError {
         location: String,
         #[source]
         source: object_store::Error,
+    },
+    /// The object store refused our credentials (or found none it may use).
+    #[error(
+        "{location}: access denied: {source} (check the credentials in the environment: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for s3://)"
+    )]
+    Credentials {
+        location: String,
+        #[source]
+        source: object_store::Error,
+    },
+    /// A committed part of the run is not readable Parquet (truncated, hand-edited).
+    #[error("{location}: {what}: not readable Parquet: {source}")]
+    CorruptPart {
+        location: String,
+        /// Where in the file: `footer`, or `rows from N` while decoding.
+        what: String,
+        #[source]
+        source: datafusion::parquet::errors::ParquetError,
     },
     /// Encoding or decoding Parquet failed.
     #[error("{location}: {source}")]
@@ -44,4 +62,21 @@ pub enum StorageError {
         table: String,
         stage: String,
     },
+}
+
+impl StorageError {
+    /// Whether the user can fix this by changing their input or environment (exit code 2):
+    /// a bad root URL, missing credentials, a corrupt manifest or part, a table that does
+    /// not fit its schema. Everything else is an I/O or internal failure.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            StorageError::BadRoot { .. }
+                | StorageError::Credentials { .. }
+                | StorageError::CorruptPart { .. }
+                | StorageError::Schema(_)
+                | StorageError::Manifest { .. }
+                | StorageError::MissingTable { .. }
+        )
+    }
 }

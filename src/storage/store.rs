@@ -67,24 +67,7 @@ impl RunStore {
             url.host_str().unwrap_or("")
         ))
         .map_err(|e| bad(e.to_string()))?;
-        let store: Arc<dyn ObjectStore> = match url.scheme() {
-            "memory" => memory_store(url.host_str().unwrap_or("")),
-            "s3" | "s3a" => Arc::new(
-                object_store::aws::AmazonS3Builder::from_env()
-                    .with_url(root)
-                    .build()
-                    .map_err(|e| bad(e.to_string()))?,
-            ),
-            other => {
-                let opts: Vec<(String, String)> = std::env::vars()
-                    .filter(|(k, _)| k.starts_with("GOOGLE_") || k.starts_with("AZURE_"))
-                    .map(|(k, v)| (k.to_ascii_lowercase(), v))
-                    .collect();
-                let (s, _) = object_store::parse_url_opts(&url, opts)
-                    .map_err(|e| bad(format!("scheme `{other}`: {e}")))?;
-                Arc::from(s)
-            }
-        };
+        let store = RootUrl::parse(root)?.object_store(root).map_err(bad)?;
         let root_path = Path::from(url.path().trim_matches('/'));
         Ok(Self {
             store,
@@ -92,6 +75,20 @@ impl RunStore {
             root: root_path,
             display: root.to_string(),
         })
+    }
+
+    /// Registers the object store of a table URL (`s3://bucket/t.parquet`, `memory://x/t/`)
+    /// with `ctx`, the same way run roots are, so `--table` can name any root evalflow can
+    /// write. Local paths and `file://` URLs need nothing.
+    ///
+    /// # Errors
+    /// [`StorageError::BadRoot`] for an unusable URL (unknown scheme, a feature not built in,
+    /// no credentials).
+    pub fn register_url(ctx: &SessionContext, url: &str) -> Result<(), StorageError> {
+        if url.contains("://") && !url.starts_with("file://") {
+            RunStore::open(url)?.register_with(ctx);
+        }
+        Ok(())
     }
 
     /// A run root nested under this one (the judge's own calls live in one).
@@ -150,10 +147,7 @@ impl RunStore {
             .try_filter(|m| futures::future::ready(m.location.as_ref().ends_with(".parquet")))
             .try_collect()
             .await
-            .map_err(|source| StorageError::Store {
-                location: self.location(&prefix),
-                source,
-            })?;
+            .map_err(|source| self.store_err(&prefix, source))?;
         parts.sort_by(|a, b| a.location.cmp(&b.location));
         Ok(parts)
     }
@@ -169,33 +163,24 @@ impl RunStore {
         match self.store.head(&p).await {
             Ok(m) => Ok(Some(m)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(source) => Err(StorageError::Store {
-                location: self.location(&p),
-                source,
-            }),
+            Err(source) => Err(self.store_err(&p, source)),
         }
     }
 
     /// Deletes every object under `rel` (used to restart a stage that never committed).
     pub async fn delete_dir(&self, rel: &str) -> Result<(), StorageError> {
         let prefix = self.path(rel);
-        let metas: Vec<ObjectMeta> =
-            self.store
-                .list(Some(&prefix))
-                .try_collect()
-                .await
-                .map_err(|source| StorageError::Store {
-                    location: self.location(&prefix),
-                    source,
-                })?;
+        let metas: Vec<ObjectMeta> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|source| self.store_err(&prefix, source))?;
         for m in metas {
             self.store
                 .delete(&m.location)
                 .await
-                .map_err(|source| StorageError::Store {
-                    location: self.location(&m.location),
-                    source,
-                })?;
+                .map_err(|source| self.store_err(&m.location, source))?;
         }
         Ok(())
     }
@@ -206,10 +191,7 @@ impl RunStore {
         self.store
             .put(&p, PutPayload::from(bytes))
             .await
-            .map_err(|source| StorageError::Store {
-                location: self.location(&p),
-                source,
-            })?;
+            .map_err(|source| self.store_err(&p, source))?;
         Ok(())
     }
 
@@ -220,17 +202,23 @@ impl RunStore {
             Ok(r) => Ok(Some(
                 r.bytes()
                     .await
-                    .map_err(|source| StorageError::Store {
-                        location: self.location(&p),
-                        source,
-                    })?
+                    .map_err(|source| self.store_err(&p, source))?
                     .to_vec(),
             )),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(source) => Err(StorageError::Store {
-                location: self.location(&p),
-                source,
-            }),
+            Err(source) => Err(self.store_err(&p, source)),
+        }
+    }
+
+    /// An object-store error at `p`: a refused credential is its own, bad-input, error.
+    fn store_err(&self, p: &Path, source: object_store::Error) -> StorageError {
+        let location = self.location(p);
+        match source {
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => {
+                StorageError::Credentials { location, source }
+            }
+            source => StorageError::Store { location, source },
         }
     }
 
@@ -239,7 +227,7 @@ impl RunStore {
         if self.base_url.scheme() == "file" {
             format!("/{p}")
         } else {
-            format!("{}{}", self.base_url, p)
+            format!("{}/{p}", self.base_url.as_str().trim_end_matches('/'))
         }
     }
 
@@ -255,8 +243,9 @@ impl RunStore {
             .with_file_size(meta.size);
         let builder = ParquetRecordBatchStreamBuilder::new(reader)
             .await
-            .map_err(|source| StorageError::Parquet {
+            .map_err(|source| StorageError::CorruptPart {
                 location: location.clone(),
+                what: "footer".into(),
                 source,
             })?;
         check_compatible(table, builder.schema(), &location)?;
@@ -264,16 +253,49 @@ impl RunStore {
             builder
                 .with_batch_size(8192)
                 .build()
-                .map_err(|source| StorageError::Parquet {
+                .map_err(|source| StorageError::CorruptPart {
                     location: location.clone(),
+                    what: "footer".into(),
                     source,
                 })?;
+        // Count rows so a decoding failure names where it happened.
+        let mut rows = 0usize;
         Ok(stream
-            .map_err(move |source| StorageError::Parquet {
-                location: location.clone(),
-                source,
+            .map(move |b| match b {
+                Ok(b) => {
+                    rows += b.num_rows();
+                    Ok(b)
+                }
+                Err(source) => Err(StorageError::CorruptPart {
+                    location: location.clone(),
+                    what: format!("rows from {}", rows + 1),
+                    source,
+                }),
             })
             .boxed())
+    }
+
+    /// Checks one part's footer schema against `table` without reading its rows: every
+    /// table a query registers is checked this way, so a hand-edited part fails with its
+    /// file and column instead of a panic deep inside a stage.
+    ///
+    /// # Errors
+    /// [`StorageError::CorruptPart`] when the footer is unreadable, [`StorageError::Schema`]
+    /// naming the part and the first column that does not fit.
+    #[allow(deprecated)]
+    pub async fn check_part(&self, meta: &ObjectMeta, table: Table) -> Result<(), StorageError> {
+        let location = self.location(&meta.location);
+        let reader = ParquetObjectReader::new(self.store.clone(), meta.location.clone())
+            .with_file_size(meta.size);
+        let builder = ParquetRecordBatchStreamBuilder::new(reader)
+            .await
+            .map_err(|source| StorageError::CorruptPart {
+                location: location.clone(),
+                what: "footer".into(),
+                source,
+            })?;
+        check_compatible(table, builder.schema(), &location)?;
+        Ok(())
     }
 
     /// Streams every part of a table folder in name order, one part at a time.
@@ -307,6 +329,150 @@ impl RunStore {
             parts: Vec::new(),
         }
     }
+}
+
+/// A run root (or table) URL, parsed once: which object store it needs and where in it.
+///
+/// # Behavior
+/// A path without a scheme (or `file://`) is local; `memory://NAME/...` is a process-wide
+/// in-memory store; `s3://` / `s3a://`, `gs://` and `az://` / `azure://` name a bucket
+/// (container) and a prefix. `gs://` and `az://` need the `gcp` / `azure` cargo features;
+/// without them the root is refused with a message naming the feature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootUrl {
+    Local(String),
+    Memory { name: String, prefix: String },
+    S3 { bucket: String, prefix: String },
+    Gcs { bucket: String, prefix: String },
+    Azure { container: String, prefix: String },
+}
+
+impl RootUrl {
+    /// Parses a root or table location.
+    ///
+    /// # Errors
+    /// [`StorageError::BadRoot`] for an unparseable URL, an unknown scheme or a missing
+    /// bucket.
+    pub fn parse(root: &str) -> Result<RootUrl, StorageError> {
+        let bad = |msg: String| StorageError::BadRoot {
+            root: root.to_string(),
+            msg,
+        };
+        if !root.contains("://") || root.starts_with("file://") {
+            return Ok(RootUrl::Local(
+                root.strip_prefix("file://").unwrap_or(root).to_string(),
+            ));
+        }
+        let url = Url::parse(root).map_err(|e| bad(e.to_string()))?;
+        let host = url.host_str().unwrap_or("").to_string();
+        let prefix = url.path().trim_matches('/').to_string();
+        let scheme = url.scheme();
+        if host.is_empty() && scheme != "memory" {
+            return Err(bad(format!("no bucket in the `{scheme}://` URL")));
+        }
+        Ok(match scheme {
+            "memory" => RootUrl::Memory { name: host, prefix },
+            "s3" | "s3a" => RootUrl::S3 {
+                bucket: host,
+                prefix,
+            },
+            "gs" => RootUrl::Gcs {
+                bucket: host,
+                prefix,
+            },
+            "az" | "azure" => RootUrl::Azure {
+                container: host,
+                prefix,
+            },
+            other => {
+                return Err(bad(format!(
+                    "unsupported scheme `{other}://` (a local path, memory://, s3://, gs:// or az://)"
+                )));
+            }
+        })
+    }
+
+    /// The cargo feature this kind of root needs, if any (`gcp`, `azure`).
+    pub fn feature(&self) -> Option<&'static str> {
+        match self {
+            RootUrl::Gcs { .. } => Some("gcp"),
+            RootUrl::Azure { .. } => Some("azure"),
+            _ => None,
+        }
+    }
+
+    /// The object store for a non-local root, configured from the environment.
+    fn object_store(&self, root: &str) -> Result<Arc<dyn ObjectStore>, String> {
+        match self {
+            RootUrl::Local(_) => Ok(Arc::new(object_store::local::LocalFileSystem::new())),
+            RootUrl::Memory { name, .. } => Ok(memory_store(name)),
+            RootUrl::S3 { .. } => s3_store(root),
+            RootUrl::Gcs { .. } => gcs_store(root),
+            RootUrl::Azure { .. } => azure_store(root),
+        }
+    }
+}
+
+/// The message for a root whose object store was not built in.
+fn feature_off(scheme: &str, feature: &str) -> String {
+    format!(
+        "{scheme} roots need evalflow built with the `{feature}` cargo feature \
+         (cargo build --features {feature}); this binary was built without it"
+    )
+}
+
+/// An S3 store from the `AWS_*` environment. Credentials must be given (or signing
+/// skipped): with none, object_store's default chain probes the instance-metadata address
+/// and stalls on a machine that has none, so that is refused up front.
+fn s3_store(root: &str) -> Result<Arc<dyn ObjectStore>, String> {
+    let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
+    let skip = std::env::var("AWS_SKIP_SIGNATURE").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+    let has_credentials = (set("AWS_ACCESS_KEY_ID") && set("AWS_SECRET_ACCESS_KEY"))
+        || set("AWS_WEB_IDENTITY_TOKEN_FILE")
+        || set("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+        || set("AWS_CONTAINER_CREDENTIALS_FULL_URI")
+        || set("AWS_METADATA_ENDPOINT");
+    if !has_credentials && !skip {
+        return Err(
+            "no S3 credentials in the environment: set AWS_ACCESS_KEY_ID and \
+                    AWS_SECRET_ACCESS_KEY (or AWS_SKIP_SIGNATURE=true for a public bucket, or \
+                    AWS_METADATA_ENDPOINT to use instance credentials)"
+                .into(),
+        );
+    }
+    object_store::aws::AmazonS3Builder::from_env()
+        .with_url(root)
+        .build()
+        .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(feature = "gcp")]
+fn gcs_store(root: &str) -> Result<Arc<dyn ObjectStore>, String> {
+    object_store::gcp::GoogleCloudStorageBuilder::from_env()
+        .with_url(root)
+        .build()
+        .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "gcp"))]
+fn gcs_store(_root: &str) -> Result<Arc<dyn ObjectStore>, String> {
+    Err(feature_off("gs://", "gcp"))
+}
+
+#[cfg(feature = "azure")]
+fn azure_store(root: &str) -> Result<Arc<dyn ObjectStore>, String> {
+    object_store::azure::MicrosoftAzureBuilder::from_env()
+        .with_url(root)
+        .build()
+        .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "azure"))]
+fn azure_store(_root: &str) -> Result<Arc<dyn ObjectStore>, String> {
+    Err(feature_off("az://", "azure"))
 }
 
 /// Process-wide in-memory stores, so every stage of one process sees the same `memory://NAME`.
@@ -394,5 +560,72 @@ impl PartWriter {
     pub async fn finish(mut self) -> Result<(usize, Vec<String>), StorageError> {
         self.flush().await?;
         Ok((self.written_rows, self.parts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_urls_parse_into_store_and_prefix() {
+        let p = |s: &str| RootUrl::parse(s).unwrap();
+        assert_eq!(p("runs/r1"), RootUrl::Local("runs/r1".into()));
+        assert_eq!(p("file:///tmp/r"), RootUrl::Local("/tmp/r".into()));
+        assert_eq!(
+            p("memory://t/a/b"),
+            RootUrl::Memory {
+                name: "t".into(),
+                prefix: "a/b".into()
+            }
+        );
+        assert_eq!(
+            p("s3://bucket/runs/r1/"),
+            RootUrl::S3 {
+                bucket: "bucket".into(),
+                prefix: "runs/r1".into()
+            }
+        );
+        assert_eq!(
+            p("gs://b/x"),
+            RootUrl::Gcs {
+                bucket: "b".into(),
+                prefix: "x".into()
+            }
+        );
+        assert_eq!(p("gs://b/x").feature(), Some("gcp"));
+        assert_eq!(
+            p("az://c/x/y"),
+            RootUrl::Azure {
+                container: "c".into(),
+                prefix: "x/y".into()
+            }
+        );
+        assert_eq!(p("azure://c").feature(), Some("azure"));
+        assert_eq!(p("s3://b").feature(), None);
+        for bad in ["ftp://host/x", "s3:///no-bucket", "gs://"] {
+            let e = RootUrl::parse(bad).unwrap_err();
+            assert!(matches!(e, StorageError::BadRoot { .. }), "{bad}: {e}");
+        }
+    }
+
+    #[cfg(not(feature = "gcp"))]
+    #[test]
+    fn gs_root_without_the_feature_names_it() {
+        let e = RunStore::open("gs://bucket/run").unwrap_err();
+        assert!(e.is_bad_input());
+        let msg = e.to_string();
+        assert!(
+            msg.contains("gs://bucket/run") && msg.contains("`gcp` cargo feature"),
+            "{msg}"
+        );
+    }
+
+    #[cfg(not(feature = "azure"))]
+    #[test]
+    fn az_root_without_the_feature_names_it() {
+        let e = RunStore::open("az://container/run").unwrap_err();
+        assert!(e.is_bad_input());
+        assert!(e.to_string().contains("`azure` cargo feature"), "{e}");
     }
 }
