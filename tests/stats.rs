@@ -957,7 +957,7 @@ async fn cr2_matches_matrix_reference() {
             &ctx,
             "SELECT clustered_se_cr2(x, cluster_str), \
              clustered_mean_ci(x, cluster_str)['se'], clustered_mean_ci(x, cluster_str)['df'], \
-             clustered_mean_ci(x, cluster_str)['lo'], clustered_mean_ci(x, cluster_int)['hi'], \
+             clustered_mean_ci(x, cluster_str, 0.95, 'cr2')['lo'], clustered_mean_ci(x, cluster_int, 0.95, 'cr2')['hi'], \
              clustered_mean_ci(x, cluster_str, 0.95, 'cr1_t')['lo'], \
              clustered_mean_ci(x, cluster_str, 0.95, 'cr1_t')['hi'], \
              clustered_mean_ci(x, cluster_str, 0.95, 'cr2_wilson')['lo'], \
@@ -965,7 +965,9 @@ async fn cr2_matches_matrix_reference() {
              paired_diff_clustered(a, b, cluster_str)['se'], paired_diff_clustered(a, b, cluster_str)['df'], \
              paired_diff_clustered(a, b, cluster_str)['p_value'], paired_diff_clustered(a, b, cluster_str)['lo'], \
              paired_diff_clustered(a, b, cluster_str, 0.95, 'cr2')['hi'], \
-             clustered_mean_ci(x, cluster_str, 0.95, 'cr1_t')['df'] \
+             clustered_mean_ci(x, cluster_str, 0.95, 'cr1_t')['df'], \
+             clustered_mean_ci(x, cluster_str)['lo'], clustered_mean_ci(x, cluster_str)['hi'], \
+             paired_diff_clustered(a, b, cluster_str, 0.95, 'auto')['lo'] \
              FROM s",
         )
         .await;
@@ -985,6 +987,9 @@ async fn cr2_matches_matrix_reference() {
             D_LO,
             D_HI,
             70.0,
+            X_WILSON_LO,
+            X_WILSON_HI,
+            D_LO,
         ];
         for (i, (got, w)) in r[0].iter().zip(want).enumerate() {
             // p-values through the t tail are good to ~1e-7 relative in statrs.
@@ -1042,7 +1047,8 @@ async fn cr2_hand_worked_example() {
         &ctx,
         &format!(
             "SELECT clustered_se_cr2(x, c), clustered_mean_ci(x, c)['df'], \
-             clustered_mean_ci(x, c)['lo'], clustered_mean_ci(x, c)['hi'], clustered_se_cr1(x, c) FROM {t}"
+             clustered_mean_ci(x, c, 0.95, 'cr2')['lo'], clustered_mean_ci(x, c, 0.95, 'cr2')['hi'], \
+             clustered_se_cr1(x, c), clustered_mean_ci(x, c)['lo'], clustered_mean_ci(x, c)['hi'] FROM {t}"
         ),
     )
     .await;
@@ -1055,6 +1061,21 @@ async fn cr2_hand_worked_example() {
     assert!(close(v[3], 2.0 / 3.0 + tq * se, 1e-8), "hi {}", v[3]);
     // CR1 = sqrt(3/2 * (1 + 16/9 + 1/9)) / 6 = sqrt(13/3) / 6: CR2 weights the big cluster more.
     assert_close(Some(v[4]), (13.0f64 / 3.0).sqrt() / 6.0, "CR1 se");
+    // The default for 0/1 scores is the clustered Wilson (scripts/cr2_reference.py).
+    assert!(
+        close(v[5], 0.025579862777769746, 1e-8),
+        "wilson lo {}",
+        v[5]
+    );
+    assert!(close(v[6], 0.9934799477746361, 1e-8), "wilson hi {}", v[6]);
+    let m = one(
+        &ctx,
+        &format!(
+            "SELECT clustered_mean_ci(x, c)['method'] || '/' || clustered_mean_ci(x * 0.5, c)['method'] FROM {t}"
+        ),
+    )
+    .await;
+    assert_eq!(m, ScalarValue::Utf8(Some("cr2_wilson/cr2".into())));
 }
 
 /// The wild bootstrap is reproducible: the same seed gives identical numbers under 1 and 16

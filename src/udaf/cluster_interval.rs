@@ -35,7 +35,125 @@ use super::common::{Moments, finite, normal_z, two_sided_p};
 
 /// Which method to use when, with the coverage table of `benches/coverage.rs`; rendered
 /// under `clustered_mean_ci` in docs/functions.md.
-pub const METHOD_GUIDE: &str = "**Which method when** (TABLE PENDING)\n";
+pub const METHOD_GUIDE: &str = r#"**Which method when**
+
+- `auto` (the default): `cr2_wilson` for pass/fail scores, `cr2` for any other score. Use it unless you must match another tool.
+- `cr2_wilson`: pass/fail rates, above all near 0 or 1 or with few templates: it stays in [0, 1] and leans away from the nearer bound. Not for differences.
+- `cr2`: means of graded scores (judge scores, averaged samples) and paired differences (the default of `paired_diff_clustered`); the bias reduction and the degrees of freedom account for few and unequal templates.
+- `wild_bootstrap`: a cross-check of `cr2` (its p-value imposes the null); no better than `cr2` in the simulation, and it costs `reps` x G work per group.
+- `cr1_t`: to match statsmodels and Inspect AI standard errors, with the t(G-1) quantile they omit; it undercovers when template sizes differ.
+- `miller`: evalflow's original interval, kept for comparison; it undercovers below about 40 templates.
+
+No method is honest for a rare outcome (rate near 0.05) with strong template effects (latent ICC 0.3): with 20 to 100 templates `cr2_wilson` covers 92 to 95%, the others 88 to 94%. There, add templates rather than cases per template.
+
+**Coverage on simulated evals.** `benches/coverage.rs` (2,000 replications per design, bootstrap B = 99, the seed varying by replication; `EVALFLOW_COVERAGE_BOOT=99 cargo bench --profile dev --bench coverage`): G templates of 10 cases or of 1 to 50 cases (drawn per replication), a template effect on the logit scale with intra-template correlation rho (latent scale), population pass rate 0.5 or 0.05 (known exactly). Each cell is the coverage of the nominal 95% interval and, in parentheses, its mean width over the oracle width (2 x 1.96 x the estimator's true SD across replications). `auto` equals `cr2_wilson` here, as every score is 0 or 1.
+
+Mean of a pass/fail score:
+
+| G, sizes, rho, mean | auto | miller | cr1_t | cr2 | cr2_wilson | wild_bootstrap | oracle width |
+|---|---|---|---|---|---|---|---|
+| 5, 10, 0.05, 0.5 | 96.0% (1.21) | 85.8% (0.86) | 95.5% (1.35) | 95.5% (1.35) | 96.0% (1.21) | 95.0% (1.49) | 0.3192 |
+| 10, 10, 0.05, 0.5 | 95.2% (1.08) | 89.7% (0.92) | 94.7% (1.12) | 94.7% (1.12) | 95.2% (1.08) | 94.2% (1.15) | 0.2310 |
+| 20, 10, 0.05, 0.5 | 95.0% (1.03) | 92.2% (0.95) | 94.7% (1.04) | 94.7% (1.04) | 95.0% (1.03) | 95.0% (1.07) | 0.1635 |
+| 40, 10, 0.05, 0.5 | 94.8% (1.01) | 93.9% (0.98) | 94.7% (1.02) | 94.7% (1.02) | 94.8% (1.01) | 94.5% (1.04) | 0.1146 |
+| 100, 10, 0.05, 0.5 | 95.1% (1.02) | 94.8% (1.00) | 95.0% (1.02) | 95.0% (1.02) | 95.1% (1.02) | 95.0% (1.04) | 0.0715 |
+| 5, 10, 0.3, 0.5 | 95.7% (1.12) | 84.3% (0.87) | 94.5% (1.37) | 94.5% (1.37) | 95.7% (1.12) | 94.0% (1.59) | 0.4733 |
+| 10, 10, 0.3, 0.5 | 95.5% (1.04) | 90.5% (0.92) | 94.3% (1.12) | 94.3% (1.12) | 95.5% (1.04) | 94.4% (1.16) | 0.3450 |
+| 20, 10, 0.3, 0.5 | 95.4% (1.02) | 93.1% (0.96) | 95.0% (1.06) | 95.0% (1.06) | 95.4% (1.02) | 94.8% (1.09) | 0.2384 |
+| 40, 10, 0.3, 0.5 | 95.8% (1.03) | 94.6% (1.00) | 95.5% (1.04) | 95.5% (1.04) | 95.8% (1.03) | 96.0% (1.07) | 0.1664 |
+| 100, 10, 0.3, 0.5 | 95.3% (1.00) | 94.7% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.3% (1.00) | 95.2% (1.03) | 0.1076 |
+| 5, 1-50, 0.05, 0.5 | 95.7% (1.33) | 79.8% (0.76) | 91.9% (1.20) | 95.0% (1.50) | 95.7% (1.33) | 90.2% (1.54) | 0.2720 |
+| 10, 1-50, 0.05, 0.5 | 95.1% (1.16) | 88.7% (0.90) | 93.8% (1.10) | 95.0% (1.19) | 95.1% (1.16) | 94.2% (1.26) | 0.1862 |
+| 20, 1-50, 0.05, 0.5 | 95.5% (1.10) | 92.8% (0.98) | 94.7% (1.07) | 95.3% (1.11) | 95.5% (1.10) | 95.6% (1.16) | 0.1272 |
+| 40, 1-50, 0.05, 0.5 | 94.8% (1.02) | 92.9% (0.96) | 94.5% (1.01) | 94.7% (1.02) | 94.8% (1.02) | 94.8% (1.05) | 0.0940 |
+| 100, 1-50, 0.05, 0.5 | 94.8% (1.01) | 94.2% (0.99) | 94.5% (1.01) | 94.8% (1.01) | 94.8% (1.01) | 95.2% (1.04) | 0.0588 |
+| 5, 1-50, 0.3, 0.5 | 95.3% (1.16) | 78.6% (0.78) | 90.8% (1.23) | 94.3% (1.56) | 95.3% (1.16) | 90.0% (1.77) | 0.4872 |
+| 10, 1-50, 0.3, 0.5 | 94.2% (1.06) | 86.6% (0.88) | 91.7% (1.07) | 93.0% (1.16) | 94.2% (1.06) | 93.0% (1.28) | 0.3538 |
+| 20, 1-50, 0.3, 0.5 | 94.8% (1.02) | 90.3% (0.93) | 93.1% (1.02) | 94.2% (1.06) | 94.8% (1.02) | 93.8% (1.12) | 0.2523 |
+| 40, 1-50, 0.3, 0.5 | 95.0% (1.03) | 93.3% (0.99) | 94.2% (1.03) | 94.7% (1.05) | 95.0% (1.03) | 94.7% (1.08) | 0.1741 |
+| 100, 1-50, 0.3, 0.5 | 95.0% (0.99) | 93.9% (0.98) | 94.4% (0.99) | 94.6% (1.00) | 95.0% (0.99) | 94.7% (1.03) | 0.1127 |
+| 5, 10, 0.05, 0.05 | 98.0% (1.61) | 90.2% (0.83) | 91.8% (1.30) | 91.8% (1.30) | 98.0% (1.61) | 91.8% (1.67) | 0.1246 |
+| 10, 10, 0.05, 0.05 | 96.4% (1.19) | 86.8% (0.90) | 95.2% (1.09) | 95.2% (1.09) | 96.4% (1.19) | 90.0% (1.08) | 0.0894 |
+| 20, 10, 0.05, 0.05 | 93.8% (1.09) | 91.9% (0.96) | 94.0% (1.04) | 94.0% (1.04) | 93.8% (1.09) | 92.9% (1.05) | 0.0630 |
+| 40, 10, 0.05, 0.05 | 94.3% (1.02) | 92.7% (0.96) | 93.3% (1.00) | 93.3% (1.00) | 94.3% (1.02) | 93.8% (1.01) | 0.0453 |
+| 100, 10, 0.05, 0.05 | 95.5% (1.01) | 94.0% (0.99) | 94.3% (1.00) | 94.3% (1.00) | 95.5% (1.01) | 94.3% (1.02) | 0.0281 |
+| 5, 10, 0.3, 0.05 | 98.3% (1.38) | 83.8% (0.70) | 85.0% (1.10) | 85.0% (1.10) | 98.3% (1.38) | 85.0% (1.29) | 0.1632 |
+| 10, 10, 0.3, 0.05 | 95.8% (1.14) | 81.7% (0.85) | 90.5% (1.03) | 90.5% (1.03) | 95.8% (1.14) | 85.0% (0.96) | 0.1147 |
+| 20, 10, 0.3, 0.05 | 92.0% (1.06) | 87.4% (0.92) | 90.7% (1.00) | 90.7% (1.00) | 92.0% (1.06) | 88.4% (0.97) | 0.0795 |
+| 40, 10, 0.3, 0.05 | 93.7% (1.02) | 90.8% (0.95) | 91.5% (1.00) | 91.5% (1.00) | 93.7% (1.02) | 91.2% (0.98) | 0.0568 |
+| 100, 10, 0.3, 0.05 | 94.5% (1.04) | 93.9% (1.01) | 94.3% (1.02) | 94.3% (1.02) | 94.5% (1.04) | 94.2% (1.03) | 0.0349 |
+| 5, 1-50, 0.05, 0.05 | 97.6% (1.74) | 79.4% (0.76) | 91.2% (1.20) | 93.8% (1.49) | 97.6% (1.74) | 89.8% (1.53) | 0.0887 |
+| 10, 1-50, 0.05, 0.05 | 96.1% (1.23) | 87.5% (0.89) | 92.8% (1.08) | 94.0% (1.17) | 96.1% (1.23) | 93.2% (1.19) | 0.0605 |
+| 20, 1-50, 0.05, 0.05 | 94.6% (1.09) | 90.8% (0.94) | 93.2% (1.03) | 94.0% (1.06) | 94.6% (1.09) | 93.6% (1.09) | 0.0427 |
+| 40, 1-50, 0.05, 0.05 | 95.3% (1.05) | 93.8% (0.98) | 95.0% (1.03) | 95.2% (1.04) | 95.3% (1.05) | 94.8% (1.06) | 0.0301 |
+| 100, 1-50, 0.05, 0.05 | 94.5% (0.99) | 93.3% (0.97) | 94.0% (0.98) | 94.2% (0.99) | 94.5% (0.99) | 94.4% (1.01) | 0.0195 |
+| 5, 1-50, 0.3, 0.05 | 98.0% (1.49) | 72.6% (0.65) | 83.0% (1.03) | 86.0% (1.28) | 98.0% (1.49) | 84.0% (1.40) | 0.1438 |
+| 10, 1-50, 0.3, 0.05 | 92.0% (1.10) | 79.4% (0.77) | 84.8% (0.94) | 86.2% (1.02) | 92.0% (1.10) | 85.2% (1.00) | 0.1047 |
+| 20, 1-50, 0.3, 0.05 | 93.0% (1.02) | 85.0% (0.87) | 87.4% (0.95) | 88.3% (0.98) | 93.0% (1.02) | 87.5% (0.94) | 0.0739 |
+| 40, 1-50, 0.3, 0.05 | 92.6% (1.00) | 89.0% (0.92) | 90.0% (0.96) | 90.3% (0.98) | 92.6% (1.00) | 90.0% (0.96) | 0.0524 |
+| 100, 1-50, 0.3, 0.05 | 92.8% (1.00) | 91.0% (0.97) | 91.4% (0.98) | 91.5% (0.99) | 92.8% (1.00) | 91.8% (0.99) | 0.0326 |
+
+| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 10 |
+|---|---|---|---|
+| auto | 92.0% to 95.8% | 92.0% | 1.23 |
+| miller | 85.0% to 94.8% | 79.4% | 1.01 |
+| cr1_t | 87.4% to 95.5% | 84.8% | 1.12 |
+| cr2 | 88.3% to 95.5% | 86.2% | 1.19 |
+| cr2_wilson | 92.0% to 95.8% | 92.0% | 1.23 |
+| wild_bootstrap | 87.5% to 96.0% | 85.0% | 1.28 |
+
+Paired difference d = b - a (B's logit shifted by 0.5 plus a template-specific shift, A's rate near the given mean):
+
+| G, sizes, rho, mean A | miller | cr1_t | cr2 | wild_bootstrap | oracle width |
+|---|---|---|---|---|---|
+| 5, 10, 0.05, 0.5 | 84.2% (0.85) | 95.5% (1.33) | 95.5% (1.33) | 94.4% (1.46) | 0.3056 |
+| 10, 10, 0.05, 0.5 | 91.5% (0.93) | 95.7% (1.13) | 95.7% (1.13) | 95.8% (1.15) | 0.2146 |
+| 20, 10, 0.05, 0.5 | 93.1% (0.97) | 95.3% (1.06) | 95.3% (1.06) | 95.0% (1.08) | 0.1534 |
+| 40, 10, 0.05, 0.5 | 94.3% (1.02) | 95.5% (1.06) | 95.5% (1.06) | 95.2% (1.08) | 0.1058 |
+| 100, 10, 0.05, 0.5 | 94.8% (0.98) | 94.9% (1.00) | 94.9% (1.00) | 94.8% (1.02) | 0.0691 |
+| 5, 10, 0.3, 0.5 | 85.1% (0.84) | 94.7% (1.32) | 94.7% (1.32) | 94.8% (1.42) | 0.3409 |
+| 10, 10, 0.3, 0.5 | 90.7% (0.94) | 95.0% (1.14) | 95.0% (1.14) | 95.2% (1.16) | 0.2313 |
+| 20, 10, 0.3, 0.5 | 93.4% (0.99) | 95.6% (1.08) | 95.6% (1.08) | 95.2% (1.10) | 0.1645 |
+| 40, 10, 0.3, 0.5 | 93.7% (0.98) | 94.8% (1.02) | 94.8% (1.02) | 94.8% (1.04) | 0.1194 |
+| 100, 10, 0.3, 0.5 | 94.8% (0.99) | 95.2% (1.00) | 95.2% (1.00) | 95.0% (1.02) | 0.0762 |
+| 5, 1-50, 0.05, 0.5 | 81.7% (0.78) | 93.3% (1.23) | 96.3% (1.53) | 91.0% (1.48) | 0.2156 |
+| 10, 1-50, 0.05, 0.5 | 89.3% (0.89) | 94.0% (1.08) | 95.3% (1.16) | 94.0% (1.19) | 0.1493 |
+| 20, 1-50, 0.05, 0.5 | 92.7% (0.95) | 94.8% (1.05) | 95.2% (1.08) | 95.3% (1.11) | 0.1045 |
+| 40, 1-50, 0.05, 0.5 | 93.3% (0.94) | 94.5% (0.98) | 94.8% (1.00) | 94.4% (1.02) | 0.0762 |
+| 100, 1-50, 0.05, 0.5 | 94.9% (1.00) | 95.2% (1.02) | 95.3% (1.03) | 95.5% (1.05) | 0.0460 |
+| 5, 1-50, 0.3, 0.5 | 80.8% (0.76) | 93.0% (1.20) | 96.0% (1.51) | 91.2% (1.56) | 0.2893 |
+| 10, 1-50, 0.3, 0.5 | 87.7% (0.87) | 93.0% (1.06) | 94.8% (1.15) | 94.2% (1.19) | 0.2064 |
+| 20, 1-50, 0.3, 0.5 | 92.5% (0.95) | 94.3% (1.04) | 95.0% (1.08) | 95.0% (1.11) | 0.1426 |
+| 40, 1-50, 0.3, 0.5 | 92.7% (0.95) | 93.6% (0.99) | 94.1% (1.01) | 94.0% (1.03) | 0.1036 |
+| 100, 1-50, 0.3, 0.5 | 94.5% (1.00) | 94.8% (1.02) | 95.0% (1.03) | 95.7% (1.05) | 0.0638 |
+| 5, 10, 0.05, 0.1 | 88.0% (0.84) | 94.5% (1.31) | 94.5% (1.31) | 92.7% (1.43) | 0.2144 |
+| 10, 10, 0.05, 0.1 | 90.0% (0.91) | 95.1% (1.11) | 95.1% (1.11) | 94.2% (1.13) | 0.1499 |
+| 20, 10, 0.05, 0.1 | 93.2% (0.98) | 94.8% (1.07) | 94.8% (1.07) | 94.6% (1.08) | 0.1036 |
+| 40, 10, 0.05, 0.1 | 94.0% (0.96) | 95.2% (1.01) | 95.2% (1.01) | 95.2% (1.03) | 0.0756 |
+| 100, 10, 0.05, 0.1 | 95.2% (1.01) | 95.5% (1.03) | 95.5% (1.03) | 95.2% (1.05) | 0.0461 |
+| 5, 10, 0.3, 0.1 | 83.5% (0.79) | 92.5% (1.24) | 92.5% (1.24) | 89.4% (1.30) | 0.2477 |
+| 10, 10, 0.3, 0.1 | 88.0% (0.87) | 92.3% (1.05) | 92.3% (1.05) | 90.3% (1.04) | 0.1758 |
+| 20, 10, 0.3, 0.1 | 91.0% (0.94) | 93.3% (1.03) | 93.3% (1.03) | 93.6% (1.03) | 0.1208 |
+| 40, 10, 0.3, 0.1 | 92.9% (0.96) | 94.0% (1.00) | 94.0% (1.00) | 93.7% (1.01) | 0.0865 |
+| 100, 10, 0.3, 0.1 | 94.8% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.5% (1.03) | 0.0537 |
+| 5, 1-50, 0.05, 0.1 | 83.2% (0.80) | 94.5% (1.26) | 96.8% (1.56) | 92.8% (1.55) | 0.1450 |
+| 10, 1-50, 0.05, 0.1 | 88.4% (0.86) | 93.6% (1.05) | 95.2% (1.14) | 93.8% (1.15) | 0.1048 |
+| 20, 1-50, 0.05, 0.1 | 92.5% (0.96) | 94.5% (1.05) | 95.5% (1.09) | 94.6% (1.11) | 0.0713 |
+| 40, 1-50, 0.05, 0.1 | 93.5% (0.99) | 94.5% (1.03) | 94.9% (1.05) | 94.4% (1.07) | 0.0496 |
+| 100, 1-50, 0.05, 0.1 | 94.2% (0.98) | 94.7% (0.99) | 94.7% (1.00) | 94.7% (1.02) | 0.0323 |
+| 5, 1-50, 0.3, 0.1 | 75.2% (0.71) | 88.3% (1.11) | 91.7% (1.40) | 86.8% (1.43) | 0.2093 |
+| 10, 1-50, 0.3, 0.1 | 85.0% (0.82) | 89.9% (1.00) | 92.0% (1.09) | 90.7% (1.10) | 0.1496 |
+| 20, 1-50, 0.3, 0.1 | 89.5% (0.92) | 91.8% (1.01) | 92.5% (1.04) | 92.5% (1.05) | 0.1045 |
+| 40, 1-50, 0.3, 0.1 | 92.4% (0.98) | 93.3% (1.02) | 93.7% (1.04) | 94.0% (1.05) | 0.0717 |
+| 100, 1-50, 0.3, 0.1 | 94.5% (0.99) | 94.8% (1.01) | 94.8% (1.01) | 95.0% (1.03) | 0.0459 |
+
+| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 10 |
+|---|---|---|---|
+| miller | 89.5% to 95.2% | 85.0% | 1.02 |
+| cr1_t | 91.8% to 95.6% | 89.9% | 1.14 |
+| cr2 | 92.5% to 95.6% | 92.0% | 1.16 |
+| wild_bootstrap | 92.5% to 95.7% | 90.3% | 1.19 |
+"#;
 
 /// An interval method for a clustered mean.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -50,11 +168,15 @@ pub enum Method {
     Cr2Wilson,
     /// Wild cluster bootstrap-t, seeded.
     WildBootstrap,
+    /// The default: [`Method::Cr2Wilson`] when every row is 0 or 1 (a pass/fail score),
+    /// [`Method::Cr2`] otherwise. Results name the method that was used.
+    Auto,
 }
 
 impl Method {
     /// Every method, in documentation order.
-    pub const ALL: [Method; 5] = [
+    pub const ALL: [Method; 6] = [
+        Method::Auto,
         Method::Miller,
         Method::Cr1T,
         Method::Cr2,
@@ -63,8 +185,9 @@ impl Method {
     ];
 
     /// The method used when none is given: the one whose coverage holds best at few clusters
-    /// for any score (see `benches/coverage.rs` and docs/functions.md).
-    pub const DEFAULT: Method = Method::Cr2;
+    /// in `benches/coverage.rs` (cr2_wilson for pass/fail scores, cr2 for other scores and
+    /// for differences); see docs/functions.md.
+    pub const DEFAULT: Method = Method::Auto;
 
     /// The SQL name.
     pub fn name(self) -> &'static str {
@@ -74,6 +197,7 @@ impl Method {
             Method::Cr2 => "cr2",
             Method::Cr2Wilson => "cr2_wilson",
             Method::WildBootstrap => "wild_bootstrap",
+            Method::Auto => "auto",
         }
     }
 
@@ -393,6 +517,10 @@ pub fn clustered_wilson(p: f64, n: f64, var: f64, t: f64) -> (f64, f64) {
 /// assert!(ci.lo.unwrap() < 0.675 && 0.675 < ci.hi.unwrap());
 /// ```
 pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterval {
+    let spec = &IntervalSpec {
+        method: resolve(spec.method, cells),
+        ..*spec
+    };
     let total = merged(cells);
     let n_clusters = cells.iter().filter(|c| c.n > 0).count();
     let mut out = ClusterInterval {
@@ -422,7 +550,7 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
             finite((g / (g - 1.0) * r.score_sq()).sqrt() / n),
             Some(g - 1.0),
         ),
-        Method::Cr2 | Method::Cr2Wilson | Method::WildBootstrap => {
+        Method::Cr2 | Method::Cr2Wilson | Method::WildBootstrap | Method::Auto => {
             let se = finite(cr2_var(n, r.cells.iter().copied()).sqrt());
             let df = match spec.method {
                 Method::WildBootstrap => None,
@@ -469,6 +597,26 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
 
 /// Relative tolerance under which a bootstrap statistic ties the observed one.
 const TIE_TOL: f64 = 1e-9;
+
+/// Resolves [`Method::Auto`]: Wilson for 0/1 data, CR2 otherwise.
+pub fn resolve(method: Method, cells: &[Moments]) -> Method {
+    match method {
+        Method::Auto if cells.iter().all(is_binary) => Method::Cr2Wilson,
+        Method::Auto => Method::Cr2,
+        m => m,
+    }
+}
+
+/// Whether a cluster's moments are those of 0/1 values: a mean in [0, 1] and the largest
+/// spread such a mean allows, m2 = n mean (1 - mean) (equality holds only when every value is
+/// 0 or 1), up to rounding.
+fn is_binary(c: &Moments) -> bool {
+    if c.n == 0 {
+        return true;
+    }
+    let n = c.n as f64;
+    (0.0..=1.0).contains(&c.mean) && (c.m2 - n * c.mean * (1.0 - c.mean)).abs() <= 1e-9 * n
+}
 
 struct BootResult {
     /// The symmetric percentile-t critical value: the `level` quantile of |t*|.
@@ -606,6 +754,21 @@ mod tests {
         assert_eq!(Method::parse(" CR2 "), Ok(Method::Cr2));
         let e = Method::parse("cr3").unwrap_err().to_string();
         assert!(e.contains("'cr3'") && e.contains("'wild_bootstrap'"), "{e}");
+    }
+
+    #[test]
+    fn auto_is_wilson_for_pass_fail_and_cr2_otherwise() {
+        let binary = [binary_cell(4, 1), binary_cell(3, 3), binary_cell(1, 0)];
+        assert_eq!(resolve(Method::Auto, &binary), Method::Cr2Wilson);
+        let pushed = [cell(&[1.0, 0.0, 0.0, 1.0]), cell(&[0.0]), cell(&[1.0, 1.0])];
+        assert_eq!(resolve(Method::Auto, &pushed), Method::Cr2Wilson);
+        let graded = [cell(&[1.0, 0.5]), cell(&[0.0, 1.0])];
+        assert_eq!(resolve(Method::Auto, &graded), Method::Cr2);
+        let scale = [cell(&[3.0, 4.0]), cell(&[5.0])];
+        assert_eq!(resolve(Method::Auto, &scale), Method::Cr2);
+        assert_eq!(resolve(Method::Miller, &binary), Method::Miller);
+        let ci = cluster_interval(&binary, &IntervalSpec::default());
+        assert_eq!(ci.method, Method::Cr2Wilson);
     }
 
     #[test]

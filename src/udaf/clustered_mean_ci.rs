@@ -83,7 +83,9 @@ impl AggSpec for ClusteredMeanCi {
         syntax: "clustered_mean_ci(x, cluster [, level [, method [, reps [, seed]]]])",
         returns: "Struct{n: Int64, n_clusters: Int64, mean: Float64, se: Float64, lo: Float64, hi: Float64, method: Utf8, df: Float64}",
         summary: "The mean of `x` with a clustered interval at `level` (default 0.95). `method` \
-                  (default `'cr2'`) is one of: `'miller'`: Miller's clustered SE (as \
+                  is one of: `'auto'` (the default): `'cr2_wilson'` when every `x` is 0 or 1 (a \
+                  pass/fail score), `'cr2'` otherwise, the choices whose coverage holds best in \
+                  the simulation below; `'miller'`: Miller's clustered SE (as \
                   `clustered_se`) and a normal quantile, evalflow's original interval; `'cr1_t'`: \
                   the CR1 SE (as `clustered_se_cr1`) and a t(G-1) quantile; `'cr2'`: the \
                   Bell-McCaffrey bias-reduced SE (as `clustered_se_cr2`) and a t quantile at the \
@@ -113,7 +115,7 @@ impl AggSpec for ClusteredMeanCi {
             ("level", "Optional constant confidence level, default 0.95."),
             (
                 "method",
-                "Optional constant string: 'miller', 'cr1_t', 'cr2' (default), 'cr2_wilson' or 'wild_bootstrap'.",
+                "Optional constant string: 'auto' (default), 'miller', 'cr1_t', 'cr2', 'cr2_wilson' or 'wild_bootstrap'. The result's `method` field names the method used ('auto' resolved).",
             ),
             (
                 "reps",

@@ -24,7 +24,8 @@ use super::spec::{AggSpec, StatUdaf};
 pub struct PairedDiffClustered;
 
 /// The methods that apply to a difference (`cr2_wilson` needs a proportion).
-pub const METHODS: [Method; 4] = [
+pub const METHODS: [Method; 5] = [
+    Method::Auto,
     Method::Miller,
     Method::Cr1T,
     Method::Cr2,
@@ -61,13 +62,17 @@ fn finish(g: &[GroupCells], spec: &IntervalSpec) -> Result<ArrayRef> {
 }
 
 fn groups(args: &AccumulatorArgs) -> Result<ClusteredGroups> {
-    let spec = interval_spec_arg(
+    let mut spec = interval_spec_arg(
         args,
         3,
         PairedDiffClustered::DOC.name,
         &METHODS,
-        Method::DEFAULT,
+        Method::Cr2,
     )?;
+    // A difference is not a proportion: `auto` is CR2 here.
+    if spec.method == Method::Auto {
+        spec.method = Method::Cr2;
+    }
     Ok(ClusteredGroups::new(
         Input::Diff,
         key_kind(args.expr_fields, 2),
@@ -81,7 +86,8 @@ impl AggSpec for PairedDiffClustered {
         syntax: "paired_diff_clustered(a, b, cluster [, level [, method [, reps [, seed]]]])",
         returns: "Struct{n: Int64, mean_diff: Float64, se: Float64, z: Float64, p_value: Float64, lo: Float64, hi: Float64, method: Utf8, df: Float64}",
         summary: "As `paired_diff`, but for cases that share a template: the interval and the test \
-                  of mean(d) = 0, d = a - b, are clustered by `method` (default `'cr2'`), one of \
+                  of mean(d) = 0, d = a - b, are clustered by `method` (default `'cr2'`; `'auto'` is \
+                  the same here), one of \
                   `'miller'` (Miller's SE, normal quantile and p-value), `'cr1_t'` (CR1 SE, t(G-1)), \
                   `'cr2'` (bias-reduced CR2 SE, t at the Satterthwaite df) and `'wild_bootstrap'` \
                   (symmetric wild cluster bootstrap-t interval; the p-value is the restricted \
@@ -103,7 +109,7 @@ impl AggSpec for PairedDiffClustered {
             ("level", "Optional constant confidence level, default 0.95."),
             (
                 "method",
-                "Optional constant string: 'miller', 'cr1_t', 'cr2' (default) or 'wild_bootstrap'.",
+                "Optional constant string: 'cr2' (default, also 'auto'), 'miller', 'cr1_t' or 'wild_bootstrap'.",
             ),
             (
                 "reps",
