@@ -132,8 +132,14 @@ const CHECKS: &[(&str, &str)] = &[
     ("mean_ci(x)['hi']", "mean_ci_hi"),
     ("mean_ci(x, 0.9)['lo']", "mean_ci90_lo"),
     ("mean_ci(x)['n']", "n"),
-    ("clustered_mean_ci(x, cluster_str)['lo']", "clustered_ci_lo"),
-    ("clustered_mean_ci(x, cluster_str)['hi']", "clustered_ci_hi"),
+    (
+        "clustered_mean_ci(x, cluster_str, 0.95, 'miller')['lo']",
+        "clustered_ci_lo",
+    ),
+    (
+        "clustered_mean_ci(x, cluster_str, 0.95, 'miller')['hi']",
+        "clustered_ci_hi",
+    ),
     (
         "clustered_mean_ci(x, cluster_int)['n_clusters']",
         "n_clusters",
@@ -144,11 +150,11 @@ const CHECKS: &[(&str, &str)] = &[
     ("paired_diff(a, b)['z']", "paired_z"),
     ("paired_diff(a, b)['p_value']", "paired_p"),
     (
-        "paired_diff_clustered(a, b, cluster_str)['se']",
+        "paired_diff_clustered(a, b, cluster_str, 0.95, 'miller')['se']",
         "paired_clustered_se",
     ),
     (
-        "paired_diff_clustered(a, b, cluster_int)['p_value']",
+        "paired_diff_clustered(a, b, cluster_int, 0.95, 'miller')['p_value']",
         "paired_clustered_p",
     ),
     ("variance_components(x, case_id)['n_cases']", "vc_n_cases"),
@@ -914,4 +920,318 @@ fn compare_and_plan_verbs() {
     assert_eq!(code, Some(2));
     let (code, _, _) = run(&["compare", a, "/no/such/run"]);
     assert_eq!(code, Some(2));
+}
+
+/// CR2 references from `scripts/cr2_reference.py`: dense-matrix CR2 and Satterthwaite df as
+/// clubSandwich defines them (OLS on a constant, working model Phi = I), scipy t quantiles.
+mod cr2_reference {
+    pub const X_SE: f64 = 0.029360932877658452;
+    pub const X_DF: f64 = 57.28830527003122;
+    pub const X_LO: f64 = 0.6054832051313311;
+    pub const X_HI: f64 = 0.723058889324521;
+    pub const X_CR1T_LO: f64 = 0.6058537330215806;
+    pub const X_CR1T_HI: f64 = 0.7226883614342715;
+    pub const X_WILSON_LO: f64 = 0.6033728320520222;
+    pub const X_WILSON_HI: f64 = 0.720155619506456;
+    // Group B at level 0.9.
+    pub const B_SE: f64 = 0.04161752614085535;
+    pub const B_DF: f64 = 23.467949266148285;
+    pub const B_LO: f64 = 0.5736600350544234;
+    pub const B_HI: f64 = 0.7161950374093446;
+    pub const B_WILSON_LO: f64 = 0.5712226634873907;
+    pub const B_WILSON_HI: f64 = 0.7123430148081813;
+    // d = a - b.
+    pub const D_SE: f64 = 0.006619946691420038;
+    pub const D_DF: f64 = 56.93083325424997;
+    pub const D_P: f64 = 1.6936130664107775e-11;
+    pub const D_LO: f64 = 0.04214895219051329;
+    pub const D_HI: f64 = 0.06866207947445095;
+}
+
+#[tokio::test]
+async fn cr2_matches_matrix_reference() {
+    use cr2_reference::*;
+    for p in [1, 16] {
+        let ctx = fixture_ctx(p).await;
+        let r = rows(
+            &ctx,
+            "SELECT clustered_se_cr2(x, cluster_str), \
+             clustered_mean_ci(x, cluster_str)['se'], clustered_mean_ci(x, cluster_str)['df'], \
+             clustered_mean_ci(x, cluster_str, 0.95, 'cr2')['lo'], clustered_mean_ci(x, cluster_int, 0.95, 'cr2')['hi'], \
+             clustered_mean_ci(x, cluster_str, 0.95, 'cr1_t')['lo'], \
+             clustered_mean_ci(x, cluster_str, 0.95, 'cr1_t')['hi'], \
+             clustered_mean_ci(x, cluster_str, 0.95, 'cr2_wilson')['lo'], \
+             clustered_mean_ci(x, cluster_str, 0.95, 'CR2_Wilson')['hi'], \
+             paired_diff_clustered(a, b, cluster_str)['se'], paired_diff_clustered(a, b, cluster_str)['df'], \
+             paired_diff_clustered(a, b, cluster_str)['p_value'], paired_diff_clustered(a, b, cluster_str)['lo'], \
+             paired_diff_clustered(a, b, cluster_str, 0.95, 'cr2')['hi'], \
+             clustered_mean_ci(x, cluster_str, 0.95, 'cr1_t')['df'], \
+             clustered_mean_ci(x, cluster_str)['lo'], clustered_mean_ci(x, cluster_str)['hi'], \
+             paired_diff_clustered(a, b, cluster_str, 0.95, 'auto')['lo'] \
+             FROM s",
+        )
+        .await;
+        let want = [
+            X_SE,
+            X_SE,
+            X_DF,
+            X_LO,
+            X_HI,
+            X_CR1T_LO,
+            X_CR1T_HI,
+            X_WILSON_LO,
+            X_WILSON_HI,
+            D_SE,
+            D_DF,
+            D_P,
+            D_LO,
+            D_HI,
+            70.0,
+            X_WILSON_LO,
+            X_WILSON_HI,
+            D_LO,
+        ];
+        for (i, (got, w)) in r[0].iter().zip(want).enumerate() {
+            // p-values through the t tail are good to ~1e-7 relative in statrs.
+            let tol = if i == 11 { 1e-6 } else { 1e-9 };
+            let g = f(got).unwrap_or_else(|| panic!("column {i} NULL"));
+            assert!(close(g, w, tol), "{p} partitions, column {i}: {g} vs {w}");
+        }
+        let by = rows(
+            &ctx,
+            "SELECT grp, clustered_mean_ci(x, cluster_str, 0.9, 'cr2') AS c, \
+             clustered_mean_ci(x, cluster_str, 0.9, 'cr2_wilson') AS w FROM s GROUP BY grp ORDER BY grp",
+        )
+        .await;
+        let ScalarValue::Struct(c) = &by[1][1] else {
+            panic!("{:?}", by[1][1])
+        };
+        let ScalarValue::Struct(w) = &by[1][2] else {
+            panic!("{:?}", by[1][2])
+        };
+        let col = |s: &datafusion::arrow::array::StructArray, k: &str| {
+            s.column_by_name(k)
+                .unwrap()
+                .as_primitive::<Float64Type>()
+                .value(0)
+        };
+        for (g, want, k) in [
+            (col(c.as_ref(), "se"), B_SE, "se"),
+            (col(c.as_ref(), "df"), B_DF, "df"),
+            (col(c.as_ref(), "lo"), B_LO, "lo"),
+            (col(c.as_ref(), "hi"), B_HI, "hi"),
+            (col(w.as_ref(), "lo"), B_WILSON_LO, "wilson lo"),
+            (col(w.as_ref(), "hi"), B_WILSON_HI, "wilson hi"),
+        ] {
+            assert!(close(g, want, 1e-9), "group B {k}: {g} vs {want}");
+        }
+        assert_eq!(
+            c.column_by_name("method")
+                .unwrap()
+                .as_string::<i32>()
+                .value(0),
+            "cr2"
+        );
+    }
+}
+
+/// Worked by hand: clusters {1, 1, 1}, {0, 0}, {1}; N = 6, mean 2/3, S = (1, -4/3, 1/3),
+/// p = (1/2, 1/3, 1/6): V = (1/(1/2) + (16/9)/(2/3) + (1/9)/(5/6)) / 36 = 2/15;
+/// df = 1 / (sum p^2 (1 - 2p) / (1 - p)^2 + (sum p^2 / (1 - p))^2) = 1 / (0.11 + 0.7^2) = 5/3;
+/// t_0.975(5/3) = 5.2422651305838315 (scipy).
+#[tokio::test]
+async fn cr2_hand_worked_example() {
+    let ctx = ctx_with(2);
+    let t = "(VALUES (1.0, 'a'), (1.0, 'a'), (1.0, 'a'), (0.0, 'b'), (0.0, 'b'), (1.0, 'c')) AS t(x, c)";
+    let r = rows(
+        &ctx,
+        &format!(
+            "SELECT clustered_se_cr2(x, c), clustered_mean_ci(x, c)['df'], \
+             clustered_mean_ci(x, c, 0.95, 'cr2')['lo'], clustered_mean_ci(x, c, 0.95, 'cr2')['hi'], \
+             clustered_se_cr1(x, c), clustered_mean_ci(x, c)['lo'], clustered_mean_ci(x, c)['hi'] FROM {t}"
+        ),
+    )
+    .await;
+    let v: Vec<f64> = r[0].iter().map(|s| f(s).unwrap()).collect();
+    let se = (2.0f64 / 15.0).sqrt();
+    assert_close(Some(v[0]), se, "CR2 se");
+    assert_close(Some(v[1]), 5.0 / 3.0, "df");
+    let tq = 5.2422651305838315;
+    assert!(close(v[2], 2.0 / 3.0 - tq * se, 1e-8), "lo {}", v[2]);
+    assert!(close(v[3], 2.0 / 3.0 + tq * se, 1e-8), "hi {}", v[3]);
+    // CR1 = sqrt(3/2 * (1 + 16/9 + 1/9)) / 6 = sqrt(13/3) / 6: CR2 weights the big cluster more.
+    assert_close(Some(v[4]), (13.0f64 / 3.0).sqrt() / 6.0, "CR1 se");
+    // The default for 0/1 scores is the clustered Wilson (scripts/cr2_reference.py).
+    assert!(
+        close(v[5], 0.025579862777769746, 1e-8),
+        "wilson lo {}",
+        v[5]
+    );
+    assert!(close(v[6], 0.9934799477746361, 1e-8), "wilson hi {}", v[6]);
+    let m = one(
+        &ctx,
+        &format!(
+            "SELECT clustered_mean_ci(x, c)['method'] || '/' || clustered_mean_ci(x * 0.5, c)['method'] FROM {t}"
+        ),
+    )
+    .await;
+    assert_eq!(m, ScalarValue::Utf8(Some("cr2_wilson/cr2".into())));
+}
+
+/// The wild bootstrap is reproducible: the same seed gives identical numbers under 1 and 16
+/// partitions and with partial aggregation skipped; another seed moves them; and with 71
+/// clusters its critical value is close to the t quantile (the CR2 interval).
+#[tokio::test]
+async fn wild_bootstrap_is_seeded_and_partition_invariant() {
+    use cr2_reference::*;
+    let q = "SELECT clustered_mean_ci(x, cluster_str, 0.95, 'wild_bootstrap')['lo'], \
+             clustered_mean_ci(x, cluster_int, 0.95, 'wild_bootstrap')['hi'], \
+             clustered_mean_ci(x, cluster_str, 0.95, 'wild_bootstrap', 999, 7)['lo'], \
+             paired_diff_clustered(a, b, cluster_str, 0.95, 'wild_bootstrap')['lo'], \
+             paired_diff_clustered(a, b, cluster_str, 0.95, 'wild_bootstrap')['p_value'], \
+             paired_diff_clustered(a, b, cluster_str, 0.95, 'wild_bootstrap', 199)['hi'], \
+             clustered_mean_ci(x, cluster_str, 0.95, 'wild_bootstrap')['se'] \
+             FROM s";
+    let base: Vec<Option<f64>> = rows(&fixture_ctx(1).await, q).await[0]
+        .iter()
+        .map(f)
+        .collect();
+    let skip = fixture_ctx(4).await;
+    for (k, v) in [
+        (
+            "datafusion.execution.skip_partial_aggregation_probe_rows_threshold",
+            "1",
+        ),
+        (
+            "datafusion.execution.skip_partial_aggregation_probe_ratio_threshold",
+            "0.0",
+        ),
+    ] {
+        skip.sql(&format!("SET {k} = {v}"))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+    }
+    for ctx in [fixture_ctx(16).await, skip] {
+        let other: Vec<Option<f64>> = rows(&ctx, q).await[0].iter().map(f).collect();
+        for (a, b) in base.iter().zip(&other) {
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert!(close(a, b, 1e-12), "{a} vs {b}");
+        }
+    }
+    let v: Vec<f64> = base.iter().map(|x| x.unwrap()).collect();
+    assert_close(Some(v[6]), X_SE, "bootstrap se is CR2's");
+    // Another seed, another (close) critical value.
+    assert_ne!(v[0], v[2]);
+    let mean = (X_LO + X_HI) / 2.0;
+    let t_crit = (X_HI - X_LO) / 2.0 / X_SE;
+    for lo in [v[0], v[2]] {
+        let crit = (mean - lo) / X_SE;
+        assert!(
+            (crit - t_crit).abs() < 0.15,
+            "bootstrap crit {crit} vs t {t_crit}"
+        );
+    }
+    // Symmetric interval about the mean.
+    assert!(close(mean - v[0], v[1] - mean, 1e-9));
+    // d is 8 standard errors from 0: no restricted bootstrap draw is as extreme.
+    assert_eq!(v[4], 0.0);
+    assert!(v[3] > D_LO - 0.003 && v[3] < D_LO + 0.003, "{}", v[3]);
+}
+
+/// An exact null (mean 0, clusters of opposite signs): every method's p-value is 1.
+#[tokio::test]
+async fn bootstrap_p_value_under_exact_null() {
+    let ctx = ctx_with(3);
+    // 16 clusters of 4: d = +1 in even clusters, -1 in odd ones; mean 0, se > 0.
+    let t = "(SELECT CAST((value / 4) % 2 AS DOUBLE) AS a, 1.0 - CAST((value / 4) % 2 AS DOUBLE) AS b, \
+             value / 4 AS c FROM generate_series(0, 63)) AS t";
+    for m in ["cr2", "cr1_t", "miller", "wild_bootstrap"] {
+        let p = num(
+            &ctx,
+            &format!("SELECT paired_diff_clustered(a, b, c, 0.95, '{m}')['p_value'] FROM {t}"),
+        )
+        .await;
+        let d = num(
+            &ctx,
+            &format!("SELECT paired_diff_clustered(a, b, c, 0.95, '{m}')['mean_diff'] FROM {t}"),
+        )
+        .await;
+        assert!(d.unwrap().abs() < 1e-12, "{m}: {d:?}");
+        assert_close(p, 1.0, m);
+    }
+}
+
+#[tokio::test]
+async fn bad_interval_arguments_are_errors_naming_the_choices() {
+    let ctx = fixture_ctx(1).await;
+    for (sql, needle) in [
+        (
+            "SELECT clustered_mean_ci(x, cluster_str, 0.95, 'cr3') FROM s",
+            "'miller', 'cr1_t', 'cr2', 'cr2_wilson', 'wild_bootstrap'",
+        ),
+        (
+            "SELECT paired_diff_clustered(a, b, cluster_str, 0.95, 'cr2_wilson') FROM s",
+            "'miller', 'cr1_t', 'cr2', 'wild_bootstrap'",
+        ),
+        (
+            "SELECT clustered_mean_ci(x, cluster_str, 0.95, cluster_str) FROM s",
+            "constant",
+        ),
+        (
+            "SELECT clustered_mean_ci(x, cluster_str, 0.95, 3) FROM s",
+            "method must be a string",
+        ),
+        (
+            "SELECT clustered_mean_ci(x, cluster_str, 0.95, 'wild_bootstrap', 5) FROM s",
+            "reps",
+        ),
+        (
+            "SELECT clustered_mean_ci(x, cluster_str, 0.95, 'wild_bootstrap', 99, -1) FROM s",
+            "seed",
+        ),
+        (
+            "SELECT clustered_mean_ci(x, cluster_str, 1.5, 'cr2') FROM s",
+            "level",
+        ),
+    ] {
+        let res = match ctx.sql(sql).await {
+            Ok(df) => df.collect().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        let e = res.expect_err(sql).to_string();
+        assert!(e.contains(needle), "{sql}: {e}");
+    }
+}
+
+/// Every method under GROUP BY with many groups: 1 vs 16 partitions agree.
+#[tokio::test]
+async fn interval_methods_agree_across_partitions() {
+    let q = "SELECT case_id, clustered_mean_ci(x, sample, 0.9, 'cr2')['lo'], \
+             clustered_mean_ci(x, sample, 0.9, 'cr2_wilson')['hi'], clustered_mean_ci(x, sample, 0.9, 'cr1_t')['hi'], \
+             clustered_mean_ci(a, sample, 0.9, 'wild_bootstrap', 99)['hi'], clustered_se_cr2(a, sample), \
+             paired_diff_clustered(a, b, sample, 0.9, 'wild_bootstrap', 99)['p_value'] \
+             FROM s GROUP BY case_id ORDER BY case_id";
+    let base = rows(&fixture_ctx(1).await, q).await;
+    let other = rows(&fixture_ctx(16).await, q).await;
+    assert!(base.len() > 60);
+    let mut defined = 0;
+    for (r1, r2) in base.iter().zip(&other) {
+        assert_eq!(r1[0], r2[0]);
+        for (a, b) in r1[1..].iter().zip(&r2[1..]) {
+            match (f(a), f(b)) {
+                (Some(x), Some(y)) => {
+                    defined += 1;
+                    assert!(
+                        close(x, y, 1e-9) || (x - y).abs() < 1e-12,
+                        "{x} vs {y} in {r1:?}"
+                    );
+                }
+                (x, y) => assert_eq!(x, y, "{r1:?}"),
+            }
+        }
+    }
+    assert!(defined > 100);
 }

@@ -19,10 +19,14 @@ use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::compute::{cast, filter};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::cast::{as_float64_array, as_list_array, as_uint64_array};
-use datafusion::common::{HashMap, Result};
+use datafusion::common::{HashMap, Result, ScalarValue, plan_datafusion_err, plan_err};
+use datafusion::logical_expr::function::AccumulatorArgs;
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 
+use super::cluster_interval::{
+    Bootstrap, DEFAULT_REPS, DEFAULT_SEED, IntervalError, IntervalSpec, Method,
+};
 use super::cluster_keys::{Cell, ClusterTable, KeyKind, NO_GROUP, NULL_KEY};
 use super::common::{Moments, f64_array, filter_ok};
 use super::moments_acc::Input;
@@ -69,6 +73,16 @@ impl GroupCells {
         let var =
             self.cluster_score_sq() / (nf * nf) + self.total.m2.max(0.0) / (nf * nf * (nf - 1.0));
         super::common::finite(var.sqrt())
+    }
+
+    /// The per-cluster moments, without the cluster ids.
+    pub fn moments(&self) -> Vec<Moments> {
+        self.cells.iter().map(|(_, m)| *m).collect()
+    }
+
+    /// The mean with its interval by `spec` (see [`super::cluster_interval::cluster_interval`]).
+    pub fn interval(&self, spec: &IntervalSpec) -> super::cluster_interval::ClusterInterval {
+        super::cluster_interval::cluster_interval(&self.moments(), spec)
     }
 
     /// CR1 cluster-robust SE: sqrt(G / (G - 1) * A) / n. `None` below two clusters.
@@ -123,6 +137,81 @@ pub fn coerce_args(
             }
         })
         .collect()
+}
+
+/// Coerces `(scores..., cluster [, level [, method [, reps [, seed]]]])`: as [`coerce_args`]
+/// for the data and `level`; `method` must be a string, `reps` and `seed` numbers.
+pub fn coerce_interval_args(
+    fname: &str,
+    types: &[DataType],
+    data_names: &[&str],
+    cluster_idx: usize,
+) -> Result<Vec<DataType>> {
+    let mut names: Vec<&str> = data_names.to_vec();
+    names.extend(["level", "method", "reps", "seed"]);
+    super::common::check_arity(fname, types, cluster_idx + 1, names.len())?;
+    let method_idx = cluster_idx + 2;
+    types
+        .iter()
+        .zip(&names)
+        .enumerate()
+        .map(|(i, (t, a))| {
+            if i == cluster_idx {
+                super::common::coerce_cluster(fname, a, t)
+            } else if i == method_idx {
+                match t {
+                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Ok(t.clone()),
+                    other => datafusion::common::plan_err!(
+                        "{fname}: method must be a string, one of {}, got {other}",
+                        super::cluster_interval::Method::accepted()
+                    ),
+                }
+            } else {
+                super::common::coerce_score(fname, a, t)
+            }
+        })
+        .collect()
+}
+
+/// Reads the constant `level, method, reps, seed` arguments starting at `level_idx`.
+///
+/// `allowed` lists the methods this function accepts; `default` is used when `method` is
+/// absent. Errors are plan errors naming the function and the accepted values.
+pub fn interval_spec_arg(
+    args: &AccumulatorArgs,
+    level_idx: usize,
+    fname: &str,
+    allowed: &[Method],
+    default: Method,
+) -> Result<IntervalSpec> {
+    use super::common::{constant_arg, constant_f64};
+    let err = |e: IntervalError| plan_datafusion_err!("{fname}: {e}");
+    let level = constant_f64(args, level_idx, fname, "level", 0.95)?;
+    let method = match constant_arg(args, level_idx + 1, fname, "method")? {
+        None => default,
+        Some(
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::Utf8View(Some(s))
+            | ScalarValue::LargeUtf8(Some(s)),
+        ) => Method::parse(&s).map_err(err)?,
+        Some(other) => {
+            return plan_err!(
+                "{fname}: method must be a non-NULL string, one of {}, got {other}",
+                Method::accepted()
+            );
+        }
+    };
+    if !allowed.contains(&method) {
+        let names: Vec<String> = allowed.iter().map(|m| format!("'{}'", m.name())).collect();
+        return Err(err(IntervalError::MethodNotApplicable(
+            method.name(),
+            names.join(", "),
+        )));
+    }
+    let reps = constant_f64(args, level_idx + 2, fname, "reps", DEFAULT_REPS as f64)?;
+    let seed = constant_f64(args, level_idx + 3, fname, "seed", DEFAULT_SEED as f64)?;
+    let bootstrap = Bootstrap::new(reps, seed).map_err(err)?;
+    IntervalSpec::new(method, level, bootstrap).map_err(err)
 }
 
 /// The key kind of the (coerced) cluster argument at `idx`.

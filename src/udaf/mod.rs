@@ -13,6 +13,7 @@
 //! `conformal_quantile`'s +inf when k > n). Partial aggregation is exact up to floating-point
 //! rounding: results agree across partitionings to ~1e-12 relative.
 
+pub mod cluster_interval;
 pub mod cluster_keys;
 pub mod clustered_acc;
 pub mod common;
@@ -24,6 +25,7 @@ pub mod values_acc;
 pub mod clustered_mean_ci;
 pub mod clustered_se;
 pub mod clustered_se_cr1;
+pub mod clustered_se_cr2;
 pub mod conformal_quantile;
 pub mod confusion;
 pub mod mde;
@@ -53,6 +55,7 @@ pub fn aggregates() -> Vec<AggregateUDF> {
         mean_se::udaf(),
         clustered_se::udaf(),
         clustered_se_cr1::udaf(),
+        clustered_se_cr2::udaf(),
         mean_ci::udaf(),
         clustered_mean_ci::udaf(),
         paired_diff::udaf(),
@@ -80,6 +83,7 @@ pub fn docs() -> Vec<FunctionDoc> {
         mean_se::MeanSe::DOC,
         clustered_se::ClusteredSe::DOC,
         clustered_se_cr1::ClusteredSeCr1::DOC,
+        clustered_se_cr2::ClusteredSeCr2::DOC,
         mean_ci::MeanCi::DOC,
         clustered_mean_ci::ClusteredMeanCi::DOC,
         paired_diff::PairedDiff::DOC,
@@ -145,6 +149,10 @@ pub async fn reference_markdown() -> Result<String> {
         for (a, desc) in d.arguments {
             let _ = writeln!(md, "- `{a}`: {desc}");
         }
+        if d.name == clustered_mean_ci::ClusteredMeanCi::DOC.name {
+            md.push('\n');
+            md.push_str(cluster_interval::METHOD_GUIDE);
+        }
         let _ = write!(
             md,
             "\n**Example**\n\n```sql\n{}\n```\n\n```text\n{out}\n```\n",
@@ -174,6 +182,6 @@ mod tests {
         let reg: HashSet<_> = registered.iter().map(String::as_str).collect();
         assert_eq!(reg.len(), registered.len(), "duplicate registered name");
         assert_eq!(reg, names.iter().copied().collect::<HashSet<_>>());
-        assert_eq!(names.len(), 15);
+        assert_eq!(names.len(), 16);
     }
 }

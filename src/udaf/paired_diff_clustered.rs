@@ -1,16 +1,21 @@
-//! `paired_diff_clustered(a, b, cluster [, level])`: `paired_diff` with Miller's clustered SE of d.
+//! `paired_diff_clustered(a, b, cluster [, level [, method [, reps [, seed]]]])`: `paired_diff`
+//! with a clustered interval and test of d = a - b (see [`super::cluster_interval`]).
 
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, FieldRef};
+use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
 use datafusion::common::Result;
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::{Accumulator, AggregateUDF, GroupsAccumulator};
 
-use super::clustered_acc::{self, ClusteredGroups, GroupCells, coerce_args, key_kind};
-use super::common::{FunctionDoc, z_arg};
+use super::cluster_interval::{ClusterInterval, IntervalSpec, Method};
+use super::clustered_acc::{
+    self, ClusteredGroups, GroupCells, coerce_interval_args, interval_spec_arg, key_kind,
+};
+use super::clustered_mean_ci::method_col;
+use super::common::{FunctionDoc, f64_col, f64_field, i64_col, struct_array};
 use super::moments_acc::Input;
-use super::paired_diff::{fields, finish_rows};
 use super::single_group::SingleGroup;
 use super::spec::{AggSpec, StatUdaf};
 
@@ -18,32 +23,82 @@ use super::spec::{AggSpec, StatUdaf};
 #[derive(Debug, PartialEq, Eq, Hash, Default)]
 pub struct PairedDiffClustered;
 
+/// The methods that apply to a difference (`cr2_wilson` needs a proportion).
+pub const METHODS: [Method; 5] = [
+    Method::Auto,
+    Method::Miller,
+    Method::Cr1T,
+    Method::Cr2,
+    Method::WildBootstrap,
+];
+
+/// Result fields: `paired_diff`'s `n, mean_diff, se, z, p_value, lo, hi`, then `method, df`.
+pub fn fields() -> Fields {
+    let mut f: Vec<Field> = super::paired_diff::fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    f.push(Field::new("method", DataType::Utf8, true));
+    f.push(f64_field("df"));
+    Fields::from(f)
+}
+
+fn finish(g: &[GroupCells], spec: &IntervalSpec) -> Result<ArrayRef> {
+    let rows: Vec<ClusterInterval> = g.iter().map(|g| g.interval(spec)).collect();
+    struct_array(
+        &fields(),
+        vec![
+            i64_col(rows.iter().map(|r| Some(r.n as i64))),
+            f64_col(rows.iter().map(|r| r.mean)),
+            f64_col(rows.iter().map(|r| r.se)),
+            f64_col(rows.iter().map(|r| r.stat)),
+            f64_col(rows.iter().map(|r| r.p_value)),
+            f64_col(rows.iter().map(|r| r.lo)),
+            f64_col(rows.iter().map(|r| r.hi)),
+            method_col(&rows),
+            f64_col(rows.iter().map(|r| r.df)),
+        ],
+    )
+}
+
 fn groups(args: &AccumulatorArgs) -> Result<ClusteredGroups> {
-    let zcrit = z_arg(args, 3, PairedDiffClustered::DOC.name)?;
+    let mut spec = interval_spec_arg(
+        args,
+        3,
+        PairedDiffClustered::DOC.name,
+        &METHODS,
+        Method::Cr2,
+    )?;
+    // A difference is not a proportion: `auto` is CR2 here.
+    if spec.method == Method::Auto {
+        spec.method = Method::Cr2;
+    }
     Ok(ClusteredGroups::new(
         Input::Diff,
         key_kind(args.expr_fields, 2),
-        Arc::new(move |g: &[GroupCells]| {
-            let rows: Vec<_> = g
-                .iter()
-                .map(|g| (g.total.n, g.total.mean(), g.miller_se()))
-                .collect();
-            finish_rows(&rows, zcrit)
-        }),
+        Arc::new(move |g: &[GroupCells]| finish(g, &spec)),
     ))
 }
 
 impl AggSpec for PairedDiffClustered {
     const DOC: FunctionDoc = FunctionDoc {
         name: "paired_diff_clustered",
-        syntax: "paired_diff_clustered(a, b, cluster [, level])",
-        returns: "Struct{n: Int64, mean_diff: Float64, se: Float64, z: Float64, p_value: Float64, lo: Float64, hi: Float64}",
-        summary: "As `paired_diff`, but `se` is Miller's clustered standard error of d = a - b \
-                  (as `clustered_se(a - b, cluster)`), for cases that share a template.",
+        syntax: "paired_diff_clustered(a, b, cluster [, level [, method [, reps [, seed]]]])",
+        returns: "Struct{n: Int64, mean_diff: Float64, se: Float64, z: Float64, p_value: Float64, lo: Float64, hi: Float64, method: Utf8, df: Float64}",
+        summary: "As `paired_diff`, but for cases that share a template: the interval and the test \
+                  of mean(d) = 0, d = a - b, are clustered by `method` (default `'cr2'`; `'auto'` is \
+                  the same here), one of \
+                  `'miller'` (Miller's SE, normal quantile and p-value), `'cr1_t'` (CR1 SE, t(G-1)), \
+                  `'cr2'` (bias-reduced CR2 SE, t at the Satterthwaite df) and `'wild_bootstrap'` \
+                  (symmetric wild cluster bootstrap-t interval; the p-value is the restricted \
+                  wild bootstrap's, with the null d = 0 imposed), as in `clustered_mean_ci`. `z` \
+                  is mean_diff / se (a t statistic for the t methods); `df` is the t degrees of \
+                  freedom used (NULL for the normal and bootstrap methods).",
         behavior: "Only rows where `a`, `b` and `cluster` are non-NULL (and d is not NaN) are used. The \
                    struct is never NULL: `n` counts the pairs; `mean_diff` is NULL when n = 0; `se`, \
                    `lo`, `hi` are NULL with fewer than two rows or two clusters; `z` and `p_value` \
-                   are NULL when se is NULL or 0.",
+                   are NULL when se is NULL or 0. `'cr2_wilson'` does not apply to a difference and \
+                   is an error, as is an unknown method.",
         arguments: &[
             ("a", "Score of version A (numeric or boolean)."),
             ("b", "Score of version B on the same case."),
@@ -52,13 +107,25 @@ impl AggSpec for PairedDiffClustered {
                 "Cluster id (e.g. `template_id`): any integer or string column.",
             ),
             ("level", "Optional constant confidence level, default 0.95."),
+            (
+                "method",
+                "Optional constant string: 'cr2' (default, also 'auto'), 'miller', 'cr1_t' or 'wild_bootstrap'.",
+            ),
+            (
+                "reps",
+                "Optional constant: bootstrap replications, 19 to 1000000, default 999.",
+            ),
+            (
+                "seed",
+                "Optional constant: bootstrap seed, a non-negative integer, default 20160101.",
+            ),
         ],
         example: "SELECT paired_diff_clustered(a, b, c) AS d \
                   FROM (VALUES (1.0, 0.0, 1), (1.0, 1.0, 1), (0.0, 0.0, 2), (1.0, 0.0, 2), (1.0, 1.0, 3), (1.0, 0.0, 3)) AS t(a, b, c)",
     };
 
     fn coerce(&self, t: &[DataType]) -> Result<Vec<DataType>> {
-        coerce_args(Self::DOC.name, t, &["a", "b", "cluster", "level"], 2)
+        coerce_interval_args(Self::DOC.name, t, &["a", "b", "cluster"], 2)
     }
 
     fn return_type(&self) -> DataType {

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Reference values for the CR2 interval methods (tests/intervals.rs).
+
+CR2 and its Satterthwaite degrees of freedom are computed the way clubSandwich defines them
+(Pustejovsky and Tipton 2018) with dense matrices, for OLS on a constant (working model
+Phi = I): A_g = (I - H_gg)^(-1/2) by eigendecomposition, V = M sum_g X_g' A_g e_g e_g' A_g X_g M,
+p_g = (I - H)_g' A_g X_g M, df = (sum_g p_g'p_g)^2 / sum_{g,h} (p_g'p_h)^2. Nothing here uses
+evalflow's closed forms, which these numbers check. Also the closed form of the working-model
+df against the matrices, and the t quantiles.
+
+    python3 scripts/cr2_reference.py
+"""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+FIX = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "stats" / "scores.csv"
+
+
+def inv_sqrt(m):
+    w, v = np.linalg.eigh(m)
+    return v @ np.diag(w ** -0.5) @ v.T
+
+
+def cr2(x, cl):
+    x = np.asarray(x, float)
+    cl = np.asarray(cl)
+    n = len(x)
+    X = np.ones((n, 1))
+    M = np.linalg.inv(X.T @ X)
+    H = X @ M @ X.T
+    e = x - x.mean()
+    ih = np.eye(n) - H
+    V = np.zeros((1, 1))
+    ps = []
+    for g in pd.unique(cl):
+        idx = np.where(cl == g)[0]
+        A = inv_sqrt(np.eye(len(idx)) - H[np.ix_(idx, idx)])
+        u = M @ X[idx].T @ A @ e[idx]
+        V += np.outer(u, u)
+        ps.append((ih[idx, :].T @ A @ X[idx] @ M)[:, 0])
+    P = np.array(ps)
+    G = P @ P.T
+    df = np.trace(G) ** 2 / np.sum(G ** 2)
+    return float(x.mean()), math.sqrt(V[0, 0]), float(df)
+
+
+def wilson(p, neff, z):
+    den = 1 + z * z / neff
+    c = (p + z * z / (2 * neff)) / den
+    h = z * math.sqrt(p * (1 - p) / neff + z * z / (4 * neff ** 2)) / den
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def report(name, x, cl, level=0.95):
+    m, se, df = cr2(x, cl)
+    t = stats.t.ppf(1 - (1 - level) / 2, df)
+    g = len(pd.unique(np.asarray(cl)))
+    n = len(x)
+    # CR1 by its definition.
+    xs = np.asarray(x, float)
+    s = pd.Series(xs - xs.mean()).groupby(np.asarray(cl)).sum().to_numpy()
+    cr1 = math.sqrt(g / (g - 1) * np.sum(s ** 2)) / n
+    t1 = stats.t.ppf(1 - (1 - level) / 2, g - 1)
+    out = dict(n=n, g=g, mean=m, cr2_se=se, cr2_df=df, cr2_lo=m - t * se, cr2_hi=m + t * se,
+               cr2_p=float(2 * stats.t.sf(abs(m / se), df)),
+               cr1t_lo=m - t1 * cr1, cr1t_hi=m + t1 * cr1)
+    if 0 <= m <= 1:
+        naive = m * (1 - m) / n
+        deff = se ** 2 / naive if naive > 0 and se > 0 else 1.0
+        out["wilson_lo"], out["wilson_hi"] = wilson(m, n / deff, t)
+    print(f"// {name}")
+    for k, v in out.items():
+        print(f"    {k}: {v!r}")
+    return out
+
+
+def main():
+    df = pd.read_csv(FIX)
+    x = df[df.x.notna()]
+    report("x by cluster_str, all rows", x.x.to_numpy(), x.cluster_str.to_numpy())
+    report("x by cluster_str, grp B, level 0.9", x[x.grp == "B"].x.to_numpy(),
+           x[x.grp == "B"].cluster_str.to_numpy(), level=0.9)
+    p = df[df.a.notna() & df.b.notna()]
+    report("a - b by cluster_str", (p.a - p.b).to_numpy(), p.cluster_str.to_numpy())
+    # The hand-derived example: clusters {1,1,1}, {0,0}, {1}: se^2 = 2/15, df = 5/3.
+    r = report("hand example", [1, 1, 1, 0, 0, 1], ["a", "a", "a", "b", "b", "c"])
+    assert abs(r["cr2_se"] ** 2 - 2 / 15) < 1e-12 and abs(r["cr2_df"] - 5 / 3) < 1e-12
+    print("t(5/3) 0.975 quantile", stats.t.ppf(0.975, 5 / 3))
+
+
+if __name__ == "__main__":
+    main()

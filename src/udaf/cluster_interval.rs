@@ -1,0 +1,780 @@
+//! Intervals for the mean of clustered data that keep their coverage with few clusters.
+//!
+//! Eval cases come from templates, and cases of one template are not independent. The
+//! classic clustered standard errors (Miller's, CR1) are biased down when there are few
+//! clusters, and a normal quantile on top of them makes a nominal 95% interval cover 90% or
+//! less with 10-20 templates. This module holds the remedies from the few-clusters literature
+//! (Cameron, Gelbach and Miller 2008; Imbens and Kolesar 2016; MacKinnon and Webb 2017;
+//! Pustejovsky and Tipton 2018), specialised to the intercept-only model (the mean), where all
+//! of them need only the per-cluster moments `(n_g, mean_g, m2_g)`:
+//!
+//! - [`Method::Miller`]: Miller's SE with a normal quantile (evalflow's original interval).
+//! - [`Method::Cr1T`]: CR1 (`G/(G-1)` small-sample factor) with a t(G-1) quantile.
+//! - [`Method::Cr2`]: the Bell-McCaffrey bias-reduced variance with Satterthwaite degrees of
+//!   freedom and a t quantile. With `N` rows, `p_g = n_g / N` and cluster residual sums
+//!   `S_g = n_g (mean_g - mean)`: `V = sum_g S_g^2 / (1 - p_g) / N^2` and
+//!   `df = 1 / (sum_g p_g^2 (1 - 2 p_g) / (1 - p_g)^2 + (sum_g p_g^2 / (1 - p_g))^2)`, which is
+//!   `G - 1` for equal clusters. Both are checked against a direct matrix implementation in
+//!   `scripts/cr2_reference.py`.
+//! - [`Method::Cr2Wilson`]: for proportions (x in [0, 1]): a Wilson score interval at the
+//!   effective size `p (1 - p) / V_CR2` with the CR2 t quantile; it stays inside [0, 1] and is
+//!   skewed the right way near 0 and 1.
+//! - [`Method::WildBootstrap`]: the wild cluster bootstrap-t (Rademacher weights, Webb's
+//!   six-point weights below 12 clusters), studentized by the CR2 SE; the interval is the
+//!   symmetric percentile-t one, the p-value imposes the null (WCR).
+//!
+//! The bootstrap runs at evaluate time over the merged per-cluster moments, with clusters put
+//! in a canonical order (by size, then mean) before weights are drawn, so a given seed gives
+//! the same interval however the rows were partitioned and merged.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use statrs::distribution::{ContinuousCDF, StudentsT};
+
+use super::common::{Moments, finite, normal_z, two_sided_p};
+
+/// Which method to use when, with the coverage table of `benches/coverage.rs`; rendered
+/// under `clustered_mean_ci` in docs/functions.md.
+pub const METHOD_GUIDE: &str = r#"**Which method when**
+
+- `auto` (the default): `cr2_wilson` for pass/fail scores, `cr2` for any other score. Use it unless you must match another tool.
+- `cr2_wilson`: pass/fail rates, above all near 0 or 1 or with few templates: it stays in [0, 1] and leans away from the nearer bound. Not for differences.
+- `cr2`: means of graded scores (judge scores, averaged samples) and paired differences (the default of `paired_diff_clustered`); the bias reduction and the degrees of freedom account for few and unequal templates.
+- `wild_bootstrap`: a cross-check of `cr2` (its p-value imposes the null); no better than `cr2` in the simulation, and it costs `reps` x G work per group.
+- `cr1_t`: to match statsmodels and Inspect AI standard errors, with the t(G-1) quantile they omit; it undercovers when template sizes differ.
+- `miller`: evalflow's original interval, kept for comparison; it undercovers below about 40 templates.
+
+No method is honest for a rare outcome (rate near 0.05) with strong template effects (latent ICC 0.3): with 20 to 100 templates `cr2_wilson` covers 92 to 95%, the others 88 to 94%. There, add templates rather than cases per template.
+
+**Coverage on simulated evals.** `benches/coverage.rs` (2,000 replications per design, bootstrap B = 99, the seed varying by replication; `EVALFLOW_COVERAGE_BOOT=99 cargo bench --profile dev --bench coverage`): G templates of 10 cases or of 1 to 50 cases (drawn per replication), a template effect on the logit scale with intra-template correlation rho (latent scale), population pass rate 0.5 or 0.05 (known exactly). Each cell is the coverage of the nominal 95% interval and, in parentheses, its mean width over the oracle width (2 x 1.96 x the estimator's true SD across replications). `auto` equals `cr2_wilson` here, as every score is 0 or 1.
+
+Mean of a pass/fail score:
+
+| G, sizes, rho, mean | auto | miller | cr1_t | cr2 | cr2_wilson | wild_bootstrap | oracle width |
+|---|---|---|---|---|---|---|---|
+| 5, 10, 0.05, 0.5 | 96.0% (1.21) | 85.8% (0.86) | 95.5% (1.35) | 95.5% (1.35) | 96.0% (1.21) | 95.0% (1.49) | 0.3192 |
+| 10, 10, 0.05, 0.5 | 95.2% (1.08) | 89.7% (0.92) | 94.7% (1.12) | 94.7% (1.12) | 95.2% (1.08) | 94.2% (1.15) | 0.2310 |
+| 20, 10, 0.05, 0.5 | 95.0% (1.03) | 92.2% (0.95) | 94.7% (1.04) | 94.7% (1.04) | 95.0% (1.03) | 95.0% (1.07) | 0.1635 |
+| 40, 10, 0.05, 0.5 | 94.8% (1.01) | 93.9% (0.98) | 94.7% (1.02) | 94.7% (1.02) | 94.8% (1.01) | 94.5% (1.04) | 0.1146 |
+| 100, 10, 0.05, 0.5 | 95.1% (1.02) | 94.8% (1.00) | 95.0% (1.02) | 95.0% (1.02) | 95.1% (1.02) | 95.0% (1.04) | 0.0715 |
+| 5, 10, 0.3, 0.5 | 95.7% (1.12) | 84.3% (0.87) | 94.5% (1.37) | 94.5% (1.37) | 95.7% (1.12) | 94.0% (1.59) | 0.4733 |
+| 10, 10, 0.3, 0.5 | 95.5% (1.04) | 90.5% (0.92) | 94.3% (1.12) | 94.3% (1.12) | 95.5% (1.04) | 94.4% (1.16) | 0.3450 |
+| 20, 10, 0.3, 0.5 | 95.4% (1.02) | 93.1% (0.96) | 95.0% (1.06) | 95.0% (1.06) | 95.4% (1.02) | 94.8% (1.09) | 0.2384 |
+| 40, 10, 0.3, 0.5 | 95.8% (1.03) | 94.6% (1.00) | 95.5% (1.04) | 95.5% (1.04) | 95.8% (1.03) | 96.0% (1.07) | 0.1664 |
+| 100, 10, 0.3, 0.5 | 95.3% (1.00) | 94.7% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.3% (1.00) | 95.2% (1.03) | 0.1076 |
+| 5, 1-50, 0.05, 0.5 | 95.7% (1.33) | 79.8% (0.76) | 91.9% (1.20) | 95.0% (1.50) | 95.7% (1.33) | 90.2% (1.54) | 0.2720 |
+| 10, 1-50, 0.05, 0.5 | 95.1% (1.16) | 88.7% (0.90) | 93.8% (1.10) | 95.0% (1.19) | 95.1% (1.16) | 94.2% (1.26) | 0.1862 |
+| 20, 1-50, 0.05, 0.5 | 95.5% (1.10) | 92.8% (0.98) | 94.7% (1.07) | 95.3% (1.11) | 95.5% (1.10) | 95.6% (1.16) | 0.1272 |
+| 40, 1-50, 0.05, 0.5 | 94.8% (1.02) | 92.9% (0.96) | 94.5% (1.01) | 94.7% (1.02) | 94.8% (1.02) | 94.8% (1.05) | 0.0940 |
+| 100, 1-50, 0.05, 0.5 | 94.8% (1.01) | 94.2% (0.99) | 94.5% (1.01) | 94.8% (1.01) | 94.8% (1.01) | 95.2% (1.04) | 0.0588 |
+| 5, 1-50, 0.3, 0.5 | 95.3% (1.16) | 78.6% (0.78) | 90.8% (1.23) | 94.3% (1.56) | 95.3% (1.16) | 90.0% (1.77) | 0.4872 |
+| 10, 1-50, 0.3, 0.5 | 94.2% (1.06) | 86.6% (0.88) | 91.7% (1.07) | 93.0% (1.16) | 94.2% (1.06) | 93.0% (1.28) | 0.3538 |
+| 20, 1-50, 0.3, 0.5 | 94.8% (1.02) | 90.3% (0.93) | 93.1% (1.02) | 94.2% (1.06) | 94.8% (1.02) | 93.8% (1.12) | 0.2523 |
+| 40, 1-50, 0.3, 0.5 | 95.0% (1.03) | 93.3% (0.99) | 94.2% (1.03) | 94.7% (1.05) | 95.0% (1.03) | 94.7% (1.08) | 0.1741 |
+| 100, 1-50, 0.3, 0.5 | 95.0% (0.99) | 93.9% (0.98) | 94.4% (0.99) | 94.6% (1.00) | 95.0% (0.99) | 94.7% (1.03) | 0.1127 |
+| 5, 10, 0.05, 0.05 | 98.0% (1.61) | 90.2% (0.83) | 91.8% (1.30) | 91.8% (1.30) | 98.0% (1.61) | 91.8% (1.67) | 0.1246 |
+| 10, 10, 0.05, 0.05 | 96.4% (1.19) | 86.8% (0.90) | 95.2% (1.09) | 95.2% (1.09) | 96.4% (1.19) | 90.0% (1.08) | 0.0894 |
+| 20, 10, 0.05, 0.05 | 93.8% (1.09) | 91.9% (0.96) | 94.0% (1.04) | 94.0% (1.04) | 93.8% (1.09) | 92.9% (1.05) | 0.0630 |
+| 40, 10, 0.05, 0.05 | 94.3% (1.02) | 92.7% (0.96) | 93.3% (1.00) | 93.3% (1.00) | 94.3% (1.02) | 93.8% (1.01) | 0.0453 |
+| 100, 10, 0.05, 0.05 | 95.5% (1.01) | 94.0% (0.99) | 94.3% (1.00) | 94.3% (1.00) | 95.5% (1.01) | 94.3% (1.02) | 0.0281 |
+| 5, 10, 0.3, 0.05 | 98.3% (1.38) | 83.8% (0.70) | 85.0% (1.10) | 85.0% (1.10) | 98.3% (1.38) | 85.0% (1.29) | 0.1632 |
+| 10, 10, 0.3, 0.05 | 95.8% (1.14) | 81.7% (0.85) | 90.5% (1.03) | 90.5% (1.03) | 95.8% (1.14) | 85.0% (0.96) | 0.1147 |
+| 20, 10, 0.3, 0.05 | 92.0% (1.06) | 87.4% (0.92) | 90.7% (1.00) | 90.7% (1.00) | 92.0% (1.06) | 88.4% (0.97) | 0.0795 |
+| 40, 10, 0.3, 0.05 | 93.7% (1.02) | 90.8% (0.95) | 91.5% (1.00) | 91.5% (1.00) | 93.7% (1.02) | 91.2% (0.98) | 0.0568 |
+| 100, 10, 0.3, 0.05 | 94.5% (1.04) | 93.9% (1.01) | 94.3% (1.02) | 94.3% (1.02) | 94.5% (1.04) | 94.2% (1.03) | 0.0349 |
+| 5, 1-50, 0.05, 0.05 | 97.6% (1.74) | 79.4% (0.76) | 91.2% (1.20) | 93.8% (1.49) | 97.6% (1.74) | 89.8% (1.53) | 0.0887 |
+| 10, 1-50, 0.05, 0.05 | 96.1% (1.23) | 87.5% (0.89) | 92.8% (1.08) | 94.0% (1.17) | 96.1% (1.23) | 93.2% (1.19) | 0.0605 |
+| 20, 1-50, 0.05, 0.05 | 94.6% (1.09) | 90.8% (0.94) | 93.2% (1.03) | 94.0% (1.06) | 94.6% (1.09) | 93.6% (1.09) | 0.0427 |
+| 40, 1-50, 0.05, 0.05 | 95.3% (1.05) | 93.8% (0.98) | 95.0% (1.03) | 95.2% (1.04) | 95.3% (1.05) | 94.8% (1.06) | 0.0301 |
+| 100, 1-50, 0.05, 0.05 | 94.5% (0.99) | 93.3% (0.97) | 94.0% (0.98) | 94.2% (0.99) | 94.5% (0.99) | 94.4% (1.01) | 0.0195 |
+| 5, 1-50, 0.3, 0.05 | 98.0% (1.49) | 72.6% (0.65) | 83.0% (1.03) | 86.0% (1.28) | 98.0% (1.49) | 84.0% (1.40) | 0.1438 |
+| 10, 1-50, 0.3, 0.05 | 92.0% (1.10) | 79.4% (0.77) | 84.8% (0.94) | 86.2% (1.02) | 92.0% (1.10) | 85.2% (1.00) | 0.1047 |
+| 20, 1-50, 0.3, 0.05 | 93.0% (1.02) | 85.0% (0.87) | 87.4% (0.95) | 88.3% (0.98) | 93.0% (1.02) | 87.5% (0.94) | 0.0739 |
+| 40, 1-50, 0.3, 0.05 | 92.6% (1.00) | 89.0% (0.92) | 90.0% (0.96) | 90.3% (0.98) | 92.6% (1.00) | 90.0% (0.96) | 0.0524 |
+| 100, 1-50, 0.3, 0.05 | 92.8% (1.00) | 91.0% (0.97) | 91.4% (0.98) | 91.5% (0.99) | 92.8% (1.00) | 91.8% (0.99) | 0.0326 |
+
+| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 10 |
+|---|---|---|---|
+| auto | 92.0% to 95.8% | 92.0% | 1.23 |
+| miller | 85.0% to 94.8% | 79.4% | 1.01 |
+| cr1_t | 87.4% to 95.5% | 84.8% | 1.12 |
+| cr2 | 88.3% to 95.5% | 86.2% | 1.19 |
+| cr2_wilson | 92.0% to 95.8% | 92.0% | 1.23 |
+| wild_bootstrap | 87.5% to 96.0% | 85.0% | 1.28 |
+
+Paired difference d = b - a (B's logit shifted by 0.5 plus a template-specific shift, A's rate near the given mean):
+
+| G, sizes, rho, mean A | miller | cr1_t | cr2 | wild_bootstrap | oracle width |
+|---|---|---|---|---|---|
+| 5, 10, 0.05, 0.5 | 84.2% (0.85) | 95.5% (1.33) | 95.5% (1.33) | 94.4% (1.46) | 0.3056 |
+| 10, 10, 0.05, 0.5 | 91.5% (0.93) | 95.7% (1.13) | 95.7% (1.13) | 95.8% (1.15) | 0.2146 |
+| 20, 10, 0.05, 0.5 | 93.1% (0.97) | 95.3% (1.06) | 95.3% (1.06) | 95.0% (1.08) | 0.1534 |
+| 40, 10, 0.05, 0.5 | 94.3% (1.02) | 95.5% (1.06) | 95.5% (1.06) | 95.2% (1.08) | 0.1058 |
+| 100, 10, 0.05, 0.5 | 94.8% (0.98) | 94.9% (1.00) | 94.9% (1.00) | 94.8% (1.02) | 0.0691 |
+| 5, 10, 0.3, 0.5 | 85.1% (0.84) | 94.7% (1.32) | 94.7% (1.32) | 94.8% (1.42) | 0.3409 |
+| 10, 10, 0.3, 0.5 | 90.7% (0.94) | 95.0% (1.14) | 95.0% (1.14) | 95.2% (1.16) | 0.2313 |
+| 20, 10, 0.3, 0.5 | 93.4% (0.99) | 95.6% (1.08) | 95.6% (1.08) | 95.2% (1.10) | 0.1645 |
+| 40, 10, 0.3, 0.5 | 93.7% (0.98) | 94.8% (1.02) | 94.8% (1.02) | 94.8% (1.04) | 0.1194 |
+| 100, 10, 0.3, 0.5 | 94.8% (0.99) | 95.2% (1.00) | 95.2% (1.00) | 95.0% (1.02) | 0.0762 |
+| 5, 1-50, 0.05, 0.5 | 81.7% (0.78) | 93.3% (1.23) | 96.3% (1.53) | 91.0% (1.48) | 0.2156 |
+| 10, 1-50, 0.05, 0.5 | 89.3% (0.89) | 94.0% (1.08) | 95.3% (1.16) | 94.0% (1.19) | 0.1493 |
+| 20, 1-50, 0.05, 0.5 | 92.7% (0.95) | 94.8% (1.05) | 95.2% (1.08) | 95.3% (1.11) | 0.1045 |
+| 40, 1-50, 0.05, 0.5 | 93.3% (0.94) | 94.5% (0.98) | 94.8% (1.00) | 94.4% (1.02) | 0.0762 |
+| 100, 1-50, 0.05, 0.5 | 94.9% (1.00) | 95.2% (1.02) | 95.3% (1.03) | 95.5% (1.05) | 0.0460 |
+| 5, 1-50, 0.3, 0.5 | 80.8% (0.76) | 93.0% (1.20) | 96.0% (1.51) | 91.2% (1.56) | 0.2893 |
+| 10, 1-50, 0.3, 0.5 | 87.7% (0.87) | 93.0% (1.06) | 94.8% (1.15) | 94.2% (1.19) | 0.2064 |
+| 20, 1-50, 0.3, 0.5 | 92.5% (0.95) | 94.3% (1.04) | 95.0% (1.08) | 95.0% (1.11) | 0.1426 |
+| 40, 1-50, 0.3, 0.5 | 92.7% (0.95) | 93.6% (0.99) | 94.1% (1.01) | 94.0% (1.03) | 0.1036 |
+| 100, 1-50, 0.3, 0.5 | 94.5% (1.00) | 94.8% (1.02) | 95.0% (1.03) | 95.7% (1.05) | 0.0638 |
+| 5, 10, 0.05, 0.1 | 88.0% (0.84) | 94.5% (1.31) | 94.5% (1.31) | 92.7% (1.43) | 0.2144 |
+| 10, 10, 0.05, 0.1 | 90.0% (0.91) | 95.1% (1.11) | 95.1% (1.11) | 94.2% (1.13) | 0.1499 |
+| 20, 10, 0.05, 0.1 | 93.2% (0.98) | 94.8% (1.07) | 94.8% (1.07) | 94.6% (1.08) | 0.1036 |
+| 40, 10, 0.05, 0.1 | 94.0% (0.96) | 95.2% (1.01) | 95.2% (1.01) | 95.2% (1.03) | 0.0756 |
+| 100, 10, 0.05, 0.1 | 95.2% (1.01) | 95.5% (1.03) | 95.5% (1.03) | 95.2% (1.05) | 0.0461 |
+| 5, 10, 0.3, 0.1 | 83.5% (0.79) | 92.5% (1.24) | 92.5% (1.24) | 89.4% (1.30) | 0.2477 |
+| 10, 10, 0.3, 0.1 | 88.0% (0.87) | 92.3% (1.05) | 92.3% (1.05) | 90.3% (1.04) | 0.1758 |
+| 20, 10, 0.3, 0.1 | 91.0% (0.94) | 93.3% (1.03) | 93.3% (1.03) | 93.6% (1.03) | 0.1208 |
+| 40, 10, 0.3, 0.1 | 92.9% (0.96) | 94.0% (1.00) | 94.0% (1.00) | 93.7% (1.01) | 0.0865 |
+| 100, 10, 0.3, 0.1 | 94.8% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.5% (1.03) | 0.0537 |
+| 5, 1-50, 0.05, 0.1 | 83.2% (0.80) | 94.5% (1.26) | 96.8% (1.56) | 92.8% (1.55) | 0.1450 |
+| 10, 1-50, 0.05, 0.1 | 88.4% (0.86) | 93.6% (1.05) | 95.2% (1.14) | 93.8% (1.15) | 0.1048 |
+| 20, 1-50, 0.05, 0.1 | 92.5% (0.96) | 94.5% (1.05) | 95.5% (1.09) | 94.6% (1.11) | 0.0713 |
+| 40, 1-50, 0.05, 0.1 | 93.5% (0.99) | 94.5% (1.03) | 94.9% (1.05) | 94.4% (1.07) | 0.0496 |
+| 100, 1-50, 0.05, 0.1 | 94.2% (0.98) | 94.7% (0.99) | 94.7% (1.00) | 94.7% (1.02) | 0.0323 |
+| 5, 1-50, 0.3, 0.1 | 75.2% (0.71) | 88.3% (1.11) | 91.7% (1.40) | 86.8% (1.43) | 0.2093 |
+| 10, 1-50, 0.3, 0.1 | 85.0% (0.82) | 89.9% (1.00) | 92.0% (1.09) | 90.7% (1.10) | 0.1496 |
+| 20, 1-50, 0.3, 0.1 | 89.5% (0.92) | 91.8% (1.01) | 92.5% (1.04) | 92.5% (1.05) | 0.1045 |
+| 40, 1-50, 0.3, 0.1 | 92.4% (0.98) | 93.3% (1.02) | 93.7% (1.04) | 94.0% (1.05) | 0.0717 |
+| 100, 1-50, 0.3, 0.1 | 94.5% (0.99) | 94.8% (1.01) | 94.8% (1.01) | 95.0% (1.03) | 0.0459 |
+
+| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 10 |
+|---|---|---|---|
+| miller | 89.5% to 95.2% | 85.0% | 1.02 |
+| cr1_t | 91.8% to 95.6% | 89.9% | 1.14 |
+| cr2 | 92.5% to 95.6% | 92.0% | 1.16 |
+| wild_bootstrap | 92.5% to 95.7% | 90.3% | 1.19 |
+"#;
+
+/// An interval method for a clustered mean.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Method {
+    /// Miller's clustered SE, normal quantile.
+    Miller,
+    /// CR1 SE, t(G - 1) quantile.
+    Cr1T,
+    /// CR2 (Bell-McCaffrey) SE, Satterthwaite df, t quantile.
+    Cr2,
+    /// Wilson score interval at the CR2 effective sample size, t quantile (proportions).
+    Cr2Wilson,
+    /// Wild cluster bootstrap-t, seeded.
+    WildBootstrap,
+    /// The default: [`Method::Cr2Wilson`] when every row is 0 or 1 (a pass/fail score),
+    /// [`Method::Cr2`] otherwise. Results name the method that was used.
+    Auto,
+}
+
+impl Method {
+    /// Every method, in documentation order.
+    pub const ALL: [Method; 6] = [
+        Method::Auto,
+        Method::Miller,
+        Method::Cr1T,
+        Method::Cr2,
+        Method::Cr2Wilson,
+        Method::WildBootstrap,
+    ];
+
+    /// The method used when none is given: the one whose coverage holds best at few clusters
+    /// in `benches/coverage.rs` (cr2_wilson for pass/fail scores, cr2 for other scores and
+    /// for differences); see docs/functions.md.
+    pub const DEFAULT: Method = Method::Auto;
+
+    /// The SQL name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Miller => "miller",
+            Method::Cr1T => "cr1_t",
+            Method::Cr2 => "cr2",
+            Method::Cr2Wilson => "cr2_wilson",
+            Method::WildBootstrap => "wild_bootstrap",
+            Method::Auto => "auto",
+        }
+    }
+
+    /// Parses a SQL name (case-insensitive, surrounding spaces ignored).
+    ///
+    /// # Errors
+    /// [`IntervalError::UnknownMethod`] naming the accepted values.
+    pub fn parse(s: &str) -> Result<Method, IntervalError> {
+        let t = s.trim().to_ascii_lowercase();
+        Method::ALL
+            .into_iter()
+            .find(|m| m.name() == t)
+            .ok_or_else(|| IntervalError::UnknownMethod(s.to_string()))
+    }
+
+    /// The accepted names, quoted, comma-separated.
+    pub fn accepted() -> String {
+        Method::ALL
+            .iter()
+            .map(|m| format!("'{}'", m.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Errors of the interval arguments.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum IntervalError {
+    /// The method string is not one of [`Method::ALL`].
+    #[error("unknown interval method '{0}': expected one of {accepted}", accepted = Method::accepted())]
+    UnknownMethod(String),
+    /// The method does not apply to this function (e.g. `cr2_wilson` for a difference).
+    #[error("interval method '{0}' does not apply here: expected one of {1}")]
+    MethodNotApplicable(&'static str, String),
+    /// The confidence level is not in (0, 1).
+    #[error("level must be between 0 and 1 (exclusive), got {0}")]
+    BadLevel(f64),
+    /// The number of bootstrap replications is out of range.
+    #[error("reps must be an integer between {min} and {max}, got {0}", min = MIN_REPS, max = MAX_REPS)]
+    BadReps(f64),
+    /// The seed is not a non-negative integer.
+    #[error("seed must be a non-negative integer, got {0}")]
+    BadSeed(f64),
+}
+
+/// Fewest bootstrap replications accepted.
+pub const MIN_REPS: u32 = 19;
+/// Most bootstrap replications accepted.
+pub const MAX_REPS: u32 = 1_000_000;
+/// Default bootstrap replications.
+pub const DEFAULT_REPS: u32 = 999;
+/// Default bootstrap seed.
+pub const DEFAULT_SEED: u64 = 20_160_101;
+/// Below this many clusters the bootstrap uses Webb's six-point weights (Rademacher weights
+/// allow only 2^G distinct draws).
+pub const WEBB_BELOW: usize = 12;
+
+/// Wild bootstrap settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Bootstrap {
+    /// Replications B.
+    pub reps: u32,
+    /// RNG seed (`StdRng::seed_from_u64`).
+    pub seed: u64,
+}
+
+impl Default for Bootstrap {
+    fn default() -> Self {
+        Bootstrap {
+            reps: DEFAULT_REPS,
+            seed: DEFAULT_SEED,
+        }
+    }
+}
+
+impl Bootstrap {
+    /// Validated settings from SQL numbers.
+    ///
+    /// # Errors
+    /// [`IntervalError::BadReps`] or [`IntervalError::BadSeed`].
+    pub fn new(reps: f64, seed: f64) -> Result<Bootstrap, IntervalError> {
+        if !(reps.fract() == 0.0 && reps >= MIN_REPS as f64 && reps <= MAX_REPS as f64) {
+            return Err(IntervalError::BadReps(reps));
+        }
+        if !(seed.fract() == 0.0 && (0.0..1.8e19).contains(&seed)) {
+            return Err(IntervalError::BadSeed(seed));
+        }
+        Ok(Bootstrap {
+            reps: reps as u32,
+            seed: seed as u64,
+        })
+    }
+}
+
+/// What to compute: method, confidence level and bootstrap settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IntervalSpec {
+    /// The method.
+    pub method: Method,
+    /// Confidence level in (0, 1).
+    pub level: f64,
+    /// Used by [`Method::WildBootstrap`] only.
+    pub bootstrap: Bootstrap,
+}
+
+impl Default for IntervalSpec {
+    fn default() -> Self {
+        IntervalSpec {
+            method: Method::DEFAULT,
+            level: 0.95,
+            bootstrap: Bootstrap::default(),
+        }
+    }
+}
+
+impl IntervalSpec {
+    /// A validated spec.
+    ///
+    /// # Errors
+    /// [`IntervalError::BadLevel`] when `level` is not in (0, 1).
+    pub fn new(
+        method: Method,
+        level: f64,
+        bootstrap: Bootstrap,
+    ) -> Result<IntervalSpec, IntervalError> {
+        if !(level > 0.0 && level < 1.0) {
+            return Err(IntervalError::BadLevel(level));
+        }
+        Ok(IntervalSpec {
+            method,
+            level,
+            bootstrap,
+        })
+    }
+}
+
+/// A clustered mean with its interval.
+///
+/// # Behavior
+/// `mean` is `None` when `n == 0`; `se`, `lo`, `hi`, `stat` and `p_value` are `None` with
+/// fewer than two rows or two clusters; `stat` and `p_value` also when `se` is 0. `df` is the
+/// t degrees of freedom, `None` for the normal ([`Method::Miller`]) and bootstrap methods.
+/// [`Method::Cr2Wilson`] gives no interval when the mean is outside [0, 1].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClusterInterval {
+    /// Rows.
+    pub n: u64,
+    /// Clusters with at least one row.
+    pub n_clusters: usize,
+    /// The mean.
+    pub mean: Option<f64>,
+    /// Standard error of the mean (CR2 for the Wilson and bootstrap methods).
+    pub se: Option<f64>,
+    /// Lower bound.
+    pub lo: Option<f64>,
+    /// Upper bound.
+    pub hi: Option<f64>,
+    /// Degrees of freedom of the t quantile, if one was used.
+    pub df: Option<f64>,
+    /// The method used.
+    pub method: Method,
+    /// `mean / se`, the statistic of the test of mean = 0.
+    pub stat: Option<f64>,
+    /// Two-sided p-value of the test of mean = 0 (bootstrap: null imposed, WCR).
+    pub p_value: Option<f64>,
+}
+
+/// Per-cluster moments of a pass/fail column: `successes` ones among `n` rows.
+pub fn binary_cell(n: u64, successes: u64) -> Moments {
+    if n == 0 {
+        return Moments::default();
+    }
+    let nf = n as f64;
+    let mean = successes as f64 / nf;
+    Moments {
+        n,
+        mean,
+        m2: nf * mean * (1.0 - mean),
+    }
+}
+
+/// The two-sided `level` quantile of t(df) (normal when `df` is `None`).
+pub fn t_quantile(level: f64, df: Option<f64>) -> Option<f64> {
+    let upper = (1.0 - level) / 2.0;
+    match df {
+        None => finite(normal_z(upper)),
+        Some(df) if df > 0.0 && df.is_finite() => {
+            let t = StudentsT::new(0.0, 1.0, df).ok()?;
+            finite(t.inverse_cdf(1.0 - upper))
+        }
+        Some(_) => None,
+    }
+}
+
+/// Two-sided p-value of `stat` under t(df) (normal when `df` is `None`).
+pub fn t_p_value(stat: f64, df: Option<f64>) -> Option<f64> {
+    match df {
+        None => finite(two_sided_p(stat)),
+        Some(df) if df > 0.0 && df.is_finite() => {
+            let t = StudentsT::new(0.0, 1.0, df).ok()?;
+            finite((2.0 * t.sf(stat.abs())).min(1.0))
+        }
+        Some(_) => None,
+    }
+}
+
+/// Cluster sizes and residual sums, the inputs of every method but Miller's.
+struct Residuals {
+    n: f64,
+    mean: f64,
+    /// `(n_g, S_g = n_g (mean_g - mean))` per cluster.
+    cells: Vec<(f64, f64)>,
+}
+
+impl Residuals {
+    fn new(cells: &[Moments], total: &Moments) -> Residuals {
+        let mean = total.mean;
+        Residuals {
+            n: total.n as f64,
+            mean,
+            cells: cells
+                .iter()
+                .filter(|c| c.n > 0)
+                .map(|c| (c.n as f64, c.n as f64 * (c.mean - mean)))
+                .collect(),
+        }
+    }
+
+    /// `sum_g S_g^2`.
+    fn score_sq(&self) -> f64 {
+        self.cells.iter().map(|(_, s)| s * s).sum()
+    }
+}
+
+/// CR2 variance of the mean from `(n_g, S_g)`: `sum_g S_g^2 / (1 - n_g / N) / N^2`.
+fn cr2_var(n: f64, cells: impl Iterator<Item = (f64, f64)>) -> f64 {
+    cells.map(|(ng, s)| s * s / (1.0 - ng / n)).sum::<f64>() / (n * n)
+}
+
+/// Bell-McCaffrey / Satterthwaite degrees of freedom of the CR2 variance of a mean, under
+/// the working model of independent rows (Pustejovsky and Tipton 2018, eq. 11):
+/// `1 / (sum_g p_g^2 (1 - 2 p_g) / (1 - p_g)^2 + (sum_g p_g^2 / (1 - p_g))^2)`, `p_g = n_g / N`.
+pub fn cr2_df(sizes: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let sizes: Vec<f64> = sizes.into_iter().filter(|&s| s > 0.0).collect();
+    if sizes.len() < 2 {
+        return None;
+    }
+    let n: f64 = sizes.iter().sum();
+    let (mut a, mut b) = (0.0, 0.0);
+    for s in sizes {
+        let p = s / n;
+        let q = 1.0 - p;
+        a += p * p * (1.0 - 2.0 * p) / (q * q);
+        b += p * p / q;
+    }
+    finite(1.0 / (a + b * b)).filter(|d| *d > 0.0)
+}
+
+/// The CR2 standard error of a mean from per-cluster moments; `None` below two clusters.
+pub fn cr2_se(cells: &[Moments]) -> Option<f64> {
+    let total = merged(cells);
+    let r = Residuals::new(cells, &total);
+    if r.cells.len() < 2 {
+        return None;
+    }
+    finite(cr2_var(r.n, r.cells.iter().copied()).sqrt())
+}
+
+fn merged(cells: &[Moments]) -> Moments {
+    let mut t = Moments::default();
+    cells.iter().for_each(|c| t.merge(c));
+    t
+}
+
+/// The Wilson score interval for a proportion `p` at effective size `n_eff` and multiplier `z`.
+pub fn wilson(p: f64, n_eff: f64, z: f64) -> (f64, f64) {
+    if n_eff <= 0.0 || !n_eff.is_finite() {
+        return (0.0, 1.0);
+    }
+    let z2 = z * z;
+    let denom = 1.0 + z2 / n_eff;
+    let centre = (p + z2 / (2.0 * n_eff)) / denom;
+    let half = z * ((p * (1.0 - p) / n_eff).max(0.0) + z2 / (4.0 * n_eff * n_eff)).sqrt() / denom;
+    ((centre - half).max(0.0), (centre + half).min(1.0))
+}
+
+/// The clustered Wilson interval: Wilson at `n_eff = N / deff`, `deff = V / (p (1 - p) / N)`
+/// for a cluster-robust variance `V` of the proportion `p`, with multiplier `t`. When `p` is 0
+/// or 1, or `V` is 0, the design effect is unknown and taken as 1.
+pub fn clustered_wilson(p: f64, n: f64, var: f64, t: f64) -> (f64, f64) {
+    let naive = p * (1.0 - p) / n;
+    let deff = if naive > 0.0 && var > 0.0 {
+        var / naive
+    } else {
+        1.0
+    };
+    wilson(p, n / deff, t)
+}
+
+/// The mean of per-cluster `cells` with its interval by `spec.method`.
+///
+/// This is the plain-Rust entry point (the SQL functions and the aggregate stage call it).
+/// `cells` holds one [`Moments`] per cluster, in any order (use [`binary_cell`] for pass/fail
+/// counts); empty cells are ignored. Pure and deterministic: the bootstrap draws from
+/// `spec.bootstrap.seed` over the clusters in a canonical order.
+///
+/// # Behavior
+/// See [`ClusterInterval`].
+///
+/// # Example
+/// ```
+/// use evalflow::udaf::cluster_interval::{IntervalSpec, Method, binary_cell, cluster_interval};
+/// let cells = [binary_cell(10, 9), binary_cell(10, 6), binary_cell(10, 8), binary_cell(10, 4)];
+/// let spec = IntervalSpec { method: Method::Cr2, ..IntervalSpec::default() };
+/// let ci = cluster_interval(&cells, &spec);
+/// assert_eq!(ci.df, Some(3.0));
+/// assert!(ci.lo.unwrap() < 0.675 && 0.675 < ci.hi.unwrap());
+/// ```
+pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterval {
+    let spec = &IntervalSpec {
+        method: resolve(spec.method, cells),
+        ..*spec
+    };
+    let total = merged(cells);
+    let n_clusters = cells.iter().filter(|c| c.n > 0).count();
+    let mut out = ClusterInterval {
+        n: total.n,
+        n_clusters,
+        mean: total.mean(),
+        se: None,
+        lo: None,
+        hi: None,
+        df: None,
+        method: spec.method,
+        stat: None,
+        p_value: None,
+    };
+    if total.n < 2 || n_clusters < 2 {
+        return out;
+    }
+    let r = Residuals::new(cells, &total);
+    let (n, mean) = (r.n, r.mean);
+    let g = n_clusters as f64;
+    let (se, df) = match spec.method {
+        Method::Miller => {
+            let var = r.score_sq() / (n * n) + total.m2.max(0.0) / (n * n * (n - 1.0));
+            (finite(var.sqrt()), None)
+        }
+        Method::Cr1T => (
+            finite((g / (g - 1.0) * r.score_sq()).sqrt() / n),
+            Some(g - 1.0),
+        ),
+        Method::Cr2 | Method::Cr2Wilson | Method::WildBootstrap | Method::Auto => {
+            let se = finite(cr2_var(n, r.cells.iter().copied()).sqrt());
+            let df = match spec.method {
+                Method::WildBootstrap => None,
+                _ => cr2_df(r.cells.iter().map(|c| c.0)),
+            };
+            (se, df)
+        }
+    };
+    let Some(se) = se else { return out };
+    out.se = Some(se);
+    out.df = df;
+    if se > 0.0 {
+        out.stat = finite(mean / se);
+    }
+    match spec.method {
+        Method::WildBootstrap => {
+            let boot = wild_bootstrap(&r, se, spec);
+            out.lo = finite(mean - boot.crit * se);
+            out.hi = finite(mean + boot.crit * se);
+            out.p_value = out.stat.and(boot.p_value);
+        }
+        Method::Cr2Wilson => {
+            let Some(t) = t_quantile(spec.level, df) else {
+                return out;
+            };
+            if (0.0..=1.0).contains(&mean) {
+                let (lo, hi) = clustered_wilson(mean, n, se * se, t);
+                out.lo = Some(lo);
+                out.hi = Some(hi);
+            }
+            out.p_value = out.stat.and_then(|s| t_p_value(s, df));
+        }
+        _ => {
+            let Some(t) = t_quantile(spec.level, df) else {
+                return out;
+            };
+            out.lo = finite(mean - t * se);
+            out.hi = finite(mean + t * se);
+            out.p_value = out.stat.and_then(|s| t_p_value(s, df));
+        }
+    }
+    out
+}
+
+/// Relative tolerance under which a bootstrap statistic ties the observed one.
+const TIE_TOL: f64 = 1e-9;
+
+/// Resolves [`Method::Auto`]: Wilson for 0/1 data, CR2 otherwise.
+pub fn resolve(method: Method, cells: &[Moments]) -> Method {
+    match method {
+        Method::Auto if cells.iter().all(is_binary) => Method::Cr2Wilson,
+        Method::Auto => Method::Cr2,
+        m => m,
+    }
+}
+
+/// Whether a cluster's moments are those of 0/1 values: a mean in [0, 1] and the largest
+/// spread such a mean allows, m2 = n mean (1 - mean) (equality holds only when every value is
+/// 0 or 1), up to rounding.
+fn is_binary(c: &Moments) -> bool {
+    if c.n == 0 {
+        return true;
+    }
+    let n = c.n as f64;
+    (0.0..=1.0).contains(&c.mean) && (c.m2 - n * c.mean * (1.0 - c.mean)).abs() <= 1e-9 * n
+}
+
+struct BootResult {
+    /// The symmetric percentile-t critical value: the `level` quantile of |t*|.
+    crit: f64,
+    /// WCR p-value of mean = 0.
+    p_value: Option<f64>,
+}
+
+/// Draws one weight per cluster: Rademacher, or Webb's six points below [`WEBB_BELOW`].
+fn draw_weights(rng: &mut StdRng, w: &mut [f64]) {
+    const WEBB: [f64; 6] = [
+        -1.224_744_871_391_589, // -sqrt(3/2)
+        -1.0,
+        -std::f64::consts::FRAC_1_SQRT_2,
+        std::f64::consts::FRAC_1_SQRT_2,
+        1.0,
+        1.224_744_871_391_589,
+    ];
+    if w.len() < WEBB_BELOW {
+        w.iter_mut()
+            .for_each(|x| *x = WEBB[rng.gen_range(0..6usize)]);
+    } else {
+        w.iter_mut()
+            .for_each(|x| *x = if rng.gen_bool(0.5) { 1.0 } else { -1.0 });
+    }
+}
+
+/// Wild cluster bootstrap-t of the mean.
+///
+/// Unrestricted (for the interval): `y*_i = mean + w_g e_i`, so the bootstrap mean moves by
+/// `d = sum_g w_g S_g / N` and the cluster residual sums become `w_g S_g - n_g d`.
+/// Restricted (for the p-value of mean = 0): `y*_i = w_g y_i`, cluster sums `T_g = S_g + n_g
+/// mean`. Both statistics are studentized by the CR2 SE of the bootstrap sample.
+fn wild_bootstrap(r: &Residuals, se: f64, spec: &IntervalSpec) -> BootResult {
+    let mut cells = r.cells.clone();
+    // Canonical order: the draw does not depend on how partitions were merged.
+    cells.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let n = r.n;
+    let g = cells.len();
+    let reps = spec.bootstrap.reps.max(1) as usize;
+    let mut rng = StdRng::seed_from_u64(spec.bootstrap.seed);
+    let mut w = vec![0.0; g];
+    let mut t_unres = Vec::with_capacity(reps);
+    let t_obs = r.mean / se;
+    let mut extreme = 0usize;
+    let studentized = |w: &[f64], centre: f64, shift: f64| -> f64 {
+        // Bootstrap cluster sums w_g (S_g + n_g shift); their mean offset d; CR2 of the
+        // residuals about the bootstrap mean.
+        let d: f64 = cells
+            .iter()
+            .zip(w)
+            .map(|((ng, s), wg)| wg * (s + ng * shift))
+            .sum::<f64>()
+            / n;
+        let v = cr2_var(
+            n,
+            cells
+                .iter()
+                .zip(w)
+                .map(|((ng, s), wg)| (*ng, wg * (s + ng * shift) - ng * d)),
+        );
+        let num = d - centre;
+        if v > 0.0 {
+            num / v.sqrt()
+        } else if num == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY
+        }
+    };
+    for _ in 0..reps {
+        draw_weights(&mut rng, &mut w);
+        t_unres.push(studentized(&w, 0.0, 0.0).abs());
+        // Null mean = 0 imposed: y* = w_g y_i, so cluster sums are w_g (S_g + n_g mean) and
+        // the bootstrap mean is d itself.
+        let t_res = studentized(&w, 0.0, r.mean);
+        // Ties count as extreme. Some draws reproduce |t| exactly in exact arithmetic (all
+        // weights 1 under the null), so a tolerance keeps rounding (which differs with the
+        // merge order of partitions) from deciding them.
+        if t_res.abs() + TIE_TOL * (1.0 + t_obs.abs()) >= t_obs.abs() {
+            extreme += 1;
+        }
+    }
+    t_unres.sort_by(f64::total_cmp);
+    // The ceil(level (B + 1))-th smallest |t*| (950th of 999 at 95%).
+    let k = ((spec.level * (reps as f64 + 1.0)).ceil() as usize).clamp(1, reps);
+    BootResult {
+        crit: t_unres[k - 1],
+        p_value: Some(extreme as f64 / reps as f64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(xs: &[f64]) -> Moments {
+        let mut m = Moments::default();
+        xs.iter().for_each(|&x| m.push(x));
+        m
+    }
+
+    #[test]
+    fn equal_clusters_give_g_minus_1_df() {
+        assert!((cr2_df([10.0; 7]).unwrap() - 6.0).abs() < 1e-12);
+        assert!((cr2_df([3.0, 3.0]).unwrap() - 1.0).abs() < 1e-12);
+        assert_eq!(cr2_df([5.0]), None);
+    }
+
+    #[test]
+    fn cr2_equals_cr1_times_sqrt_g_minus_1_over_g_equal_sizes() {
+        // Equal sizes: 1 / (1 - 1/G) = G / (G - 1), so CR2 = CR1.
+        let cells = [
+            cell(&[1.0, 0.0, 1.0]),
+            cell(&[0.0, 0.0, 1.0]),
+            cell(&[1.0, 1.0, 1.0]),
+            cell(&[0.0, 1.0, 0.0]),
+        ];
+        let spec = |m| IntervalSpec {
+            method: m,
+            ..IntervalSpec::default()
+        };
+        let a = cluster_interval(&cells, &spec(Method::Cr2));
+        let b = cluster_interval(&cells, &spec(Method::Cr1T));
+        assert!((a.se.unwrap() - b.se.unwrap()).abs() < 1e-15);
+        assert_eq!(a.df, Some(3.0));
+        assert_eq!(b.df, Some(3.0));
+    }
+
+    #[test]
+    fn method_names_round_trip_and_errors_name_them() {
+        for m in Method::ALL {
+            assert_eq!(Method::parse(m.name()), Ok(m));
+        }
+        assert_eq!(Method::parse(" CR2 "), Ok(Method::Cr2));
+        let e = Method::parse("cr3").unwrap_err().to_string();
+        assert!(e.contains("'cr3'") && e.contains("'wild_bootstrap'"), "{e}");
+    }
+
+    #[test]
+    fn auto_is_wilson_for_pass_fail_and_cr2_otherwise() {
+        let binary = [binary_cell(4, 1), binary_cell(3, 3), binary_cell(1, 0)];
+        assert_eq!(resolve(Method::Auto, &binary), Method::Cr2Wilson);
+        let pushed = [cell(&[1.0, 0.0, 0.0, 1.0]), cell(&[0.0]), cell(&[1.0, 1.0])];
+        assert_eq!(resolve(Method::Auto, &pushed), Method::Cr2Wilson);
+        let graded = [cell(&[1.0, 0.5]), cell(&[0.0, 1.0])];
+        assert_eq!(resolve(Method::Auto, &graded), Method::Cr2);
+        let scale = [cell(&[3.0, 4.0]), cell(&[5.0])];
+        assert_eq!(resolve(Method::Auto, &scale), Method::Cr2);
+        assert_eq!(resolve(Method::Miller, &binary), Method::Miller);
+        let ci = cluster_interval(&binary, &IntervalSpec::default());
+        assert_eq!(ci.method, Method::Cr2Wilson);
+    }
+
+    #[test]
+    fn wilson_stays_in_unit_interval() {
+        let (lo, hi) = clustered_wilson(0.0, 50.0, 0.0, 2.0);
+        assert_eq!(lo, 0.0);
+        assert!(hi > 0.05 && hi < 0.2);
+    }
+}
