@@ -121,11 +121,11 @@ fn sentiment_run_end_to_end_and_resume() {
         "VADER fails some negation cases"
     );
 
-    // The results table's clustered SE is Miller's, as the `clustered_se` function computes it.
+    // The results table's clustered SE is that of `clustered_mean_ci`'s default method.
     let v = sql_json(
         &root,
         "SELECT r.test, r.se, f.se AS se_sql FROM results r JOIN \
-         (SELECT test, clustered_se(1 - score, template_id) AS se FROM scores \
+         (SELECT test, clustered_mean_ci(1 - score, template_id)['se'] AS se FROM scores \
           WHERE scorer = 'checklist' AND role <> 'base' GROUP BY test) f ON r.test = f.test \
          WHERE r.level = 'test' AND f.se IS NOT NULL",
     );

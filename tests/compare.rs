@@ -2,7 +2,7 @@
 //! B within the minimum detectable effect of A. The runs are built directly (cases and calls
 //! written through the library's table builders, then validated and scored by the checklist
 //! scorer), so every case's score in each run is chosen by the test, and the expected
-//! difference, Miller-clustered interval and verdict are computed here by hand.
+//! difference, clustered (CR2) interval and verdict are computed here by hand.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -119,11 +119,13 @@ async fn build_run(root: &Path, pass: &[bool]) {
     m.save(&store).await.unwrap();
 }
 
-/// The paired difference of B - A by hand: (mean, Miller's clustered SE, lo, hi, MDE).
+/// The paired difference of B - A by hand: (mean, CR2 clustered SE, lo, hi, MDE), as the
+/// default method of `paired_diff_clustered` defines them (docs/functions.md).
 ///
-/// se^2 = var_samp(d) / n + (1 / n^2) * sum over templates of sum over i != j in the
-/// template of (d_i - mean)(d_j - mean) (DESIGN.md, `clustered_se`); the interval is
-/// mean -+ z_0.975 * se; MDE = (z_0.975 + z_0.8) * se (`mde(n, se^2 n)`).
+/// The templates here are of equal size (N / TEMPLATES cases each), where CR2 reduces to
+/// se^2 = G / (G - 1) * sum over templates of (sum of d_i - mean in the template)^2 / n^2 and
+/// its Satterthwaite degrees of freedom to G - 1; the interval is mean -+ t_{0.975, G-1} * se
+/// and MDE = (z_0.975 + z_0.8) * se (`mde(n, se^2 n)`).
 fn by_hand(a: &[bool], b: &[bool]) -> (f64, f64, f64, f64, f64) {
     let d: Vec<f64> = a
         .iter()
@@ -132,24 +134,22 @@ fn by_hand(a: &[bool], b: &[bool]) -> (f64, f64, f64, f64, f64) {
         .collect();
     let n = d.len() as f64;
     let mean = d.iter().sum::<f64>() / n;
-    let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
-    let mut cross = 0.0;
-    for g in 0..TEMPLATES {
-        let e: Vec<f64> = (0..N)
-            .filter(|i| i % TEMPLATES == g)
-            .map(|i| d[i] - mean)
-            .collect();
-        for (i, x) in e.iter().enumerate() {
-            for (j, y) in e.iter().enumerate() {
-                if i != j {
-                    cross += x * y;
-                }
-            }
-        }
-    }
-    let se = (var / n + cross / (n * n)).sqrt();
+    let g = TEMPLATES as f64;
+    let scores: f64 = (0..TEMPLATES)
+        .map(|t| {
+            (0..N)
+                .filter(|i| i % TEMPLATES == t)
+                .map(|i| d[i] - mean)
+                .sum::<f64>()
+                .powi(2)
+        })
+        .sum();
+    let se = (g / (g - 1.0) * scores).sqrt() / n;
+    // t quantile at 0.975 with G - 1 = 7 degrees of freedom (R: qt(0.975, 7)).
+    assert_eq!(TEMPLATES, 8);
+    let t7 = 2.364_624_251_592_785;
     let (z, z_power) = (1.959963984540054, 0.8416212335729143);
-    (mean, se, mean - z * se, mean + z * se, (z + z_power) * se)
+    (mean, se, mean - t7 * se, mean + t7 * se, (z + z_power) * se)
 }
 
 /// The `overall` row of `compare`'s output, column name -> cell, and its verdict line.

@@ -241,19 +241,24 @@ async fn cue_run_reports_label_rates() {
         assert_eq!(row["unscored"], 2);
         assert_eq!(row["not_comparable"], 0);
     }
-    // The interval is Wilson at n / deff, deff from the clustered and naive SE of the
-    // indicator, as the SQL functions compute them.
-    let se = sql(
+    // The interval is clustered_mean_ci's default for a 0/1 indicator: Wilson at the CR2
+    // effective size (`cr2_wilson`), as the SQL function computes it.
+    let ci = sql(
         &root,
-        "SELECT clustered_mean_ci(CASE WHEN label = 'recommended' THEN 1.0 ELSE 0.0 END, template_id)['se'] AS c, \
-                mean_se(CASE WHEN label = 'recommended' THEN 1.0 ELSE 0.0 END) AS s \
+        "SELECT clustered_mean_ci(CASE WHEN label = 'recommended' THEN 1.0 ELSE 0.0 END, template_id) AS ci \
          FROM scores WHERE scorer = 'cue' AND score IS NOT NULL",
     );
-    let (c, s) = (f(&se[0]["c"]), f(&se[0]["s"]));
-    let deff = (c * c / (s * s)).max(1.0);
-    let (lo, hi) = evalflow::stages::aggregate::wilson(5.0 / 12.0, 12.0 / deff, 1.959963984540054);
     let rec = &rows[2];
-    assert!((f(&rec["ci_lo"]) - lo).abs() < 1e-12 && (f(&rec["ci_hi"]) - hi).abs() < 1e-12);
+    assert_eq!(ci[0]["ci"]["method"], "cr2_wilson");
+    for k in ["lo", "hi"] {
+        let col = format!("ci_{k}");
+        assert!(
+            (f(&rec[col.as_str()]) - f(&ci[0]["ci"][k])).abs() < 1e-12,
+            "{rec} {ci}"
+        );
+    }
+    let m = sql(&root, "SELECT DISTINCT ci_method FROM results");
+    assert_eq!(m, serde_json::json!([{"ci_method": "cr2_wilson"}]));
 
     // The ready report query gives the same rates.
     let q = sql_file(&root, "sql/label_rates_by_capability.sql");

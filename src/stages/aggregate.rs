@@ -6,14 +6,13 @@
 //! - label scorers (cue) give the rate of each label, one row per label;
 //! - numeric scorers (judge) give the mean score.
 //!
-//! A rate's interval is a Wilson score interval at the effective sample size n / deff, where
-//! deff is the clustered variance (clusters = templates, the default method of
-//! `clustered_mean_ci`) over the naive variance, floored at 1. Wilson rather than Wald so that
-//! 0 failures in 20 cases does not print as the interval [0, 0]; the design effect so that
-//! cases sharing a template are not counted as independent evidence. A mean's interval is
-//! `clustered_mean_ci`'s own. With one template nothing can be clustered: the interval then
-//! treats cases as independent and the row says so (`clustered = false` and a note), never
-//! silently.
+//! Every interval is `clustered_mean_ci`'s default (clusters = templates), the method whose
+//! coverage holds best at few templates (`benches/coverage.rs`, docs/functions.md): for a
+//! rate, a Wilson score interval at the CR2 effective sample size with a t quantile (it stays
+//! inside [0, 1] and is not degenerate at 0 failures); for a mean, CR2 with Satterthwaite
+//! degrees of freedom. `ci_method` names the method used. With one template nothing can be
+//! clustered: the interval then treats cases as independent (Wilson for a rate, normal for a
+//! mean) and the row says so (`clustered = false` and a note), never silently.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -66,7 +65,8 @@ pub struct ResultRow {
     pub se: Option<f64>,
     pub ci_lo: Option<f64>,
     pub ci_hi: Option<f64>,
-    /// How the interval was made, e.g. `wilson_deff` or `clustered_mean_ci`.
+    /// How the interval was made: `clustered_mean_ci`'s method (`cr2_wilson`, `cr2`, ...), or
+    /// `wilson` / `normal` when it could not be clustered.
     pub ci_method: String,
     pub n_templates: i64,
     /// False when the interval treats cases as independent (fewer than two templates).
@@ -116,10 +116,11 @@ struct Stats {
     n: i64,
     sum: f64,
     n_templates: i64,
-    /// The clustered SE and interval of `clustered_mean_ci` (default method).
+    /// The clustered SE, interval and method name of `clustered_mean_ci` (default method).
     se: Option<f64>,
     lo: Option<f64>,
     hi: Option<f64>,
+    method: Option<String>,
     naive_se: Option<f64>,
 }
 
@@ -140,36 +141,35 @@ fn finish(row: &mut ResultRow, kind: MetricKind, st: &Stats) {
     }
     let mean = st.sum / st.n as f64;
     row.value = Some(mean);
-    let se = if row.clustered { st.se } else { st.naive_se };
-    row.se = se;
+    if row.clustered && st.lo.is_some() && st.hi.is_some() {
+        row.se = st.se;
+        row.ci_lo = st.lo;
+        row.ci_hi = st.hi;
+        row.ci_method = st.method.clone().unwrap_or_else(|| "clustered".into());
+        return;
+    }
+    // Unclustered (or a clustered interval that could not be computed): cases as independent.
+    row.se = st.naive_se;
     match kind {
         MetricKind::PassFail | MetricKind::Label => {
-            let deff = match (se, st.naive_se) {
-                (Some(s), Some(n)) if row.clustered && n > 0.0 => (s * s / (n * n)).max(1.0),
-                _ => 1.0,
-            };
-            let (lo, hi) = wilson(mean, st.n as f64 / deff, Z95);
+            let (lo, hi) = wilson(mean, st.n as f64, Z95);
             row.ci_lo = Some(lo);
             row.ci_hi = Some(hi);
-            row.ci_method = if row.clustered {
-                "wilson_deff".into()
-            } else {
-                "wilson".into()
-            };
+            row.ci_method = "wilson".into();
         }
-        MetricKind::Numeric => {
-            if row.clustered {
-                row.ci_lo = st.lo;
-                row.ci_hi = st.hi;
-                row.ci_method = "clustered_mean_ci".into();
-            } else if let Some(s) = se {
+        MetricKind::Numeric => match st.naive_se {
+            Some(s) => {
                 row.ci_lo = Some(mean - Z95 * s);
                 row.ci_hi = Some(mean + Z95 * s);
                 row.ci_method = "normal".into();
-            } else {
-                row.ci_method = "none".into();
             }
-        }
+            None => row.ci_method = "none".into(),
+        },
+    }
+    if row.clustered {
+        row.note = Some(
+            "clustered interval could not be computed: interval assumes independent cases".into(),
+        );
     }
 }
 
@@ -241,6 +241,7 @@ fn group_sql(
              clustered_mean_ci(v{i}, template_id)['se'] AS se{i}, \
              clustered_mean_ci(v{i}, template_id)['lo'] AS lo{i}, \
              clustered_mean_ci(v{i}, template_id)['hi'] AS hi{i}, \
+             clustered_mean_ci(v{i}, template_id)['method'] AS m{i}, \
              mean_se(v{i}) AS nse{i}"
         ));
     }
@@ -315,7 +316,7 @@ pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRo
         let mut names: Vec<String> = keys.split(", ").map(String::from).collect();
         names.push("n_rows".into());
         for i in 0..inds.len() {
-            for c in ["n", "s", "g", "se", "lo", "hi", "nse"] {
+            for c in ["n", "s", "g", "se", "lo", "hi", "m", "nse"] {
                 names.push(format!("{c}{i}"));
             }
         }
@@ -357,6 +358,7 @@ pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRo
                     se: r.f(&format!("se{i}")),
                     lo: r.f(&format!("lo{i}")),
                     hi: r.f(&format!("hi{i}")),
+                    method: r.s(&format!("m{i}")),
                     naive_se: r.f(&format!("nse{i}")),
                 };
                 let mut row = ResultRow {
@@ -648,6 +650,7 @@ mod tests {
             se: None,
             lo: None,
             hi: None,
+            method: Some("cr2_wilson".into()),
             naive_se: Some(0.152_752_523_165_194_67),
         };
         finish(&mut r, MetricKind::PassFail, &st);
@@ -676,6 +679,7 @@ mod tests {
             se: Some(0.25),
             lo: Some(0.01),
             hi: Some(0.99),
+            method: Some("cr2".into()),
             naive_se: Some(0.2),
         };
         finish(&mut r, MetricKind::Numeric, &st);
@@ -685,5 +689,6 @@ mod tests {
             (Some(0.01), Some(0.99), Some(0.25))
         );
         assert!(r.clustered && r.note.is_none() && r.hits.is_none());
+        assert_eq!(r.ci_method, "cr2");
     }
 }
