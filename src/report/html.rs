@@ -76,11 +76,18 @@ details.ex summary{cursor:pointer;color:#1f3a93;font-size:12px}.ex table{font-si
 "#;
 
 const SCRIPT: &str = r#"
-(function(){var q=document.getElementById('q');if(!q)return;
+(function(){
+window.addEventListener('load',function(){document.documentElement.setAttribute('data-load-ms',Math.round(performance.now()));});
+function fill(d){var t=d.querySelector('script[type="text/html"]');if(t){d.insertAdjacentHTML('beforeend',t.textContent);t.remove();}}
+var ds=document.querySelectorAll('details.cap');
+ds.forEach(function(d){d.addEventListener('toggle',function(){if(d.open)fill(d);});});
+var q=document.getElementById('q');if(!q)return;
 q.addEventListener('input',function(){var s=q.value.trim().toLowerCase();
-document.querySelectorAll('details.cap').forEach(function(d){var any=false;
+ds.forEach(function(d){var n=d.getAttribute('data-names');
+if(s&&n!==null&&n.toLowerCase().indexOf(s)<0){d.hidden=true;return;}
+if(s)fill(d);var any=!s;
 d.querySelectorAll('tr[data-test]').forEach(function(r){var m=!s||r.getAttribute('data-test').toLowerCase().indexOf(s)>=0;r.hidden=!m;if(m&&r.classList.contains('r'))any=true;});
-d.hidden=!!s&&!any;if(s&&any)d.open=true;});});})();
+d.hidden=!any;if(s&&any)d.open=true;});});})();
 "#;
 
 /// Renders the page.
@@ -472,41 +479,64 @@ fn results(o: &mut String, r: &Report) -> Result<(), ReportError> {
             .filter(|x| x.level == "test" && x.capability == cap)
             .collect();
         let tests: BTreeSet<&str> = rows.iter().filter_map(|x| x.test.as_deref()).collect();
-        let _ = write!(
-            o,
-            "<details class=\"cap\" data-capability=\"{}\"{open}><summary>{} <span class=\"muted\">{} tests</span></summary>",
-            esc(cap),
-            esc(cap),
-            tests.len()
-        );
+        let mut body = String::new();
         let types: BTreeSet<&str> = rows.iter().map(|x| x.test_type.as_str()).collect();
         for ty in types {
             let _ = write!(
-                o,
+                body,
                 "<h3>{} · {}</h3><table class=\"forest\">",
                 esc(cap),
                 esc(ty)
             );
-            result_head(o, kind, "test", &axis);
-            o.push_str("<tbody>");
+            result_head(&mut body, kind, "test", &axis);
+            body.push_str("<tbody>");
             let group: Vec<&&ResultRow> = rows.iter().filter(|x| x.test_type == ty).collect();
             let mut i = 0;
             while i < group.len() {
                 let test = group[i].test.as_deref().unwrap_or("");
                 while i < group.len() && group[i].test.as_deref().unwrap_or("") == test {
-                    result_row(o, kind, group[i], range)?;
+                    result_row(&mut body, kind, group[i], range)?;
                     i += 1;
                 }
                 if let Some(ex) = examples.get(&(test, ty)) {
-                    example_row(o, kind, test, ex, cols);
+                    example_row(&mut body, kind, test, ex, cols);
                 }
             }
-            o.push_str("</tbody></table>");
+            body.push_str("</tbody></table>");
         }
-        o.push_str("</details>");
+        let names: Vec<&str> = tests.iter().copied().collect();
+        let summary = format!(
+            "{} <span class=\"muted\">{} tests</span>",
+            esc(cap),
+            tests.len()
+        );
+        section(o, cap, &summary, &names, !open.is_empty(), &body);
     }
     o.push_str("</section>");
     Ok(())
+}
+
+/// One collapsible capability section. A small page has its rows inline and open; a large one
+/// keeps each section's rows as inert text (`<script type="text/html">`, which the browser
+/// does not parse) until the section is opened or a search matches one of `names`, so the
+/// page renders at once whatever the number of tests. User text in `body` is escaped, so it
+/// cannot close the script element.
+fn section(o: &mut String, cap: &str, summary: &str, names: &[&str], open: bool, body: &str) {
+    if open {
+        let _ = write!(
+            o,
+            "<details class=\"cap\" data-capability=\"{}\" open><summary>{summary}</summary>{body}</details>",
+            esc(cap)
+        );
+    } else {
+        let _ = write!(
+            o,
+            "<details class=\"cap\" data-capability=\"{}\" data-names=\"{}\"><summary>{summary}</summary>\
+             <script type=\"text/html\">{body}</script></details>",
+            esc(cap),
+            esc(&names.join("\n"))
+        );
+    }
 }
 
 fn verdict(kind: MetricKind, e: &Example) -> String {
@@ -539,7 +569,7 @@ fn example_row(o: &mut String, kind: MetricKind, test: &str, ex: &[&Example], co
     let _ = write!(
         o,
         "<tr class=\"ex\" data-test=\"{}\"><td colspan=\"{cols}\"><details class=\"ex\"><summary>{} {what} of {}</summary><table>\
-         <thead><tr><th>model</th><th>input</th><th>response</th><th>expected</th><th>verdict</th></tr></thead><tbody>",
+         <tbody>",
         esc(test),
         ex.len(),
         esc(test)
@@ -559,7 +589,7 @@ fn example_row(o: &mut String, kind: MetricKind, test: &str, ex: &[&Example], co
         if let Some(bi) = &e.base_input {
             let _ = write!(
                 o,
-                "<tr><td>{}</td><td><b>base:</b> {}</td><td>{}</td><td rowspan=\"2\">{}</td><td rowspan=\"2\">{}</td></tr>\
+                "<tr><td>{}</td><td><b>base:</b> {}</td><td>{}</td><td rowspan=\"2\">expected: {}</td><td rowspan=\"2\">{}</td></tr>\
                  <tr><td></td><td><b>perturbed:</b> {}</td><td>{}</td></tr>",
                 esc(&e.model),
                 esc(&clip(bi)),
@@ -572,7 +602,7 @@ fn example_row(o: &mut String, kind: MetricKind, test: &str, ex: &[&Example], co
         } else {
             let _ = write!(
                 o,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>expected: {}</td><td>{}</td></tr>",
                 esc(&e.model),
                 esc(&clip(&e.input)),
                 answer(e.response.as_deref(), e.response_score.as_deref()),
@@ -683,20 +713,19 @@ fn comparison(o: &mut String, c: &super::Comparison) -> Result<(), ReportError> 
     let n_tests = c.rows.iter().filter(|r| r.scope == "test").count();
     let open = if n_tests <= OPEN_LIMIT { " open" } else { "" };
     for cap in caps {
-        let _ = write!(
-            o,
-            "<details class=\"cap\" data-capability=\"{}\"{open}><summary>{} <span class=\"muted\">per test</span></summary><table class=\"forest\">{head}<tbody>",
-            esc(cap),
-            esc(cap)
-        );
-        for r in c
+        let mut body = format!("<table class=\"forest\">{head}<tbody>");
+        let rows: Vec<&CompareRow> = c
             .rows
             .iter()
             .filter(|r| r.scope == "test" && r.capability == cap)
-        {
-            compare_row(o, r, range)?;
+            .collect();
+        for r in &rows {
+            compare_row(&mut body, r, range)?;
         }
-        o.push_str("</tbody></table></details>");
+        body.push_str("</tbody></table>");
+        let names: Vec<&str> = rows.iter().map(|r| r.test.as_str()).collect();
+        let summary = format!("{} <span class=\"muted\">per test</span>", esc(cap));
+        section(o, cap, &summary, &names, !open.is_empty(), &body);
     }
     o.push_str("</section>");
     Ok(())

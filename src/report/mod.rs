@@ -42,7 +42,8 @@ pub enum ReportError {
 /// The stages a complete run has finished, in order.
 pub const STAGES: [&str; 5] = ["generate", "call", "validate", "score", "aggregate"];
 
-/// Examples shown per test and model.
+/// Examples shown per test and model (one on a page with more than
+/// [`html::OPEN_LIMIT`] test rows, to keep its size in check).
 pub const EXAMPLES_PER_TEST: usize = 3;
 
 /// Longest input or response shown in an example, in characters.
@@ -340,7 +341,9 @@ pub async fn gather(
     })
     .collect();
     let kind = MetricKind::of(&scorer.name);
-    let examples = examples(&ctx, scorer, kind).await?;
+    let large = rows.iter().filter(|r| r.level == "test").count() > html::OPEN_LIMIT;
+    let per_test = if large { 1 } else { EXAMPLES_PER_TEST };
+    let examples = examples(&ctx, scorer, kind, per_test).await?;
     Ok(Report {
         root: store.display().to_string(),
         manifest: manifest.clone(),
@@ -361,13 +364,14 @@ pub async fn gather(
     })
 }
 
-/// Up to [`EXAMPLES_PER_TEST`] examples per test and model: failures for pass/fail scorers,
+/// Up to `per_test` examples per test and model: failures for pass/fail scorers,
 /// the lowest scores for numeric ones, labelled answers for label scorers; each with its base
 /// case when it is a perturbation.
 async fn examples(
     ctx: &datafusion::prelude::SessionContext,
     scorer: &ScorerId,
     kind: MetricKind,
+    per_test: usize,
 ) -> Result<Vec<Example>, QueryError> {
     let (filter, order) = match kind {
         MetricKind::PassFail => ("s.passed = false", "s.case_id, s.sample_idx"),
@@ -388,7 +392,7 @@ async fn examples(
          JOIN calls k ON f.call_id = k.call_id
          LEFT JOIN cases bc ON bc.group_id = c.group_id AND bc.role = 'base' AND c.role = 'perturbed'
          LEFT JOIN calls bk ON bk.case_id = bc.case_id AND bk.model = k.model AND bk.sample_idx = k.sample_idx
-         WHERE f.k <= {EXAMPLES_PER_TEST}
+         WHERE f.k <= {per_test}
          ORDER BY f.model, f.test, f.k",
         lit(&scorer.name),
         lit(&scorer.version),
