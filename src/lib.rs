@@ -9,6 +9,7 @@ pub mod judge;
 pub mod mock;
 pub mod pipeline;
 pub mod query;
+pub mod report;
 pub mod runner;
 pub mod schema;
 pub mod stages;

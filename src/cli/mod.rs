@@ -88,7 +88,8 @@ pub enum Command {
     Check(check::CheckArgs),
     /// Re-score archived calls with another scorer version (no model calls) and diff.
     Rescore(rescore::RescoreArgs),
-    /// Print a run's results, with Rogan-Gladen corrected class rates given a holdout.
+    /// Print a run's results (with Rogan-Gladen corrected class rates given a holdout) and
+    /// write its HTML page.
     Report(report::ReportArgs),
     /// The hand-labelled holdout regression gate.
     #[command(subcommand)]
@@ -135,6 +136,11 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                 let p = report::prevalence(&r.store, scorer.as_ref(), &labels).await?;
                 println!("\n{}", report::render_prevalence(&p, labels.len()));
             }
+            let primary = r.prepared_scorers().await?.remove(0).id();
+            let at = crate::report::write_for_run(&r.store, &r.manifest, &primary, rows)
+                .await
+                .map_err(internal)?;
+            println!("\nreport: {at}");
             Ok(())
         }
         Command::Generate(a) => {

@@ -4,6 +4,10 @@
 //!
 //! You are never claiming the scorer is right, only quantifying how wrong it is: the
 //! labelled sample sizes the error estimate, not the corpus.
+//!
+//! It also writes the run's HTML page (`crate::report`): by default `<run>/report.html`,
+//! with `--compare RUN_B` the paired comparison of `compare RUN RUN_B` and with
+//! `--baseline F` the invalid-rate gate of `check --baseline F`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -27,6 +31,20 @@ pub struct ReportArgs {
     /// Replacement cue lists for the cue scorer.
     #[arg(long)]
     pub cues: Option<PathBuf>,
+    /// Where to write the HTML page (default <run>/report.html).
+    #[arg(long)]
+    pub html: Option<PathBuf>,
+    /// A second run on the same cases: the page adds the paired comparison B - A with
+    /// B = this run (as `evalflow compare RUN RUN_B`).
+    #[arg(long, value_name = "RUN_B")]
+    pub compare: Option<String>,
+    /// A baseline file of `evalflow check --write-baseline`: the page shows the invalid-rate
+    /// gate, with a red banner when it fails.
+    #[arg(long)]
+    pub baseline: Option<PathBuf>,
+    /// Largest drift of the invalid fraction, in percentage points, before the gate fails.
+    #[arg(long, default_value_t = 5.0)]
+    pub max_drift_pp: f64,
 }
 
 /// One class's raw and corrected prevalence.
@@ -206,6 +224,16 @@ pub async fn run(a: ReportArgs) -> Result<(), CliError> {
     );
     let rows = aggregate::compute(&store, &id).await.map_err(internal)?;
     println!("{}", aggregate::render(&rows));
+    // Read the page's inputs before any output, so that bad input fails before writing.
+    let gate = match &a.baseline {
+        Some(p) => Some(read_gate(p, a.max_drift_pp)?),
+        None => None,
+    };
+    let comparison = match &a.compare {
+        Some(b) => Some(comparison(&a.run, b, a.scorer.as_deref()).await?),
+        None => None,
+    };
+    let mut holdout_page = None;
     if let Some(h) = &a.holdout {
         let labels = super::holdout::read_labels(h)?;
         let scorer = score::build_for_run(&id.name, a.cues.as_deref(), &store, &manifest.pipeline)
@@ -227,6 +255,104 @@ pub async fn run(a: ReportArgs) -> Result<(), CliError> {
         }
         let p = prevalence(&store, scorer.as_ref(), &labels).await?;
         println!("\n{}", render_prevalence(&p, labels.len()));
+        holdout_page = Some(crate::report::Holdout {
+            file: h.display().to_string(),
+            labelled: labels.len(),
+            rows: p,
+        });
     }
+    let mut page = crate::report::gather(&store, &manifest, &id, rows)
+        .await
+        .map_err(internal)?;
+    if let Some(mut g) = gate {
+        g.invalid = page.invalid_fraction();
+        page.gate = Some(g);
+    }
+    page.comparison = comparison;
+    page.holdout = holdout_page;
+    let html = crate::report::html::render(&page).map_err(internal)?;
+    let at = crate::report::write(&store, a.html.as_deref(), html)
+        .await
+        .map_err(|e| match e {
+            crate::report::ReportError::Io { .. } => CliError::BadInput(e.to_string()),
+            e => internal(e),
+        })?;
+    println!("\nreport: {at}");
     Ok(())
+}
+
+/// The invalid-rate gate against the baseline file `p` (this run's fraction filled in later).
+fn read_gate(p: &std::path::Path, max_drift_pp: f64) -> Result<crate::report::Gate, CliError> {
+    let text = std::fs::read(p).map_err(|e| CliError::BadInput(format!("{}: {e}", p.display())))?;
+    let b: super::check::Baseline = serde_json::from_slice(&text)
+        .map_err(|e| CliError::BadInput(format!("{}: not a baseline file: {e}", p.display())))?;
+    Ok(crate::report::Gate {
+        baseline_file: p.display().to_string(),
+        baseline_run: b.run_id,
+        baseline_invalid: b.invalid_fraction,
+        invalid: 0.0,
+        max_drift_pp,
+    })
+}
+
+/// The paired comparison of `compare run_a run_b`, through the same query and scorer choice.
+async fn comparison(
+    run_a: &str,
+    run_b: &str,
+    scorer: Option<&str>,
+) -> Result<crate::report::Comparison, CliError> {
+    use super::compare::{
+        PAIRED_COMPARISON_SQL, chosen_scorer, collect, session_with_runs, with_scorer,
+    };
+    use datafusion::arrow::util::display::array_value_to_string;
+    let ctx = session_with_runs(&[run_a, run_b]).await?;
+    let spec = chosen_scorer(&[run_a, run_b], scorer).await?;
+    let batches = collect(
+        &ctx,
+        "report --compare",
+        &with_scorer(PAIRED_COMPARISON_SQL, &spec),
+    )
+    .await?;
+    let mut rows = Vec::new();
+    for b in &batches {
+        let cell = |name: &str, i: usize| -> Option<String> {
+            let c = b.column_by_name(name)?;
+            (!c.is_null(i)).then(|| array_value_to_string(c, i).unwrap_or_default())
+        };
+        let f = |name: &str, i: usize| {
+            cell(name, i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .filter(|v| v.is_finite())
+        };
+        let n = |name: &str, i: usize| cell(name, i).and_then(|v| v.parse::<i64>().ok());
+        for i in 0..b.num_rows() {
+            rows.push(crate::report::CompareRow {
+                scope: cell("scope", i).unwrap_or_default(),
+                capability: cell("capability", i).unwrap_or_default(),
+                test: cell("test", i).unwrap_or_default(),
+                n_cases: n("n_cases", i),
+                n_templates: n("n_templates", i),
+                mean_a: f("mean_a", i),
+                mean_b: f("mean_b", i),
+                diff: f("diff_b_minus_a", i),
+                se: f("se_clustered", i),
+                lo: f("lo95", i),
+                hi: f("hi95", i),
+                p_value: f("p_value", i),
+                mde: f("mde", i),
+                verdict: cell("verdict", i).unwrap_or_default(),
+            });
+        }
+    }
+    if rows.is_empty() {
+        return Err(CliError::BadInput(format!(
+            "report --compare: {run_a} and {run_b} share no cases scored by `{spec}` (joined on case_id)"
+        )));
+    }
+    Ok(crate::report::Comparison {
+        run_a: run_a.to_string(),
+        run_b: run_b.to_string(),
+        scorer: spec,
+        rows,
+    })
 }

@@ -444,7 +444,8 @@ pub async fn run(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRow>, 
     Ok(rows)
 }
 
-fn pct(x: Option<f64>) -> String {
+/// A rate as the text table prints it: `12.3%`, or `-`.
+pub fn pct(x: Option<f64>) -> String {
     x.map(|v| format!("{:.1}%", v * 100.0))
         .unwrap_or_else(|| "-".into())
 }
@@ -501,7 +502,7 @@ pub fn render_table(headers: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// The interval cell: `[lo, hi]`, marked `*` when it could not be clustered.
-fn interval_cell(r: &ResultRow, as_pct: bool) -> String {
+pub fn interval_cell(r: &ResultRow, as_pct: bool) -> String {
     let mark = if r.clustered || r.n == 0 { "" } else { " *" };
     match (r.ci_lo, r.ci_hi) {
         (Some(lo), Some(hi)) if as_pct => {
