@@ -152,30 +152,20 @@ fn assert_offline(html: &str) {
     );
 }
 
-/// Decodes a PNG and returns the standard deviation of its luminance and the share of
-/// pixels that are not white.
+/// Decodes a PNG (with `scripts/png_spread.py`, standard-library Python) and returns the
+/// standard deviation of its luminance and the share of pixels that are not white.
 fn pixel_spread(png_path: &Path) -> (f64, f64) {
-    let decoder = png::Decoder::new(std::fs::File::open(png_path).unwrap());
-    let mut reader = decoder.read_info().unwrap();
-    let mut buf = vec![0; reader.output_buffer_size()];
-    let info = reader.next_frame(&mut buf).unwrap();
-    let (w, h) = (info.width as usize, info.height as usize);
-    assert_eq!((w, h), (1280, 2000), "screenshot size");
-    let ch = info.color_type.samples();
-    let lum: Vec<f64> = buf[..info.buffer_size()]
-        .chunks(ch)
-        .map(|p| {
-            if ch >= 3 {
-                0.299 * p[0] as f64 + 0.587 * p[1] as f64 + 0.114 * p[2] as f64
-            } else {
-                p[0] as f64
-            }
-        })
-        .collect();
-    let mean = lum.iter().sum::<f64>() / lum.len() as f64;
-    let var = lum.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / lum.len() as f64;
-    let ink = lum.iter().filter(|l| **l < 250.0).count() as f64 / lum.len() as f64;
-    (var.sqrt(), ink)
+    let o = Command::new("python3")
+        .arg("scripts/png_spread.py")
+        .arg(png_path)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("python3 runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let f: Vec<f64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    assert_eq!((f[0], f[1]), (1280.0, 2000.0), "screenshot size");
+    (f[2], f[3])
 }
 
 fn sentiment_run(root: &Path) -> String {
@@ -578,4 +568,107 @@ async fn ten_thousand_tests() {
         std::fs::copy(&page, keep).unwrap();
     }
     assert!(bytes < 50_000_000);
+}
+
+/// With `--judge-model`, the page holds the GBDT's predictions with their conformal intervals,
+/// the same numbers as `evalflow judge predict` on the same run, and a unit's SHAP waterfall.
+#[test]
+fn judge_section_matches_judge_predict() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |p: &str| dir.path().join(p).display().to_string();
+    let root = dir.path().join("run");
+    sentiment_run(&root);
+    ok(&["judge", "synth", "--out", &d("synth"), "--units", "80"]);
+    // The judge's answers sit in the run's scores beside the checklist's.
+    let folder = root.join("scores/judge-synth@1");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::copy(
+        dir.path().join("synth/scores/part-00000.parquet"),
+        folder.join("part-00000.parquet"),
+    )
+    .unwrap();
+    let r = root.display().to_string();
+    ok(&[
+        "judge",
+        "train",
+        "--scores",
+        &r,
+        "--scorer",
+        "judge-synth",
+        "--labels",
+        &d("synth/labels.csv"),
+        "--out",
+        &d("model"),
+        "--grid",
+        "small",
+    ]);
+    ok(&[
+        "judge",
+        "predict",
+        "--model",
+        &d("model"),
+        "--scores",
+        &r,
+        "--scorer",
+        "judge-synth",
+        "--out",
+        &d("pred.parquet"),
+    ]);
+    let page = dir.path().join("page.html");
+    ok(&[
+        "report",
+        &r,
+        "--judge-model",
+        &d("model"),
+        "--judge-scorer",
+        "judge-synth",
+        "--judge-unit",
+        "u0003",
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert_offline(&html);
+    assert!(html.contains("<section id=\"judge\">"), "no judge section");
+    assert!(html.contains("Why unit u0003 got its prediction"));
+    assert!(html.contains("E[f(X)]"), "the waterfall is drawn");
+    // Every prediction row on the page is `judge predict`'s row for that observation.
+    let o = bin(&[
+        "sql",
+        "SELECT unit, judge, trial, prediction, lo, hi FROM p ORDER BY unit, judge, trial",
+        "--table",
+        &format!("p={}", d("pred.parquet")),
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let want: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let want: std::collections::HashSet<String> = want
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            format!(
+                "data-unit=\"{}\" data-prediction=\"{}\" data-lo=\"{}\" data-hi=\"{}\"",
+                w["unit"].as_str().unwrap(),
+                w["prediction"].as_f64().unwrap(),
+                w["lo"].as_f64().unwrap(),
+                w["hi"].as_f64().unwrap()
+            )
+        })
+        .collect();
+    let listed: Vec<&str> = html
+        .match_indices("data-unit=\"")
+        .map(|(i, _)| {
+            let rest = &html[i..];
+            &rest[..rest.find('>').unwrap()]
+        })
+        .filter(|a| a.contains("data-prediction="))
+        .collect();
+    assert!(listed.len() >= 10, "{} prediction rows", listed.len());
+    for a in &listed {
+        assert!(want.contains(*a), "not a `judge predict` row: {a}");
+    }
+    let dom = dump_dom(&page);
+    assert!(dom.contains("Judge: learned aggregation of the checklist"));
 }

@@ -45,6 +45,16 @@ pub struct ReportArgs {
     /// Largest drift of the invalid fraction, in percentage points, before the gate fails.
     #[arg(long, default_value_t = 5.0)]
     pub max_drift_pp: f64,
+    /// A judge model from `evalflow judge train`: the page adds its predictions with conformal
+    /// intervals over the run's judge answers, and a SHAP waterfall.
+    #[arg(long)]
+    pub judge_model: Option<PathBuf>,
+    /// The judge scorer whose answers the model reads (NAME or NAME@VERSION).
+    #[arg(long, default_value = "judge")]
+    pub judge_scorer: String,
+    /// The unit whose waterfall is drawn (default: the first predicted unit).
+    #[arg(long)]
+    pub judge_unit: Option<String>,
 }
 
 /// One class's raw and corrected prevalence.
@@ -261,6 +271,19 @@ pub async fn run(a: ReportArgs) -> Result<(), CliError> {
             rows: p,
         });
     }
+    let judge_page = match &a.judge_model {
+        Some(m) => Some(
+            crate::report::judge_section(&a.run, &a.judge_scorer, m, a.judge_unit.as_deref(), 200)
+                .await
+                .map_err(|e| match e {
+                    crate::judge::JudgeError::Gbdt(_) | crate::judge::JudgeError::Encode(_) => {
+                        internal(e)
+                    }
+                    e => CliError::BadInput(format!("--judge-model {}: {e}", m.display())),
+                })?,
+        ),
+        None => None,
+    };
     let mut page = crate::report::gather(&store, &manifest, &id, rows)
         .await
         .map_err(internal)?;
@@ -270,6 +293,7 @@ pub async fn run(a: ReportArgs) -> Result<(), CliError> {
     }
     page.comparison = comparison;
     page.holdout = holdout_page;
+    page.judge = judge_page;
     let html = crate::report::html::render(&page).map_err(internal)?;
     let at = crate::report::write(&store, a.html.as_deref(), html)
         .await

@@ -112,6 +112,9 @@ pub fn render(r: &Report) -> Result<String, ReportError> {
     if let Some(h) = &r.holdout {
         holdout(&mut o, h)?;
     }
+    if let Some(j) = &r.judge {
+        judge(&mut o, j);
+    }
     calls(&mut o, r)?;
     let _ = write!(
         o,
@@ -729,6 +732,52 @@ fn comparison(o: &mut String, c: &super::Comparison) -> Result<(), ReportError> 
     }
     o.push_str("</section>");
     Ok(())
+}
+
+/// The judge GBDT's predictions with conformal intervals, and one unit's SHAP waterfall.
+fn judge(o: &mut String, j: &super::JudgeSection) {
+    let _ = write!(
+        o,
+        "<section id=\"judge\"><h2>Judge: learned aggregation of the checklist</h2>\
+         <p class=\"muted\">GBDT {} over the answers of {}; each prediction has a split-conformal interval \
+         at {:.0}% coverage. {} observations, the first {} listed.</p>\
+         <table class=\"judge\"><thead><tr><th>unit</th><th>judge</th><th>trial</th><th>split</th>\
+         <th>prediction</th><th>conformal interval</th></tr></thead><tbody>",
+        esc(&j.model_file),
+        esc(&j.checklist),
+        j.coverage_level * 100.0,
+        j.n_obs,
+        j.predictions.len()
+    );
+    for p in &j.predictions {
+        let _ = write!(
+            o,
+            "<tr data-unit=\"{}\" data-prediction=\"{}\" data-lo=\"{}\" data-hi=\"{}\"><td>{}</td><td>{}</td>\
+             <td class=\"n\">{}</td><td>{}</td><td class=\"n\">{:.3}</td><td>[{:.3}, {:.3}]</td></tr>",
+            esc(&p.unit),
+            p.prediction,
+            p.lo,
+            p.hi,
+            esc(&p.unit),
+            esc(&p.judge),
+            p.trial,
+            esc(&p.split),
+            p.prediction,
+            p.lo,
+            p.hi
+        );
+    }
+    // The waterfall is evalflow's own SVG (labels escaped where it is drawn); drop an XML
+    // prologue, if any, so it embeds as an element.
+    let svg = j
+        .waterfall_svg
+        .find("<svg")
+        .map_or("", |i| &j.waterfall_svg[i..]);
+    let _ = write!(
+        o,
+        "</tbody></table><h3>Why unit {} got its prediction (SHAP)</h3><div class=\"waterfall\">{svg}</div></section>",
+        esc(&j.unit)
+    );
 }
 
 fn holdout(o: &mut String, h: &super::Holdout) -> Result<(), ReportError> {

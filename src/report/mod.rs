@@ -128,6 +128,92 @@ pub struct Holdout {
     pub rows: Vec<Prevalence>,
 }
 
+/// One judge observation's GBDT prediction with its conformal interval.
+#[derive(Debug, Clone)]
+pub struct JudgePrediction {
+    pub unit: String,
+    pub judge: String,
+    pub trial: i32,
+    /// `train`, `calibration`, `test` or `unseen` (not in the model's data).
+    pub split: String,
+    pub prediction: f64,
+    pub lo: f64,
+    pub hi: f64,
+}
+
+/// The learned aggregation of a judge checklist (`evalflow judge train`) applied to the run:
+/// predictions with conformal intervals, and the SHAP waterfall of one unit.
+#[derive(Debug, Clone)]
+pub struct JudgeSection {
+    pub model_file: String,
+    pub checklist: String,
+    pub coverage_level: f64,
+    /// Observations in the run (all of them are predicted; the page lists the first ones).
+    pub n_obs: usize,
+    pub predictions: Vec<JudgePrediction>,
+    pub unit: String,
+    /// The waterfall chart of `unit`, an SVG element.
+    pub waterfall_svg: String,
+}
+
+/// Predicts every judge observation of the run at `root` (scores of `scorer`) with the GBDT
+/// `model` and explains `unit` (default: the first predicted unit), reusing the `judge`
+/// verbs' own functions, so the page and `evalflow judge predict|explain` agree.
+///
+/// # Errors
+/// The scores hold no judge answers, the model does not fit them, or the unit is unknown.
+pub async fn judge_section(
+    root: &str,
+    scorer: &str,
+    model: &std::path::Path,
+    unit: Option<&str>,
+    max_rows: usize,
+) -> Result<JudgeSection, crate::judge::JudgeError> {
+    use datafusion::arrow::array::{AsArray, Float64Array};
+    use datafusion::arrow::datatypes::Int32Type;
+    let ds = crate::judge::data::read_scores(root, Some(scorer), &Default::default()).await?;
+    let m = crate::judge::JudgeModel::load(model)?;
+    let b = crate::judge::apply::predictions_batch(&m, &ds, None, 3)?;
+    let col = |n: &str| b.column_by_name(n).expect("predictions schema");
+    let s = |n: &str| col(n).as_string::<i32>().clone();
+    let f = |n: &str| -> Float64Array { col(n).as_primitive().clone() };
+    let (units, judges, splits) = (s("unit"), s("judge"), s("split"));
+    let trials = col("trial").as_primitive::<Int32Type>().clone();
+    let (pred, lo, hi, level) = (f("prediction"), f("lo"), f("hi"), f("coverage_level"));
+    let predictions: Vec<JudgePrediction> = (0..b.num_rows().min(max_rows))
+        .map(|i| JudgePrediction {
+            unit: units.value(i).to_string(),
+            judge: judges.value(i).to_string(),
+            trial: trials.value(i),
+            split: splits.value(i).to_string(),
+            prediction: pred.value(i),
+            lo: lo.value(i),
+            hi: hi.value(i),
+        })
+        .collect();
+    let unit = match unit {
+        Some(u) => u.to_string(),
+        None => predictions
+            .first()
+            .map(|p| p.unit.clone())
+            .unwrap_or_default(),
+    };
+    let w = crate::judge::apply::explain_unit(&m, &ds, &unit, None, None, 10)?;
+    Ok(JudgeSection {
+        model_file: model.display().to_string(),
+        checklist: m.meta.checklist.clone(),
+        coverage_level: if b.num_rows() > 0 {
+            level.value(0)
+        } else {
+            f64::NAN
+        },
+        n_obs: b.num_rows(),
+        predictions,
+        unit,
+        waterfall_svg: w.svg(),
+    })
+}
+
 /// Everything the page shows.
 #[derive(Debug, Clone)]
 pub struct Report {
@@ -153,6 +239,7 @@ pub struct Report {
     pub gate: Option<Gate>,
     pub comparison: Option<Comparison>,
     pub holdout: Option<Holdout>,
+    pub judge: Option<JudgeSection>,
 }
 
 impl Report {
@@ -361,6 +448,7 @@ pub async fn gather(
         gate: None,
         comparison: None,
         holdout: None,
+        judge: None,
     })
 }
 
