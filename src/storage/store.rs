@@ -414,6 +414,7 @@ impl RootUrl {
 }
 
 /// The message for a root whose object store was not built in.
+#[cfg(not(all(feature = "gcp", feature = "azure")))]
 fn feature_off(scheme: &str, feature: &str) -> String {
     format!(
         "{scheme} roots need evalflow built with the `{feature}` cargo feature \
