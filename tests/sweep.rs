@@ -564,3 +564,46 @@ fn import_records_facts_and_reads_chinese() {
     );
     assert_eq!(v[0]["n"], 2);
 }
+
+/// `sql --format parquet` streams into a temporary file renamed on success: a query that
+/// fails while running leaves an existing `--output` as it was and no temporary file; empty
+/// results still print `[]` and a CSV header.
+#[test]
+fn sql_outputs_stream_and_parquet_is_atomic() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.parquet");
+    let o = out.to_str().unwrap();
+    let q = "SELECT value AS v FROM generate_series(1, 100000)";
+    let r = bin(&["sql", q, "--format", "parquet", "--output", o]);
+    assert!(r.status.success(), "{}", text(&r));
+    let before = std::fs::read(&out).unwrap();
+    let n = bin(&[
+        "sql",
+        "SELECT count(*) AS n, sum(v) AS s FROM t",
+        "--table",
+        &format!("t={o}"),
+        "--format",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&n.stdout).unwrap();
+    assert_eq!(v, serde_json::json!([{"n": 100000, "s": 5000050000i64}]));
+    let bad = bin(&[
+        "sql",
+        "SELECT CAST(v AS INT) AS i FROM (VALUES ('1'), ('2'), ('x')) AS t(v)",
+        "--format",
+        "parquet",
+        "--output",
+        o,
+    ]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        before,
+        "--output left as it was"
+    );
+    assert!(!dir.path().join("o.parquet.tmp").exists());
+    let e = bin(&["sql", "SELECT 1 AS a WHERE false", "--format", "json"]);
+    assert_eq!(String::from_utf8_lossy(&e.stdout).trim(), "[]");
+    let e = bin(&["sql", "SELECT 1 AS a WHERE false", "--format", "csv"]);
+    assert_eq!(String::from_utf8_lossy(&e.stdout).trim(), "a");
+}

@@ -88,28 +88,56 @@ pub async fn run(a: SqlArgs) -> Result<(), CliError> {
         };
         register_parquet(&ctx, name, &url).await.map_err(bad)?;
     }
-    let mut batches: Vec<RecordBatch> = Vec::new();
-    for stmt in split_statements(&query) {
+    let stmts = split_statements(&query);
+    let Some((last, first)) = stmts.split_last() else {
+        return Err(CliError::BadInput("SQL: no statement".into()));
+    };
+    if a.format == "parquet" && a.output.is_none() {
+        return Err(CliError::BadInput(
+            "--format parquet needs --output FILE".into(),
+        ));
+    }
+    for stmt in first {
         let df = ctx
-            .sql(&stmt)
+            .sql(stmt)
             .await
             .map_err(|e| CliError::BadInput(format!("SQL: {e}")))?;
-        batches = match df.collect().await {
-            Ok(b) => b,
-            Err(e) => {
-                // A part that fails to decode is named (file and rows), not just the query.
-                if e.to_string().contains("Parquet") {
-                    for store in &stores {
-                        if let Some(s) = crate::query::locate_unreadable_part(store).await {
-                            return Err(CliError::BadInput(s.to_string()));
-                        }
-                    }
-                }
-                return Err(CliError::BadInput(format!("SQL: {e}")));
-            }
-        };
+        if let Err(e) = df.collect().await {
+            return Err(query_failed(e, &stores).await);
+        }
     }
-    print(&a, &batches)
+    let df = ctx
+        .sql(last)
+        .await
+        .map_err(|e| CliError::BadInput(format!("SQL: {e}")))?;
+    if a.format == "table" {
+        // An aligned table needs every row first.
+        let batches = match df.collect().await {
+            Ok(b) => b,
+            Err(e) => return Err(query_failed(e, &stores).await),
+        };
+        return print_table(&batches);
+    }
+    // csv, json and parquet stream: memory holds one batch, not the result.
+    let schema = std::sync::Arc::new(df.schema().as_arrow().clone());
+    let stream = match df.execute_stream().await {
+        Ok(s) => s,
+        Err(e) => return Err(query_failed(e, &stores).await),
+    };
+    write_stream(&a, schema, stream, &stores).await
+}
+
+/// A failed query as an error: a part that fails to decode is named (file and rows), not
+/// just the query.
+async fn query_failed(e: datafusion::error::DataFusionError, stores: &[RunStore]) -> CliError {
+    if e.to_string().contains("Parquet") {
+        for store in stores {
+            if let Some(s) = crate::query::locate_unreadable_part(store).await {
+                return CliError::BadInput(s.to_string());
+            }
+        }
+    }
+    CliError::BadInput(format!("SQL: {e}"))
 }
 
 /// Splits a script on `;` outside quotes and `--` comments; the last statement's rows are
@@ -145,52 +173,112 @@ fn split_statements(q: &str) -> Vec<String> {
     out.into_iter().filter(|s| !s.trim().is_empty()).collect()
 }
 
-fn print(a: &SqlArgs, batches: &[RecordBatch]) -> Result<(), CliError> {
+fn print_table(batches: &[RecordBatch]) -> Result<(), CliError> {
+    let t = pretty_format_batches(batches).map_err(|e| CliError::Internal(e.to_string()))?;
+    println!("{t}");
+    Ok(())
+}
+
+/// One of the streaming writers of `--format csv|json|parquet`.
+enum Sink {
+    Csv(Box<datafusion::arrow::csv::Writer<std::io::BufWriter<std::io::Stdout>>>),
+    Json(
+        datafusion::arrow::json::Writer<
+            std::io::BufWriter<std::io::Stdout>,
+            datafusion::arrow::json::writer::JsonArray,
+        >,
+    ),
+    Parquet(Box<datafusion::parquet::arrow::ArrowWriter<std::fs::File>>),
+}
+
+/// Writes the result batch by batch. A Parquet file is written under a temporary name and
+/// renamed when complete, so a failed query never leaves a half-written `--output`.
+async fn write_stream(
+    a: &SqlArgs,
+    schema: datafusion::arrow::datatypes::SchemaRef,
+    mut stream: datafusion::physical_plan::SendableRecordBatchStream,
+    stores: &[RunStore],
+) -> Result<(), CliError> {
+    use futures::StreamExt;
     let internal = |e: &dyn std::fmt::Display| CliError::Internal(e.to_string());
-    match a.format.as_str() {
-        "table" => println!(
-            "{}",
-            pretty_format_batches(batches).map_err(|e| internal(&e))?
-        ),
-        "csv" => {
-            let mut w = datafusion::arrow::csv::WriterBuilder::new()
+    let stdout = || std::io::BufWriter::new(std::io::stdout());
+    let tmp = a.output.as_ref().map(|o| o.with_extension("parquet.tmp"));
+    let mut sink = match a.format.as_str() {
+        "csv" => Sink::Csv(Box::new(
+            datafusion::arrow::csv::WriterBuilder::new()
                 .with_header(true)
-                .build(std::io::stdout());
-            for b in batches {
-                w.write(b).map_err(|e| internal(&e))?;
-            }
-        }
-        "json" => {
-            let mut buf = Vec::new();
-            {
-                // Every column is kept, NULL as `null` (DESIGN: rows keyed by column name).
-                let mut w = datafusion::arrow::json::WriterBuilder::new()
-                    .with_explicit_nulls(true)
-                    .build::<_, datafusion::arrow::json::writer::JsonArray>(&mut buf);
-                let refs: Vec<&RecordBatch> = batches.iter().collect();
-                w.write_batches(&refs).map_err(|e| internal(&e))?;
-                w.finish().map_err(|e| internal(&e))?;
-            }
-            if buf.is_empty() {
-                buf = b"[]".to_vec();
-            }
-            println!("{}", String::from_utf8_lossy(&buf));
-        }
+                .build(stdout()),
+        )),
+        // Every column is kept, NULL as `null` (DESIGN: rows keyed by column name).
+        "json" => Sink::Json(
+            datafusion::arrow::json::WriterBuilder::new()
+                .with_explicit_nulls(true)
+                .build::<_, datafusion::arrow::json::writer::JsonArray>(stdout()),
+        ),
         "parquet" => {
-            let out = a
-                .output
-                .as_ref()
-                .ok_or_else(|| CliError::BadInput("--format parquet needs --output FILE".into()))?;
-            let schema = batches.first().map(|b| b.schema()).unwrap_or_else(|| {
-                std::sync::Arc::new(datafusion::arrow::datatypes::Schema::empty())
-            });
-            let bytes =
-                crate::storage::encode_parquet(&schema, batches).map_err(|e| internal(&e))?;
-            let tmp = out.with_extension("parquet.tmp");
-            std::fs::write(&tmp, bytes).map_err(|e| internal(&e))?;
-            std::fs::rename(&tmp, out).map_err(|e| internal(&e))?;
+            let tmp = tmp.as_ref().expect("checked before the query ran");
+            let f = std::fs::File::create(tmp)
+                .map_err(|e| CliError::BadInput(format!("{}: {e}", tmp.display())))?;
+            Sink::Parquet(Box::new(
+                datafusion::parquet::arrow::ArrowWriter::try_new(
+                    f,
+                    schema.clone(),
+                    Some(crate::storage::parquet_props()),
+                )
+                .map_err(|e| internal(&e))?,
+            ))
         }
         _ => unreachable!("clap restricts --format"),
+    };
+    let mut rows = 0usize;
+    while let Some(b) = stream.next().await {
+        let b = match b {
+            Ok(b) => b,
+            Err(e) => {
+                if let Some(t) = &tmp {
+                    let _ = std::fs::remove_file(t);
+                }
+                return Err(query_failed(e, stores).await);
+            }
+        };
+        rows += b.num_rows();
+        match &mut sink {
+            Sink::Csv(w) => w.write(&b).map_err(|e| internal(&e))?,
+            Sink::Json(w) => w.write(&b).map_err(|e| internal(&e))?,
+            Sink::Parquet(w) => w.write(&b).map_err(|e| internal(&e))?,
+        }
+    }
+    match sink {
+        Sink::Csv(w) => {
+            if rows == 0 {
+                // The header row even for an empty result.
+                let mut w = datafusion::arrow::csv::WriterBuilder::new()
+                    .with_header(true)
+                    .build(w.into_inner());
+                w.write(&RecordBatch::new_empty(schema))
+                    .map_err(|e| internal(&e))?;
+                use std::io::Write;
+                w.into_inner().flush().map_err(|e| internal(&e))?;
+            } else {
+                use std::io::Write;
+                w.into_inner().flush().map_err(|e| internal(&e))?;
+            }
+        }
+        Sink::Json(mut w) => {
+            // An empty result is `[]` too: the writer opens the array when it finishes.
+            w.finish().map_err(|e| internal(&e))?;
+            let mut out = w.into_inner();
+            use std::io::Write;
+            out.write_all(b"\n").map_err(|e| internal(&e))?;
+            out.flush().map_err(|e| internal(&e))?;
+        }
+        Sink::Parquet(w) => {
+            w.close().map_err(|e| internal(&e))?;
+            let (tmp, out) = (tmp.expect("parquet has a temp file"), a.output.as_ref());
+            let out = out.expect("checked before the query ran");
+            std::fs::rename(&tmp, out)
+                .map_err(|e| CliError::Internal(format!("{}: {e}", out.display())))?;
+        }
     }
     Ok(())
 }

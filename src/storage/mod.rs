@@ -9,7 +9,7 @@ mod manifest;
 mod store;
 
 pub use manifest::{Manifest, StageRecord, StageStatus, now as manifest_now};
-pub use store::{PART_ROWS, PartWriter, RootUrl, RunStore, encode_parquet};
+pub use store::{PART_ROWS, PartWriter, RootUrl, RunStore, encode_parquet, parquet_props};
 
 /// Errors of the run store. Each names the location it concerns.
 #[derive(Debug, thiserror::Error)]

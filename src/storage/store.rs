@@ -487,16 +487,21 @@ fn memory_store(name: &str) -> Arc<dyn ObjectStore> {
         .clone()
 }
 
+/// The Parquet writer properties of every file evalflow writes (Snappy, row groups of
+/// [`PART_ROWS`] rows).
+pub fn parquet_props() -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(PART_ROWS))
+        .build()
+}
+
 /// Encodes record batches as one Parquet file in memory.
 pub fn encode_parquet(
     schema: &SchemaRef,
     batches: &[RecordBatch],
 ) -> Result<Vec<u8>, datafusion::parquet::errors::ParquetError> {
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .set_max_row_group_row_count(Some(PART_ROWS))
-        .build();
-    let mut w = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props))?;
+    let mut w = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(parquet_props()))?;
     for b in batches {
         w.write(b)?;
     }
