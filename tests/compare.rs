@@ -4,13 +4,15 @@
 //! scorer), so every case's score in each run is chosen by the test, and the expected
 //! difference, clustered (CR2) interval and verdict are computed here by hand.
 
-use std::collections::{BTreeMap, HashMap};
+mod common;
+
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use evalflow::stages::call::{self, CallRequest, CallResult, CallRow};
-use evalflow::stages::generate::{self, Case};
-use evalflow::storage::{Manifest, RunStore};
+use evalflow::stages::call::{CallRequest, CallResult, CallRow};
+use evalflow::stages::generate::Case;
+use evalflow::storage::RunStore;
 
 fn bin(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_evalflow"))
@@ -86,31 +88,9 @@ async fn build_run(root: &Path, pass: &[bool]) {
             started_at_us: 1_700_000_000_000_000,
         });
     }
-    let mut w = store.part_writer("cases", evalflow::schema::Table::Cases.schema(), "part");
-    w.write(generate::to_batch(&cases)).await.unwrap();
-    w.finish().await.unwrap();
-    let mut w = store.part_writer("calls", evalflow::schema::Table::Calls.schema(), "part");
-    w.write(call::to_batch(&p.model, &rows)).await.unwrap();
-    w.finish().await.unwrap();
-    let mut m = Manifest {
-        run_id: root.file_name().unwrap().to_string_lossy().to_string(),
-        evalflow_version: "test".into(),
-        pipeline_path: "paired.toml".into(),
-        pipeline_hash: p.hash(),
-        pipeline: serde_json::to_value(&p).unwrap(),
-        created_at: "2026-11-30T00:00:00Z".into(),
-        finished_at: None,
-        stages: BTreeMap::new(),
-        row_counts: BTreeMap::new(),
-        scorer_versions: vec![],
-        validator_version: None,
-    };
-    m.complete("generate", "cases", N as u64, BTreeMap::new());
-    m.complete("call", "calls", N as u64, BTreeMap::new());
-    m.save(&store).await.unwrap();
-    evalflow::stages::validate::run(&store, &["en".into()])
-        .await
-        .unwrap();
+    let run_id = root.file_name().unwrap().to_string_lossy().to_string();
+    let mut m =
+        common::write_validated_run(&store, &p, &run_id, &cases, &rows, &["en".into()]).await;
     let scorer = evalflow::stages::score::build("checklist", None).unwrap();
     evalflow::stages::score::run(&store, scorer.as_ref())
         .await

@@ -7,14 +7,16 @@
 //! The page's numbers are also checked against the `results` table itself: every results
 //! row is on the page, with the same values in its `data-*` attributes.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Instant;
 
-use evalflow::stages::call::{self, CallRequest, CallResult, CallRow};
-use evalflow::stages::generate::{self, Case};
-use evalflow::storage::{Manifest, RunStore};
+use evalflow::stages::call::{CallRequest, CallResult, CallRow};
+use evalflow::stages::generate::Case;
+use evalflow::storage::RunStore;
 
 fn bin(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_evalflow"))
@@ -458,33 +460,7 @@ async fn synthetic_run(root: &Path, n_tests: usize, per_test: usize) {
             });
         }
     }
-    let mut w = store.part_writer("cases", evalflow::schema::Table::Cases.schema(), "part");
-    w.write(generate::to_batch(&cases)).await.unwrap();
-    w.finish().await.unwrap();
-    let mut w = store.part_writer("calls", evalflow::schema::Table::Calls.schema(), "part");
-    w.write(call::to_batch(&p.model, &calls)).await.unwrap();
-    w.finish().await.unwrap();
-    let mut m = Manifest {
-        run_id: "synthetic".into(),
-        evalflow_version: "test".into(),
-        pipeline_path: "recorded.toml".into(),
-        pipeline_hash: p.hash(),
-        pipeline: serde_json::to_value(&p).unwrap(),
-        created_at: "2026-11-30T00:00:00Z".into(),
-        finished_at: None,
-        stages: BTreeMap::new(),
-        row_counts: BTreeMap::new(),
-        scorer_versions: vec![],
-        validator_version: None,
-    };
-    m.complete("generate", "cases", cases.len() as u64, BTreeMap::new());
-    m.complete("call", "calls", calls.len() as u64, BTreeMap::new());
-    m.save(&store).await.unwrap();
-    evalflow::stages::validate::run(&store, &p.languages())
-        .await
-        .unwrap();
-    m.complete("validate", "validity", calls.len() as u64, BTreeMap::new());
-    m.save(&store).await.unwrap();
+    common::write_validated_run(&store, &p, "synthetic", &cases, &calls, &p.languages()).await;
     ok(&["rescore", root.to_str().unwrap(), "--scorer", "checklist"]);
 }
 

@@ -11,14 +11,15 @@
 //! - `sql --format json` keeps NULL columns;
 //! - import records what the file recorded and nothing else, and takes `--languages`.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
 use evalflow::mock::{AnswerMode, MockConfig, MockServer};
-use evalflow::stages::call::{self, CallRequest, CallResult, CallRow};
-use evalflow::stages::generate::{self, Case};
-use evalflow::storage::{Manifest, RunStore};
+use evalflow::stages::call::{CallRequest, CallResult, CallRow};
+use evalflow::stages::generate::Case;
+use evalflow::storage::RunStore;
 
 fn bin(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_evalflow"))
@@ -144,33 +145,7 @@ async fn recorded_run(root: &Path, pipeline: &str, rows: &[(&str, &str, &str)]) 
             started_at_us: 1_700_000_000_000_000,
         });
     }
-    let mut w = store.part_writer("cases", evalflow::schema::Table::Cases.schema(), "part");
-    w.write(generate::to_batch(&cases)).await.unwrap();
-    w.finish().await.unwrap();
-    let mut w = store.part_writer("calls", evalflow::schema::Table::Calls.schema(), "part");
-    w.write(call::to_batch(&p.model, &calls)).await.unwrap();
-    w.finish().await.unwrap();
-    let mut m = Manifest {
-        run_id: "recorded".into(),
-        evalflow_version: "test".into(),
-        pipeline_path: "recorded.toml".into(),
-        pipeline_hash: p.hash(),
-        pipeline: serde_json::to_value(&p).unwrap(),
-        created_at: "2026-11-30T00:00:00Z".into(),
-        finished_at: None,
-        stages: BTreeMap::new(),
-        row_counts: BTreeMap::new(),
-        scorer_versions: vec![],
-        validator_version: None,
-    };
-    m.complete("generate", "cases", cases.len() as u64, BTreeMap::new());
-    m.complete("call", "calls", calls.len() as u64, BTreeMap::new());
-    m.save(&store).await.unwrap();
-    evalflow::stages::validate::run(&store, &p.languages())
-        .await
-        .unwrap();
-    m.complete("validate", "validity", calls.len() as u64, BTreeMap::new());
-    m.save(&store).await.unwrap();
+    common::write_validated_run(&store, &p, "recorded", &cases, &calls, &p.languages()).await;
 }
 
 const CUE_PIPELINE: &str = r#"

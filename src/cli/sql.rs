@@ -97,13 +97,22 @@ pub async fn run(a: SqlArgs) -> Result<(), CliError> {
             "--format parquet needs --output FILE".into(),
         ));
     }
+    // Earlier statements run for their effect (CREATE VIEW, SET, ...): their rows are
+    // drained batch by batch, never held.
     for stmt in first {
+        use futures::StreamExt;
         let df = ctx
             .sql(stmt)
             .await
             .map_err(|e| CliError::BadInput(format!("SQL: {e}")))?;
-        if let Err(e) = df.collect().await {
-            return Err(query_failed(e, &stores).await);
+        let mut s = match df.execute_stream().await {
+            Ok(s) => s,
+            Err(e) => return Err(query_failed(e, &stores).await),
+        };
+        while let Some(b) = s.next().await {
+            if let Err(e) = b {
+                return Err(query_failed(e, &stores).await);
+            }
         }
     }
     let df = ctx
@@ -111,7 +120,8 @@ pub async fn run(a: SqlArgs) -> Result<(), CliError> {
         .await
         .map_err(|e| CliError::BadInput(format!("SQL: {e}")))?;
     if a.format == "table" {
-        // An aligned table needs every row first.
+        // An aligned table needs every row first: it is for reading on a terminal; the
+        // other formats stream.
         let batches = match df.collect().await {
             Ok(b) => b,
             Err(e) => return Err(query_failed(e, &stores).await),
