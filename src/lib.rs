@@ -8,6 +8,7 @@ pub mod cli;
 pub mod judge;
 pub mod mock;
 pub mod pipeline;
+pub mod progress;
 pub mod query;
 pub mod report;
 pub mod runner;

@@ -38,10 +38,11 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(t) = cli.threads {
+        builder.worker_threads(t as usize);
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

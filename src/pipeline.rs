@@ -145,6 +145,19 @@ impl Spans {
 pub struct RunConfig {
     /// Prefix of generated run ids (default: the suite name).
     pub name: Option<String>,
+    /// Memory every query may use before spilling (`1GiB`, `512MB`); `--memory-limit` wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<String>,
+}
+
+impl RunConfig {
+    /// `memory_limit` in bytes, if set.
+    pub fn memory_limit_bytes(&self) -> Result<Option<usize>, String> {
+        self.memory_limit
+            .as_deref()
+            .map(crate::query::parse_bytes)
+            .transpose()
+    }
 }
 
 /// `[model]` (and `[judge]`): the model under test. See DESIGN.md, "Pipeline file".
@@ -529,6 +542,14 @@ impl Pipeline {
             .unwrap_or_else(|| p.to_path_buf())
     }
 
+    /// Checks `[run]`.
+    fn check_run(&self) -> Result<(), PipelineError> {
+        self.run
+            .memory_limit_bytes()
+            .map_err(|m| self.invalid("memory_limit", "run.memory_limit", m))?;
+        Ok(())
+    }
+
     /// Reads `[suite] include` files into `lexicons`.
     fn load_includes(&mut self) -> Result<(), PipelineError> {
         for inc in self.suite.include.clone() {
@@ -682,6 +703,7 @@ impl Pipeline {
     }
 
     fn check(&self) -> Result<(), PipelineError> {
+        self.check_run()?;
         self.check_model("model", &self.model)?;
         if let Some(m) = &self.judge {
             self.check_model("judge", m)?;

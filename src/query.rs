@@ -12,6 +12,9 @@ use datafusion::datasource::listing::{
     ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
 };
 use datafusion::error::DataFusionError;
+use datafusion::execution::disk_manager::DiskManagerBuilder;
+use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::schema::Table;
@@ -22,6 +25,17 @@ use crate::storage::{RunStore, StorageError};
 pub enum QueryError {
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The plan needed more memory than `--memory-limit` even after spilling: a setting the
+    /// user chooses (exit 2), never a half-written part.
+    #[error(
+        "{context}: the memory limit of {} is too small for this query even with spilling to disk (raise --memory-limit or [run] memory_limit): {msg}",
+        format_bytes(*limit)
+    )]
+    Memory {
+        context: String,
+        limit: usize,
+        msg: String,
+    },
     #[error("{context}: {source}")]
     DataFusion {
         context: String,
@@ -31,22 +45,133 @@ pub enum QueryError {
 }
 
 impl QueryError {
+    /// Wraps a DataFusion error with what was being done; a memory-pool refusal becomes
+    /// [`QueryError::Memory`] naming the limit.
     pub fn df(context: impl Into<String>) -> impl FnOnce(DataFusionError) -> QueryError {
         let context = context.into();
-        move |source| QueryError::DataFusion { context, source }
+        move |source| match source.find_root() {
+            DataFusionError::ResourcesExhausted(msg) => QueryError::Memory {
+                context,
+                limit: resources().memory_limit,
+                msg: msg.clone(),
+            },
+            _ => QueryError::DataFusion { context, source },
+        }
+    }
+
+    /// Whether the error is the user's input or setting (exit 2) rather than a failure.
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            QueryError::Storage(e) => e.is_bad_input(),
+            QueryError::Memory { .. } => true,
+            QueryError::DataFusion { .. } => false,
+        }
     }
 }
 
-/// A session with evalflow's functions registered and plain Utf8 strings (so stages can
-/// read string columns without view types).
+/// How much memory and how many cores every query may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resources {
+    /// Bytes of the memory pool shared by every operator of a query; operators that can
+    /// spill (sort, hash aggregate, ...) go to disk beyond it.
+    pub memory_limit: usize,
+    /// Partitions of a plan (and stages' parts processed at once).
+    pub threads: usize,
+}
+
+/// The default memory limit: 1 GiB (DESIGN.md).
+pub const DEFAULT_MEMORY_LIMIT: usize = 1 << 30;
+
+impl Default for Resources {
+    fn default() -> Self {
+        Resources {
+            memory_limit: DEFAULT_MEMORY_LIMIT,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+static RESOURCES: std::sync::RwLock<Option<Resources>> = std::sync::RwLock::new(None);
+
+/// The resources set by `--memory-limit` / `--threads` (or the defaults).
+pub fn resources() -> Resources {
+    RESOURCES.read().ok().and_then(|r| *r).unwrap_or_default()
+}
+
+/// Sets the resources every later context gets (the CLI does, once, before any query).
+pub fn set_resources(r: Resources) {
+    if let Ok(mut g) = RESOURCES.write() {
+        *g = Some(r);
+    }
+}
+
+/// Parses a size such as `1GiB`, `512MB`, `2g`, `800M` or a number of bytes. K, M, G and T
+/// are binary (1024-based) with or without `i`/`B`, as memory limits usually are.
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}`: not a size (for example 1GiB, 512MB, 2000000)"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" | "tib" => 1024.0f64.powi(4),
+        u => return Err(format!("`{s}`: unknown unit `{u}` (use K, M, G or T)")),
+    };
+    let bytes = n * mult;
+    if !(bytes >= 1.0 && bytes.is_finite()) {
+        return Err(format!("`{s}`: must be at least 1 byte"));
+    }
+    Ok(bytes as usize)
+}
+
+/// A size for messages: `1.0 GiB`, `64.0 MiB`, `900 B`.
+pub fn format_bytes(n: usize) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+/// A session with evalflow's functions registered, plain Utf8 strings (so stages can
+/// read string columns without view types), [`resources`]' partitions, and a fair spill
+/// pool of [`Resources::memory_limit`] with a disk manager: sorts and aggregations spill
+/// to the OS temp folder instead of growing past the limit.
 pub fn new_context() -> SessionContext {
+    let r = resources();
     let config = SessionConfig::new()
+        .with_target_partitions(r.threads.max(1))
         .set_bool(
             "datafusion.execution.parquet.schema_force_view_types",
             false,
         )
-        .set_bool("datafusion.sql_parser.map_string_types_to_utf8view", false);
-    let ctx = SessionContext::new_with_config(config);
+        .set_bool("datafusion.sql_parser.map_string_types_to_utf8view", false)
+        // A sort reserves this much to merge its spill files; DataFusion's 10 MiB default
+        // would make a small limit fail instead of spill.
+        .set_usize(
+            "datafusion.execution.sort_spill_reservation_bytes",
+            (r.memory_limit / 16).min(10 << 20),
+        );
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_pool(Arc::new(FairSpillPool::new(r.memory_limit)))
+        .with_disk_manager_builder(DiskManagerBuilder::default())
+        .build_arc()
+        .expect("a runtime with the OS temp folder for spills");
+    let ctx = SessionContext::new_with_config_rt(config, runtime);
     crate::udaf::register_all(&ctx);
     ctx
 }
@@ -106,6 +231,7 @@ pub async fn register_run(
     store: &RunStore,
     prefix: &str,
 ) -> Result<(), QueryError> {
+    crate::storage::compact::finish_pending(store).await?;
     store.register_with(ctx);
     for t in Table::ALL {
         let name = format!("{prefix}{}", t.name());
@@ -145,6 +271,7 @@ pub async fn register_run(
 /// [`StorageError::Schema`] naming the part and column, [`StorageError::CorruptPart`] for a
 /// part that is not readable Parquet.
 pub async fn check_tables(store: &RunStore) -> Result<(), StorageError> {
+    crate::storage::compact::finish_pending(store).await?;
     for t in Table::ALL {
         let parts = store.list_parts(t.name()).await?;
         check_parts(store, &parts, t).await?;

@@ -45,9 +45,8 @@ impl RunError {
     pub fn is_bad_input(&self) -> bool {
         match self {
             RunError::Pipeline(_) | RunError::Root { .. } | RunError::Scorer { .. } => true,
-            RunError::Storage(e)
-            | RunError::Query(QueryError::Storage(e))
-            | RunError::Call(CallError::Storage(e)) => e.is_bad_input(),
+            RunError::Query(e) => e.is_bad_input(),
+            RunError::Storage(e) | RunError::Call(CallError::Storage(e)) => e.is_bad_input(),
             RunError::Call(CallError::Provider(..)) => true,
             RunError::Generate(generate::GenerateError::Rephrase { .. }) => false,
             RunError::Generate(_) => true,
@@ -73,6 +72,14 @@ impl Runner {
     /// Loads the pipeline and opens (or creates) the run at `out`, default `runs/<run_id>`.
     pub async fn open(pipeline_path: &Path, out: Option<&str>) -> Result<Self, RunError> {
         let pipeline = Pipeline::load(pipeline_path)?;
+        if let Ok(Some(limit)) = pipeline.run.memory_limit_bytes()
+            && !crate::cli::MEMORY_LIMIT_FLAG.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            crate::query::set_resources(crate::query::Resources {
+                memory_limit: limit,
+                ..crate::query::resources()
+            });
+        }
         let root = match out {
             Some(o) => o.to_string(),
             None => format!("runs/{}", default_run_id(&pipeline)),
@@ -177,6 +184,9 @@ impl Runner {
         self.manifest.start("call");
         self.manifest.save(&self.store).await?;
         let stats = call::run(&self.store, &self.pipeline.model, provider).await?;
+        // The stage committed a part every couple of seconds: merge them now, while no
+        // other stage reads the run.
+        crate::storage::compact::compact_calls(&self.store).await?;
         self.manifest.complete(
             "call",
             "calls",
@@ -199,6 +209,7 @@ impl Runner {
         self.require("validate", "call")?;
         crate::query::check_tables(&self.store).await?;
         self.manifest.start("validate");
+        self.manifest.save(&self.store).await?;
         let rows = validate::run(&self.store, &self.pipeline.languages()).await?;
         self.manifest.validator_version = Some(validate::VALIDATOR_VERSION.to_string());
         self.manifest

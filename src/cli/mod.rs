@@ -62,7 +62,39 @@ impl CliError {
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Memory every query may use before it spills to disk (e.g. 1GiB, 512MB; default
+    /// 1GiB, or the pipeline's `[run] memory_limit`). A query that cannot fit even with
+    /// spilling fails with exit 2.
+    #[arg(long, global = true, value_parser = crate::query::parse_bytes)]
+    pub memory_limit: Option<usize>,
+    /// Cores to use: partitions of every plan and parts processed at once (default: all).
+    #[arg(long, global = true, value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
 }
+
+impl Cli {
+    /// Sets the process-wide [`crate::query::Resources`] from the flags.
+    pub fn apply_resources(&self) {
+        let mut r = crate::query::resources();
+        if let Some(m) = self.memory_limit {
+            r.memory_limit = m;
+            MEMORY_LIMIT_FLAG.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        if let Some(t) = self.threads {
+            r.threads = t as usize;
+            // Scoring runs on rayon's pool: the same number of cores. Fails only when the
+            // pool already exists (a second call in one process), which keeps the first size.
+            let _ = rayon::ThreadPoolBuilder::new()
+                .num_threads(r.threads)
+                .build_global();
+        }
+        crate::query::set_resources(r);
+    }
+}
+
+/// Whether `--memory-limit` was given (it wins over a pipeline's `[run] memory_limit`).
+pub static MEMORY_LIMIT_FLAG: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -104,6 +136,14 @@ pub enum Command {
     Compare(compare::CompareArgs),
     /// Cases needed to detect a difference (Miller's formula, with the K-samples terms).
     Plan(plan::PlanArgs),
+    /// Merge a run's small parts (the call stage's frequent commits) into large ones.
+    Compact(CompactArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CompactArgs {
+    /// The run root.
+    pub run: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -117,6 +157,7 @@ pub struct StageArgs {
 
 /// Runs one parsed command.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
+    cli.apply_resources();
     match cli.command {
         Command::Run(a) => {
             let mut r = Runner::open(&a.pipeline, a.out.as_deref()).await?;
@@ -204,6 +245,37 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Judge(c) => judge::run(c).await,
         Command::Compare(a) => compare::run(a).await,
         Command::Plan(a) => plan::run(a).await,
+        Command::Compact(a) => {
+            let (_, store, manifest) = crate::query::open_run(&a.run).await.map_err(|e| {
+                if e.is_bad_input() {
+                    CliError::BadInput(e.to_string())
+                } else {
+                    internal(e)
+                }
+            })?;
+            if let Some((stage, _)) = manifest
+                .stages
+                .iter()
+                .find(|(_, r)| r.status == crate::storage::StageStatus::Running)
+            {
+                return Err(CliError::BadInput(format!(
+                    "{}: stage `{stage}` is marked running: compact a run only while no stage writes it (rerun the stage to finish it first)",
+                    store.display()
+                )));
+            }
+            for c in crate::storage::compact::compact(&store)
+                .await
+                .map_err(internal)?
+            {
+                if c.parts_before > 0 {
+                    println!(
+                        "{}: {} parts -> {} ({} rows)",
+                        c.folder, c.parts_before, c.parts_after, c.rows
+                    );
+                }
+            }
+            Ok(())
+        }
     }
 }
 

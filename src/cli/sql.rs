@@ -31,7 +31,9 @@ pub struct SqlArgs {
 
 fn bad(e: QueryError) -> CliError {
     match &e {
-        QueryError::DataFusion { .. } => CliError::BadInput(e.to_string()),
+        QueryError::DataFusion { .. } | QueryError::Memory { .. } => {
+            CliError::BadInput(e.to_string())
+        }
         QueryError::Storage(s) if s.is_bad_input() => CliError::BadInput(e.to_string()),
         QueryError::Storage(_) => CliError::Internal(e.to_string()),
     }
@@ -140,6 +142,12 @@ pub async fn run(a: SqlArgs) -> Result<(), CliError> {
 /// A failed query as an error: a part that fails to decode is named (file and rows), not
 /// just the query.
 async fn query_failed(e: datafusion::error::DataFusionError, stores: &[RunStore]) -> CliError {
+    if matches!(
+        e.find_root(),
+        datafusion::error::DataFusionError::ResourcesExhausted(_)
+    ) {
+        return bad(QueryError::df("SQL")(e));
+    }
     if e.to_string().contains("Parquet") {
         for store in stores {
             if let Some(s) = crate::query::locate_unreadable_part(store).await {

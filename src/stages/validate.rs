@@ -6,14 +6,25 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Int64Builder, RecordBatch, StringArray, StringBuilder, StructArray,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Fields, Int32Type, Int64Type};
+use datafusion::common::Result as DfResult;
+use datafusion::error::DataFusionError;
+use datafusion::logical_expr::ScalarUDF;
+use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 
+use crate::query::{QueryError, new_context};
 use crate::schema::Table;
 use crate::storage::{RunStore, StorageError};
+use crate::udaf::FunctionDoc;
+use crate::udaf::spec::{ScalarSpec, StatUdf};
 
-/// Stamped on every validity row; bump when the rules below change.
-pub const VALIDATOR_VERSION: &str = "validate@1";
+/// Stamped on every validity row; bump when the rules below change. `@2`: the language
+/// detector is skipped for Latin-script text that reads as English by its function words.
+pub const VALIDATOR_VERSION: &str = "validate@2";
 
 /// The validity verdicts, in DESIGN.md order.
 pub const VERDICTS: [&str; 6] = [
@@ -29,19 +40,29 @@ pub const VERDICTS: [&str; 6] = [
 /// when a detector is confident on a long enough Latin-script text, or `und` with no letters.
 ///
 /// Uses the Han-vs-Latin ratio rule from six-checks-before-you-trust: r = han / (han +
-/// latin); r > 0.35 is zh, r < 0.05 is Latin script, otherwise mixed.
+/// latin); r > 0.35 is zh, r < 0.05 is Latin script, otherwise mixed. The script is decided
+/// by character class in one pass; the (slow) trigram detector runs only on long
+/// Latin-script text that does not read as English by its function words, since that is
+/// the only case where it can change the verdict.
 pub fn language(text: &str) -> String {
-    let han = text
-        .chars()
-        .filter(|c| ('\u{4e00}'..='\u{9fff}').contains(c))
-        .count();
-    let latin = text.chars().filter(|c| c.is_ascii_alphabetic()).count();
+    let (mut han, mut latin, mut other_letters) = (0usize, 0usize, false);
+    for c in text.chars() {
+        if c.is_ascii_alphabetic() {
+            latin += 1;
+        } else if ('\u{4e00}'..='\u{9fff}').contains(&c) {
+            han += 1;
+        } else if !c.is_ascii() && !other_letters && c.is_alphabetic() {
+            other_letters = true;
+        }
+    }
     if han + latin == 0 {
         // Other scripts (Cyrillic, Arabic, ...) or no letters at all.
+        if !other_letters {
+            return "und".into();
+        }
         return match whatlang::detect(text) {
             Some(info) if info.is_reliable() => iso639_1(info.lang()).to_string(),
-            _ if text.chars().any(char::is_alphabetic) => "other".into(),
-            _ => "und".into(),
+            _ => "other".into(),
         };
     }
     let r = han as f64 / (han + latin) as f64;
@@ -49,7 +70,7 @@ pub fn language(text: &str) -> String {
         "zh".into()
     } else if r >= 0.05 {
         "mixed".into()
-    } else if latin >= 40 {
+    } else if latin >= 40 && !reads_as_english(text) {
         // Long Latin-script answers may be another language; short ones (labels) stay en.
         match whatlang::detect(text) {
             Some(info) if info.is_reliable() && info.lang() != whatlang::Lang::Eng => {
@@ -60,6 +81,84 @@ pub fn language(text: &str) -> String {
     } else {
         "en".into()
     }
+}
+
+/// Whether at least a fifth of the words (and at least three) are English function words
+/// that no other common Latin-script language uses as words (`the`, `and`, `with`, ...;
+/// not `a`, `in`, `to`, `is`, `on`, which are also Spanish, German, Polish, Dutch or French).
+fn reads_as_english(text: &str) -> bool {
+    let (mut words, mut hits) = (0usize, 0usize);
+    let mut buf = [0u8; 6];
+    for w in text
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .filter(|w| !w.is_empty())
+    {
+        words += 1;
+        if w.len() < 2 || w.len() > buf.len() {
+            continue;
+        }
+        let lower = &mut buf[..w.len()];
+        lower.copy_from_slice(w.as_bytes());
+        lower.make_ascii_lowercase();
+        if matches!(
+            &*lower,
+            b"the"
+                | b"and"
+                | b"of"
+                | b"that"
+                | b"this"
+                | b"with"
+                | b"for"
+                | b"you"
+                | b"your"
+                | b"are"
+                | b"not"
+                | b"have"
+                | b"has"
+                | b"had"
+                | b"be"
+                | b"been"
+                | b"were"
+                | b"will"
+                | b"would"
+                | b"can"
+                | b"could"
+                | b"should"
+                | b"it"
+                | b"its"
+                | b"they"
+                | b"them"
+                | b"their"
+                | b"there"
+                | b"what"
+                | b"which"
+                | b"who"
+                | b"when"
+                | b"where"
+                | b"how"
+                | b"from"
+                | b"but"
+                | b"if"
+                | b"we"
+                | b"our"
+                | b"she"
+                | b"his"
+                | b"her"
+                | b"than"
+                | b"these"
+                | b"those"
+                | b"about"
+                | b"into"
+                | b"more"
+                | b"some"
+                | b"any"
+                | b"at"
+                | b"or"
+        ) {
+            hits += 1;
+        }
+    }
+    hits >= 3 && hits * 5 >= words
 }
 
 fn iso639_1(l: whatlang::Lang) -> &'static str {
@@ -183,105 +282,229 @@ pub fn decide(c: &CallView, languages: &[String]) -> Verdict {
     )
 }
 
-fn opt_str<'a>(b: &'a RecordBatch, name: &str, i: usize) -> Option<&'a str> {
-    let a = b
-        .column_by_name(name)?
-        .as_any()
-        .downcast_ref::<StringArray>()?;
-    a.is_valid(i).then(|| a.value(i))
+/// `validity_verdict(...)`: the validity rule as a SQL function, so validate is a plan and a
+/// user can re-decide verdicts ad hoc in `evalflow sql`.
+#[derive(Debug, PartialEq, Eq, Hash, Default)]
+pub struct ValidityVerdict;
+
+/// The struct fields `validity_verdict` returns, named as the validity table's columns.
+fn verdict_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("validity", DataType::Utf8, false),
+        Field::new("validity_reason", DataType::Utf8, false),
+        Field::new("language", DataType::Utf8, false),
+        Field::new("answer_chars", DataType::Int64, false),
+    ])
 }
 
-fn opt_i64(b: &RecordBatch, name: &str, i: usize) -> Option<i64> {
-    let a = b
-        .column_by_name(name)?
-        .as_any()
-        .downcast_ref::<Int64Array>()?;
-    a.is_valid(i).then(|| a.value(i))
-}
+const ARG_TYPES: [DataType; 8] = [
+    DataType::Utf8,
+    DataType::Utf8,
+    DataType::Int32,
+    DataType::Utf8,
+    DataType::Int64,
+    DataType::Int64,
+    DataType::Int64,
+    DataType::Utf8,
+];
 
-fn opt_i32(b: &RecordBatch, name: &str, i: usize) -> Option<i32> {
-    let a = b
-        .column_by_name(name)?
-        .as_any()
-        .downcast_ref::<Int32Array>()?;
-    a.is_valid(i).then(|| a.value(i))
-}
+impl ScalarSpec for ValidityVerdict {
+    const DOC: FunctionDoc = FunctionDoc {
+        name: "validity_verdict",
+        syntax: "validity_verdict(response, finish_reason, http_status, error, reasoning_tokens, reasoning_chars, max_tokens, languages)",
+        returns: "Struct{validity, validity_reason, language, answer_chars}",
+        summary: "The validate stage's rule (`validate@2`), decided before any scoring: exactly one of \
+                  `valid_answer`, `empty_due_to_budget`, `empty_unexplained`, `truncated`, \
+                  `provider_error`, `unscorable_language`, with a human-readable reason, the answer's \
+                  language (Han-vs-Latin ratio, a detector only for long Latin-script text that does \
+                  not read as English) and its length in characters. `evalflow validate` runs \
+                  `SELECT call_id, validity_verdict(...) FROM calls`; the same call re-decides \
+                  verdicts ad hoc, for instance under another set of accepted languages.",
+        behavior: "Any argument may be NULL: a NULL response is an empty answer, a NULL error or \
+                   http_status is no error. An error (or a non-2xx status) wins over every other \
+                   verdict; an empty answer with finish_reason `length` is `empty_due_to_budget`.",
+        arguments: &[
+            ("response", "The answer text (calls.response)."),
+            (
+                "finish_reason",
+                "calls.finish_reason (`stop`, `length`, ...).",
+            ),
+            ("http_status", "calls.http_status."),
+            ("error", "calls.error: the provider's error message."),
+            ("reasoning_tokens", "calls.reasoning_tokens."),
+            ("reasoning_chars", "calls.reasoning_chars."),
+            ("max_tokens", "calls.max_tokens (the request's budget)."),
+            (
+                "languages",
+                "The answer languages the scorers read, comma-separated ISO 639-1 codes such as 'en,zh'.",
+            ),
+        ],
+        example: "SELECT v['validity'] AS validity, v['language'] AS language, v['validity_reason'] AS reason FROM (SELECT validity_verdict(r, f, 200, NULL, NULL, NULL, 512, 'en') AS v FROM (VALUES ('The food was great.', 'stop'), ('', 'length'), ('不建议强行上付费版', 'stop')) AS t(r, f))",
+    };
 
-/// Validates one batch of calls into a batch of validity rows.
-pub fn validate_batch(calls: &RecordBatch, languages: &[String]) -> RecordBatch {
-    let n = calls.num_rows();
-    let mut call_ids = Vec::with_capacity(n);
-    let mut verdicts = Vec::with_capacity(n);
-    for i in 0..n {
-        let view = CallView {
-            response: opt_str(calls, "response", i),
-            finish_reason: opt_str(calls, "finish_reason", i),
-            http_status: opt_i32(calls, "http_status", i),
-            error: opt_str(calls, "error", i),
-            reasoning_tokens: opt_i64(calls, "reasoning_tokens", i),
-            reasoning_chars: opt_i64(calls, "reasoning_chars", i),
-            completion_tokens: opt_i64(calls, "completion_tokens", i),
-            max_tokens: opt_i32(calls, "max_tokens", i),
-        };
-        verdicts.push(decide(&view, languages));
-        call_ids.push(opt_str(calls, "call_id", i).unwrap_or_default().to_string());
+    fn coerce(&self, t: &[DataType]) -> DfResult<Vec<DataType>> {
+        if t.len() != ARG_TYPES.len() {
+            return datafusion::common::plan_err!(
+                "validity_verdict takes {} arguments, got {}",
+                ARG_TYPES.len(),
+                t.len()
+            );
+        }
+        Ok(ARG_TYPES.to_vec())
     }
-    let cols: Vec<ArrayRef> = vec![
-        Arc::new(StringArray::from_iter_values(call_ids)),
-        Arc::new(StringArray::from_iter_values(
-            verdicts.iter().map(|v| v.validity),
-        )),
-        Arc::new(StringArray::from_iter_values(
-            verdicts.iter().map(|v| v.reason.as_str()),
-        )),
-        Arc::new(StringArray::from_iter_values(
-            verdicts.iter().map(|v| v.language.as_str()),
-        )),
-        Arc::new(Int64Array::from_iter_values(
-            verdicts.iter().map(|v| v.answer_chars),
-        )),
-        Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
-            VALIDATOR_VERSION,
-            n,
-        ))),
-    ];
-    RecordBatch::try_new(Table::Validity.schema(), cols)
-        .expect("validity batch matches schemas/validity.json")
+
+    fn return_type(&self) -> DataType {
+        DataType::Struct(verdict_fields())
+    }
+
+    fn invoke(&self, args: &[ArrayRef], n_rows: usize) -> DfResult<ArrayRef> {
+        fn opt(a: &StringArray, i: usize) -> Option<&str> {
+            a.is_valid(i).then(|| a.value(i))
+        }
+        let s = |i: usize| args[i].as_string::<i32>();
+        let (response, finish, error, langs) = (s(0), s(1), s(3), s(7));
+        let http = args[2].as_primitive::<Int32Type>();
+        let i64s = |i: usize| args[i].as_primitive::<Int64Type>();
+        let (rtok, rchars, maxt) = (i64s(4), i64s(5), i64s(6));
+        let mut lang_cache: (Option<String>, Vec<String>) = (None, Vec::new());
+        let mut validity = StringBuilder::with_capacity(n_rows, n_rows * 12);
+        let mut reason = StringBuilder::with_capacity(n_rows, n_rows * 32);
+        let mut language = StringBuilder::with_capacity(n_rows, n_rows * 2);
+        let mut chars = Int64Builder::with_capacity(n_rows);
+        for i in 0..n_rows {
+            let l = opt(langs, i).unwrap_or("");
+            if lang_cache.0.as_deref() != Some(l) {
+                lang_cache = (
+                    Some(l.to_string()),
+                    l.split(',')
+                        .map(|x| x.trim().to_string())
+                        .filter(|x| !x.is_empty())
+                        .collect(),
+                );
+            }
+            let view = CallView {
+                response: opt(response, i),
+                finish_reason: opt(finish, i),
+                http_status: http.is_valid(i).then(|| http.value(i)),
+                error: opt(error, i),
+                reasoning_tokens: rtok.is_valid(i).then(|| rtok.value(i)),
+                reasoning_chars: rchars.is_valid(i).then(|| rchars.value(i)),
+                completion_tokens: None,
+                max_tokens: maxt
+                    .is_valid(i)
+                    .then(|| i32::try_from(maxt.value(i)).unwrap_or(i32::MAX)),
+            };
+            let v = decide(&view, &lang_cache.1);
+            validity.append_value(v.validity);
+            reason.append_value(&v.reason);
+            language.append_value(&v.language);
+            chars.append_value(v.answer_chars);
+        }
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(validity.finish()),
+            Arc::new(reason.finish()),
+            Arc::new(language.finish()),
+            Arc::new(chars.finish()),
+        ];
+        Ok(Arc::new(StructArray::try_new(
+            verdict_fields(),
+            cols,
+            None,
+        )?))
+    }
+}
+
+/// The registered `validity_verdict` function.
+pub fn validity_udf() -> ScalarUDF {
+    StatUdf::udf(ValidityVerdict)
+}
+
+/// The plan validate runs over one calls part registered as `table`.
+pub fn validity_sql(table: &str, languages: &[String]) -> String {
+    let langs = languages.join(",").replace('\'', "''");
+    format!(
+        "SELECT call_id, v['validity'] AS validity, v['validity_reason'] AS validity_reason, \
+         v['language'] AS language, v['answer_chars'] AS answer_chars, \
+         '{VALIDATOR_VERSION}' AS validator_version FROM (SELECT call_id, \
+         validity_verdict(response, finish_reason, http_status, error, reasoning_tokens, \
+         reasoning_chars, max_tokens, '{langs}') AS v FROM {table})"
+    )
 }
 
 /// Runs validate: each `calls` part gets a `validity` part of the same name, so a
-/// restarted stage skips parts already validated and never writes a row twice.
-pub async fn run(store: &RunStore, languages: &[String]) -> Result<u64, StorageError> {
+/// restarted stage skips parts already validated and never writes a row twice. Each part
+/// is one plan (`validity_verdict` over the part, its file split across partitions), and
+/// as many parts run at once as `--threads`; memory is one part's verdicts per plan.
+pub async fn run(store: &RunStore, languages: &[String]) -> Result<u64, QueryError> {
+    let parts = store.list_parts("calls").await?;
+    let threads = crate::query::resources().threads.max(1);
+    let progress = crate::progress::Progress::new("validate", parts.len() as u64, "parts");
+    let ctx = new_context();
+    store.register_with(&ctx);
+    let languages: Arc<[String]> = languages.into();
+    let jobs = parts.into_iter().enumerate().map(|(i, part)| {
+        let (ctx, store, languages) = (ctx.clone(), store.clone(), languages.clone());
+        let progress = progress.clone();
+        // A task per part, so parts are validated on every core even when one part is a
+        // single partition.
+        tokio::spawn(async move {
+            let rows = validate_part(&ctx, &store, &part, i, &languages).await?;
+            progress.inc(1, rows);
+            Ok::<u64, QueryError>(rows)
+        })
+    });
+    let mut done = futures::stream::iter(jobs).buffer_unordered(threads);
     let mut rows = 0u64;
-    for part in store.list_parts("calls").await? {
-        let name = part
-            .location
-            .filename()
-            .unwrap_or("part.parquet")
-            .to_string();
-        let target = format!("validity/{name}");
-        if let Some(done) = store.head(&target).await? {
-            let mut s = store.read_part(&done, Table::Validity).await?;
-            while let Some(b) = s.next().await {
-                rows += b?.num_rows() as u64;
-            }
-            continue;
-        }
-        let mut batches = Vec::new();
-        let mut s = store.read_part(&part, Table::Calls).await?;
-        while let Some(b) = s.next().await {
-            let v = validate_batch(&crate::schema::plain_strings(b?), languages);
-            rows += v.num_rows() as u64;
-            batches.push(v);
-        }
-        let bytes = crate::storage::encode_parquet(&Table::Validity.schema(), &batches).map_err(
-            |source| StorageError::Parquet {
+    while let Some(r) = done.next().await {
+        rows +=
+            r.map_err(|e| QueryError::df("validate")(DataFusionError::External(Box::new(e))))??;
+    }
+    progress.finish();
+    Ok(rows)
+}
+
+async fn validate_part(
+    ctx: &SessionContext,
+    store: &RunStore,
+    part: &object_store::ObjectMeta,
+    i: usize,
+    languages: &[String],
+) -> Result<u64, QueryError> {
+    let name = part
+        .location
+        .filename()
+        .unwrap_or("part.parquet")
+        .to_string();
+    let target = format!("validity/{name}");
+    if let Some(done) = store.head(&target).await? {
+        return Ok(store.part_rows(&done).await?);
+    }
+    let table = format!("validate_part_{i}");
+    let url = store.location(&part.location);
+    crate::query::register_parquet(ctx, &table, &url).await?;
+    let what = format!("validate: {url}");
+    let batches = ctx
+        .sql(&validity_sql(&table, languages))
+        .await
+        .map_err(QueryError::df(what.clone()))?
+        .collect()
+        .await
+        .map_err(QueryError::df(what.clone()));
+    let _ = ctx.deregister_table(&table);
+    let batches: Vec<RecordBatch> = batches?
+        .into_iter()
+        .map(|b| RecordBatch::try_new(Table::Validity.schema(), b.columns().to_vec()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| QueryError::df(what.clone())(e.into()))?;
+    let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
+    let bytes =
+        crate::storage::encode_parquet(&Table::Validity.schema(), &batches).map_err(|source| {
+            StorageError::Parquet {
                 location: target.clone(),
                 source,
-            },
-        )?;
-        store.put(&target, bytes).await?;
-    }
+            }
+        })?;
+    store.put(&target, bytes).await?;
     Ok(rows)
 }
 

@@ -5,11 +5,14 @@
 //! under a temporary name and renames it; S3 and friends commit on completion), so a reader
 //! never sees half a part and a crash never corrupts a committed one.
 
+pub mod compact;
 mod manifest;
 mod store;
 
 pub use manifest::{Manifest, StageRecord, StageStatus, now as manifest_now};
-pub use store::{PART_ROWS, PartWriter, RootUrl, RunStore, encode_parquet, parquet_props};
+pub use store::{
+    PART_ROWS, PartWriter, RootUrl, RunStore, encode_parquet, parquet_props, part_rows,
+};
 
 /// Errors of the run store. Each names the location it concerns.
 #[derive(Debug, thiserror::Error)]

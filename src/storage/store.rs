@@ -25,6 +25,19 @@ use crate::schema::{Table, check_compatible};
 /// only a bounded buffer.
 pub const PART_ROWS: usize = 100_000;
 
+/// Rows per committed part of a [`PartWriter`]: [`PART_ROWS`], or `EVALFLOW_PART_ROWS` from
+/// the environment (read once; for tests that need many parts, and for tuning).
+pub fn part_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("EVALFLOW_PART_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(PART_ROWS)
+    })
+}
+
 /// A run root: an object store plus the prefix the run lives under.
 #[derive(Debug, Clone)]
 pub struct RunStore {
@@ -298,6 +311,30 @@ impl RunStore {
         Ok(())
     }
 
+    /// The number of rows of one part, from its footer.
+    pub async fn part_rows(&self, meta: &ObjectMeta) -> Result<u64, StorageError> {
+        Ok(self.part_rows_and_schema(meta).await?.0)
+    }
+
+    /// The number of rows of one part and a fingerprint of its Arrow schema, from its footer.
+    #[allow(deprecated)]
+    pub async fn part_rows_and_schema(
+        &self,
+        meta: &ObjectMeta,
+    ) -> Result<(u64, String), StorageError> {
+        let reader = ParquetObjectReader::new(self.store.clone(), meta.location.clone())
+            .with_file_size(meta.size);
+        let builder = ParquetRecordBatchStreamBuilder::new(reader)
+            .await
+            .map_err(|source| StorageError::CorruptPart {
+                location: self.location(&meta.location),
+                what: "footer".into(),
+                source,
+            })?;
+        let rows = builder.metadata().file_metadata().num_rows().max(0) as u64;
+        Ok((rows, format!("{:?}", builder.schema().fields())))
+    }
+
     /// Streams every part of a table folder in name order, one part at a time.
     pub async fn read_table(
         &self,
@@ -535,7 +572,7 @@ impl PartWriter {
         }
         self.pending_rows += batch.num_rows();
         self.pending.push(batch);
-        if self.pending_rows >= PART_ROWS {
+        if self.pending_rows >= part_rows() {
             self.flush().await?;
         }
         Ok(())

@@ -74,6 +74,7 @@ pub fn scalars() -> Vec<ScalarUDF> {
         mde::udf(),
         rogan_gladen::udf(),
         rogan_gladen_ci::udf(),
+        crate::stages::validate::validity_udf(),
     ]
 }
 
@@ -96,6 +97,7 @@ pub fn docs() -> Vec<FunctionDoc> {
         rogan_gladen_ci::RoganGladenCi::DOC,
         conformal_quantile::ConformalQuantile::DOC,
         self_consistency::SelfConsistency::DOC,
+        crate::stages::validate::ValidityVerdict::DOC,
     ]
 }
 
@@ -182,6 +184,6 @@ mod tests {
         let reg: HashSet<_> = registered.iter().map(String::as_str).collect();
         assert_eq!(reg.len(), registered.len(), "duplicate registered name");
         assert_eq!(reg, names.iter().copied().collect::<HashSet<_>>());
-        assert_eq!(names.len(), 16);
+        assert_eq!(names.len(), 17);
     }
 }

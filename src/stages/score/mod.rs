@@ -377,19 +377,45 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
     store.delete_dir(&id.dir()).await?;
     let mut writer = store.part_writer(&id.dir(), Table::Scores.schema(), "part");
     let mut rows_written = 0u64;
-    for part in store.list_parts("calls").await? {
+    let parts = store.list_parts("calls").await?;
+    let progress =
+        crate::progress::Progress::new(&format!("score {}", id.tag()), parts.len() as u64, "parts");
+    for part in parts {
         let mut s = part_stream(&ctx, store, &part, "").await?;
         while let Some(b) = s.next().await {
             let b = crate::schema::plain_strings(
                 b.map_err(QueryError::df("score: reading joined rows"))?,
             );
-            let rows = score_batch(&b, scorer, &bases);
-            rows_written += rows.len() as u64;
-            writer.write(to_batch(&id, &rows)).await?;
+            for out in score_parallel(&b, scorer, &bases, &id) {
+                rows_written += out.num_rows() as u64;
+                writer.write(out).await?;
+            }
         }
+        progress.inc(1, 0);
     }
+    progress.finish();
     writer.finish().await?;
     Ok(rows_written)
+}
+
+/// Scores one joined batch on every core: slices of the batch go to rayon's pool (sized by
+/// `--threads`), each scored and turned into a scores batch, in the batch's row order.
+fn score_parallel(
+    b: &RecordBatch,
+    scorer: &dyn Scorer,
+    bases: &HashMap<BaseKey, BaseAnswer>,
+    id: &ScorerId,
+) -> Vec<RecordBatch> {
+    use rayon::prelude::*;
+    const SLICE: usize = 1024;
+    let n = b.num_rows();
+    (0..n.div_ceil(SLICE))
+        .into_par_iter()
+        .map(|k| {
+            let part = b.slice(k * SLICE, SLICE.min(n - k * SLICE));
+            to_batch(id, &score_batch(&part, scorer, bases))
+        })
+        .collect()
 }
 
 /// The joined rows of one calls part: the part and the validity part of the same name

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The corpus bench: a recorded corpus through every stage, against DuckDB, in one run.
+
+Usage: python3 benches/corpus/bench.py [--sizes 1000000,10000000] [--bin target/release/evalflow]
+       [--work /tmp/evalflow-corpus] [--memory-limit 1GiB] [--threads 2]
+
+For each size N it generates N OpenAI request/response pairs (gen_corpus.py, cached in
+--work), then times `evalflow import`, `validate`, `score` (checklist), `aggregate` and
+`rescore --scorer cue` (a new cue version) on it, and DuckDB (Python package, 2 threads)
+converting the same JSONL to Parquet. Prints rows/s, peak RSS and cpu/wall per stage, and
+import's ratio to DuckDB. Build the binary first: `cargo build --release`.
+"""
+import argparse
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+DUCKDB = r"""
+import sys, time, duckdb, resource
+src, dst = sys.argv[1], sys.argv[2]
+t = time.time()
+con = duckdb.connect()
+con.execute("SET threads TO 2")
+con.execute(f'''COPY (SELECT request.messages[1].content AS input,
+    response.choices[1].message.content AS response,
+    response.choices[1].finish_reason AS finish_reason,
+    response.usage.prompt_tokens AS prompt_tokens,
+    response.usage.completion_tokens AS completion_tokens
+  FROM read_json('{src}', format='newline_delimited', maximum_object_size=100000000))
+  TO '{dst}' (FORMAT parquet)''')
+print(time.time() - t)
+"""
+
+def new_cues():
+    """The built-in cue lists with one more rejecting cue: a new cue version to rescore with."""
+    with open(os.path.join(HERE, "..", "..", "src", "stages", "score", "cues.toml")) as f:
+        text = f.read()
+    return text.replace("reject = [", 'reject = ["stale", ', 1)
+
+
+def timed(cmd, env=None):
+    """Runs cmd under GNU time; returns (wall s, cpu s, peak RSS bytes, stdout)."""
+    t = time.time()
+    p = subprocess.run(
+        ["/usr/bin/time", "-f", "__time %e %U %S %M"] + cmd,
+        capture_output=True, text=True, env=env)
+    wall = time.time() - t
+    line = [l for l in p.stderr.splitlines() if l.startswith("__time")]
+    if p.returncode != 0 or not line:
+        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-3000:]}")
+    _, e, u, s, m = line[-1].split()
+    return float(e), float(u) + float(s), int(m) * 1024, p.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="1000000,10000000")
+    ap.add_argument("--bin", default="target/release/evalflow")
+    ap.add_argument("--work", default="/tmp/evalflow-corpus")
+    ap.add_argument("--memory-limit", default="1GiB")
+    ap.add_argument("--threads", default="2")
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    ev = os.path.abspath(a.bin)
+    flags = ["--memory-limit", a.memory_limit, "--threads", a.threads]
+    rows = []
+    for n in [int(x) for x in a.sizes.split(",")]:
+        src = os.path.join(a.work, f"corpus-{n}.jsonl")
+        if not os.path.exists(src):
+            print(f"generating {src} ...", file=sys.stderr)
+            subprocess.run([sys.executable, os.path.join(HERE, "gen_corpus.py"), str(n), src + ".tmp"], check=True)
+            os.rename(src + ".tmp", src)
+        mb = os.path.getsize(src) / 1e6
+        root = os.path.join(a.work, f"run-{n}")
+        shutil.rmtree(root, ignore_errors=True)
+        cues = os.path.join(a.work, "cues-v2.toml")
+        with open(cues, "w") as f:
+            f.write(new_cues())
+        pipe = os.path.join(root, "import.toml")
+        stages = [
+            ("import", [ev, "import", src, "--out", root] + flags),
+            ("validate", [ev, "validate", pipe, "--out", root] + flags),
+            ("score", [ev, "score", pipe, "--out", root] + flags),
+            ("aggregate", [ev, "aggregate", pipe, "--out", root] + flags),
+            ("rescore", [ev, "rescore", root, "--scorer", "cue", "--cues", cues] + flags),
+        ]
+        results = {}
+        for name, cmd in stages:
+            print(f"N={n}: {name} ...", file=sys.stderr)
+            results[name] = timed(cmd)
+        dst = os.path.join(a.work, f"duck-{n}.parquet")
+        wall, cpu, rss, out = timed([sys.executable, "-c", DUCKDB, src, dst])
+        results["duckdb (JSONL->Parquet)"] = (wall, cpu, rss, out)
+        for name, (wall, cpu, rss, _) in results.items():
+            rows.append((n, name, wall, n / wall, rss / 2**20, cpu / wall))
+        ratio = (n / results["import"][0]) / (n / results["duckdb (JSONL->Parquet)"][0])
+        rows.append((n, "import / duckdb rate", None, ratio, None, None))
+        print(f"N={n}: {mb:.0f} MB of JSONL", file=sys.stderr)
+    print("| N | step | wall s | rows/s | peak RSS MiB | cpu/wall |")
+    print("|---|---|---|---|---|---|")
+    for n, name, wall, rate, rss, cw in rows:
+        if wall is None:
+            print(f"| {n:,} | {name} | | {rate:.2f}x | | |")
+        else:
+            print(f"| {n:,} | {name} | {wall:.1f} | {rate:,.0f} | {rss:,.0f} | {cw:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+//! Progress of a long stage on a terminal: units done out of the total, rows and rows/s.
+//!
+//! Quiet when stderr is not a terminal (CI, a log file, a pipe), so logs and captured
+//! output stay clean. Cheap to clone: every task of a stage advances the same bar.
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// A stage's progress bar (absent off a terminal).
+#[derive(Clone)]
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    rows: Arc<AtomicU64>,
+    started: Instant,
+}
+
+impl Progress {
+    /// Starts a bar for `stage` over `total` units named `unit` (parts, batches, ...).
+    pub fn new(stage: &str, total: u64, unit: &str) -> Self {
+        let bar = (total > 0 && std::io::stderr().is_terminal()).then(|| {
+            let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+            b.set_style(
+                ProgressStyle::with_template(&format!(
+                    "{stage} {{bar:30}} {{pos}}/{{len}} {unit} {{msg}} eta {{eta}}"
+                ))
+                .expect("valid template"),
+            );
+            b
+        });
+        Progress {
+            bar,
+            rows: Arc::new(AtomicU64::new(0)),
+            started: Instant::now(),
+        }
+    }
+
+    /// Records `units` more units done, holding `rows` rows.
+    pub fn inc(&self, units: u64, rows: u64) {
+        let total = self.rows.fetch_add(rows, Ordering::Relaxed) + rows;
+        if let Some(b) = &self.bar {
+            let rate = total as f64 / self.started.elapsed().as_secs_f64().max(1e-9);
+            b.set_message(format!("{total} rows, {rate:.0} rows/s"));
+            b.inc(units);
+        }
+    }
+
+    /// Clears the bar.
+    pub fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}

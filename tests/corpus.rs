@@ -1,0 +1,421 @@
+//! Corpus scale (issue "every stage a DataFusion plan, on every core, in bounded memory"):
+//! a recorded corpus of many parts through the stages under memory limits, kills and
+//! partitionings, checked against an undisturbed run of the same corpus.
+//!
+//! - a memory limit far below the data makes a sort spill, and its output is unchanged;
+//! - a limit too small to run fails with exit 2 naming the limit, leaving no broken part;
+//! - SIGKILL during validate and during score, then a rerun: no row lost or duplicated;
+//! - one thread and four threads give the same validity, scores and results.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Rows per part in these tests, so a small corpus has many parts.
+const PART_ROWS: &str = "2000";
+
+fn cmd(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_evalflow"));
+    c.args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("EVALFLOW_CACHE_DIR", "off")
+        .env("EVALFLOW_PART_ROWS", PART_ROWS);
+    c
+}
+
+fn bin(args: &[&str]) -> Output {
+    cmd(args).output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = bin(args);
+    assert!(o.status.success(), "{args:?}: {}", text(&o));
+    text(&o)
+}
+
+/// `evalflow sql` as JSON rows.
+fn sql(root: &Path, q: &str, extra: &[&str]) -> Vec<serde_json::Value> {
+    let mut args = vec![
+        "sql",
+        q,
+        "--run",
+        root.to_str().unwrap(),
+        "--format",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    let o = bin(&args);
+    assert!(o.status.success(), "{q}: {}", text(&o));
+    serde_json::from_slice::<serde_json::Value>(&o.stdout)
+        .unwrap()
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// A recorded corpus of `n` calls in evalflow's JSONL pairs: two models, two samples per
+/// case, answers of every validity (English labels with explanations, Chinese, Spanish,
+/// empty with finish_reason length, truncated, provider errors).
+fn write_corpus(path: &Path, n: usize) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let labels = ["positive", "negative", "neutral"];
+    for i in 0..n {
+        let case = i / 4;
+        let model = if i % 4 < 2 { "model-a" } else { "model-b" };
+        let sample = i % 2;
+        let label = labels[case % 3];
+        let prompt = format!("Classify the sentiment of review {case}: the room was clean");
+        let (content, finish) = match (i * 7919) % 100 {
+            0 => ("".to_string(), "length"),
+            1 => (format!("{label} because the review is"), "length"),
+            2 => ("之前推荐的一些品牌基本都超了，不建议强行上付费版".to_string(), "stop"),
+            3 => (
+                "la comida estaba muy buena pero el servicio fue lento y caro, no lo recomiendo para nada"
+                    .to_string(),
+                "stop",
+            ),
+            k if k < 50 => (labels[(case + i) % 3].to_string(), "stop"),
+            _ => (
+                format!(
+                    "{label}. The reviewer says that the room was clean and that the staff were friendly, answer {i}."
+                ),
+                "stop",
+            ),
+        };
+        let line = if (i * 7919) % 100 == 4 {
+            serde_json::json!({
+                "request": {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 64},
+                "sample_idx": sample, "expected": label, "response": null,
+                "http_status": 503, "error": "upstream overloaded"
+            })
+        } else {
+            serde_json::json!({
+                "request": {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 64},
+                "sample_idx": sample, "expected": label,
+                "response": {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
+                             "usage": {"prompt_tokens": 12, "completion_tokens": 9,
+                                       "completion_tokens_details": {"reasoning_tokens": if finish == "length" && content.is_empty() { 64 } else { 0 }}}}
+            })
+        };
+        writeln!(f, "{line}").unwrap();
+    }
+}
+
+/// Imports a corpus of `n` calls into `<dir>/<name>` and returns the root.
+fn imported(dir: &Path, name: &str, n: usize) -> PathBuf {
+    let corpus = dir.join(format!("{name}.jsonl"));
+    write_corpus(&corpus, n);
+    let root = dir.join(name);
+    ok(&[
+        "import",
+        corpus.to_str().unwrap(),
+        "--out",
+        root.to_str().unwrap(),
+    ]);
+    root
+}
+
+fn stage(verb: &str, root: &Path, extra: &[&str]) -> String {
+    let pipe = root.join("import.toml");
+    let mut args = vec![
+        verb,
+        pipe.to_str().unwrap(),
+        "--out",
+        root.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    ok(&args)
+}
+
+fn parts(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".parquet"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Starts `verb` with one thread, waits until it has committed at least one part under
+/// `watch`, and kills it with SIGKILL while it still runs.
+fn kill_during(verb: &str, root: &Path, watch: &Path) {
+    let pipe = root.join("import.toml");
+    let mut child = cmd(&[
+        verb,
+        pipe.to_str().unwrap(),
+        "--out",
+        root.to_str().unwrap(),
+        "--threads",
+        "1",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let start = Instant::now();
+    while parts(watch) == 0 {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{verb} finished before it could be killed: make the corpus larger"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "{verb} wrote no part"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "{verb} was killed mid-stage, so it cannot have exited 0"
+    );
+}
+
+const VALIDITY: &str = "SELECT validity, count(*) AS n, count(DISTINCT call_id) AS ids FROM validity GROUP BY validity ORDER BY validity";
+
+/// The run's one scorer version (checklist, the imported pipeline's default).
+const SCORES: &str = "SELECT count(*) AS n, count(DISTINCT call_id) AS ids, count(score) AS scored, \
+     sum(CASE WHEN passed THEN 1 ELSE 0 END) AS passed, sum(score) AS total FROM scores";
+
+/// The checklist scores folder of a run that has been scored.
+fn checklist_dir(root: &Path) -> PathBuf {
+    let dir = root.join("scores");
+    let name = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .find(|n| n.starts_with("checklist@"))
+        .expect("a checklist scores folder");
+    dir.join(name)
+}
+
+#[test]
+fn sigkill_during_validate_and_score_then_rerun_loses_and_repeats_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 60_000;
+    let reference = imported(dir.path(), "reference", n);
+    stage("validate", &reference, &[]);
+    stage("score", &reference, &[]);
+    let killed = imported(dir.path(), "killed", n);
+    assert!(
+        parts(&killed.join("calls")) >= 6,
+        "the corpus has many parts"
+    );
+
+    kill_during("validate", &killed, &killed.join("validity"));
+    let done = parts(&killed.join("validity"));
+    assert!(done < parts(&killed.join("calls")), "killed before the end");
+    stage("validate", &killed, &[]);
+    let want = sql(&reference, VALIDITY, &[]);
+    assert_eq!(sql(&killed, VALIDITY, &[]), want);
+    let total: u64 = want.iter().map(|r| r["n"].as_u64().unwrap()).sum();
+    assert_eq!(total, n as u64);
+    for r in &want {
+        assert_eq!(r["n"], r["ids"], "no call validated twice: {r}");
+    }
+
+    let tag_dir = killed.join(checklist_dir(&reference).strip_prefix(&reference).unwrap());
+    kill_during("score", &killed, &tag_dir);
+    stage("score", &killed, &[]);
+    let want = sql(&reference, SCORES, &[]);
+    assert_eq!(sql(&killed, SCORES, &[]), want);
+    assert_eq!(want[0]["n"].as_u64(), Some(n as u64));
+    assert_eq!(want[0]["ids"].as_u64(), Some(n as u64));
+}
+
+#[test]
+fn one_thread_and_four_threads_give_the_same_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 12_000;
+    let mut outputs = Vec::new();
+    for threads in ["1", "4"] {
+        let root = imported(dir.path(), &format!("t{threads}"), n);
+        for verb in ["validate", "score", "aggregate"] {
+            stage(verb, &root, &["--threads", threads]);
+        }
+        let validity = sql(
+            &root,
+            "SELECT call_id, validity, validity_reason, language, answer_chars FROM validity ORDER BY call_id",
+            &[],
+        );
+        let scores = sql(
+            &root,
+            "SELECT call_id, validity, score, label, passed FROM scores ORDER BY call_id",
+            &[],
+        );
+        let results = sql(
+            &root,
+            "SELECT level, capability, test_type, test, model, scorer, metric, label, n, failures, \
+             round(failure_rate, 12) AS rate, round(se, 12) AS se, round(ci_lo, 12) AS lo, \
+             round(ci_hi, 12) AS hi, n_templates FROM results \
+             ORDER BY level, capability, test_type, test, model, label",
+            &[],
+        );
+        assert_eq!(validity.len(), n);
+        assert_eq!(scores.len(), n);
+        assert!(!results.is_empty());
+        outputs.push((validity, scores, results));
+    }
+    assert!(outputs[0] == outputs[1], "threads change no number");
+}
+
+#[test]
+fn memory_limit_spills_without_changing_results_and_too_small_fails_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = imported(dir.path(), "mem", 20_000);
+    stage("validate", &root, &[]);
+    let q = "SELECT call_id, response FROM calls ORDER BY response, call_id";
+    let free = sql(&root, q, &[]);
+    let tight = sql(&root, q, &["--memory-limit", "4MB", "--threads", "1"]);
+    assert_eq!(free, tight, "a spilled sort returns the same rows");
+    // The plan's own metrics show that the sort went to disk under the tight limit.
+    let o = bin(&[
+        "sql",
+        &format!("EXPLAIN ANALYZE {q}"),
+        "--run",
+        root.to_str().unwrap(),
+        "--format",
+        "csv",
+        "--memory-limit",
+        "4MB",
+        "--threads",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let plan = text(&o);
+    let spills: u64 = plan
+        .split("spill_count=")
+        .skip(1)
+        .filter_map(|s| {
+            s.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert!(spills > 0, "the sort spilled under 4MB: {plan}");
+
+    // Score and aggregate under a limit far below the corpus give the same results.
+    let free_root = root.clone();
+    stage("score", &free_root, &[]);
+    stage("aggregate", &free_root, &[]);
+    let results = "SELECT level, test, model, n, failures, round(failure_rate, 12) AS r, \
+                   round(ci_lo, 12) AS lo, round(ci_hi, 12) AS hi FROM results ORDER BY level, test, model";
+    let want = sql(&free_root, results, &[]);
+    let tight_root = imported(dir.path(), "mem-tight", 20_000);
+    for verb in ["validate", "score", "aggregate"] {
+        stage(verb, &tight_root, &["--memory-limit", "16MB"]);
+    }
+    assert_eq!(sql(&tight_root, results, &[]), want);
+
+    // Far too small: exit 2, the message names the limit, and what was committed stays.
+    let before = parts(&root.join("validity"));
+    let o = bin(&[
+        "sql",
+        "SELECT call_id, count(*) FROM calls GROUP BY call_id ORDER BY call_id",
+        "--run",
+        root.to_str().unwrap(),
+        "--memory-limit",
+        "1K",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("memory limit of 1.0 KiB"),
+        "names the limit: {}",
+        text(&o)
+    );
+    let pipe = root.join("import.toml");
+    let o = bin(&[
+        "score",
+        pipe.to_str().unwrap(),
+        "--out",
+        root.to_str().unwrap(),
+        "--memory-limit",
+        "1K",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("memory limit"), "{}", text(&o));
+    assert_eq!(parts(&root.join("validity")), before);
+    // Every part left under the root still reads in full.
+    let o = bin(&[
+        "sql",
+        "SELECT count(*) AS n FROM validity",
+        "--run",
+        root.to_str().unwrap(),
+        "--format",
+        "csv",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
+fn bad_sizes_are_usage_errors() {
+    let o = bin(&["sql", "SELECT 1", "--memory-limit", "lots"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("not a size"), "{}", text(&o));
+    let o = bin(&["sql", "SELECT 1", "--threads", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn compact_merges_parts_and_keeps_validate_resumable() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 40_000;
+    let reference = imported(dir.path(), "ref", n);
+    for verb in ["validate", "score", "aggregate"] {
+        stage(verb, &reference, &[]);
+    }
+    let root = imported(dir.path(), "compacted", n);
+    let before = parts(&root.join("calls"));
+    assert!(before >= 4);
+    // Half validated (killed), then compacted: validated and unvalidated parts are merged
+    // separately, and the rerun validates exactly the rest.
+    kill_during("validate", &root, &root.join("validity"));
+    let validated = parts(&root.join("validity"));
+    let o = cmd(&["compact", root.to_str().unwrap()])
+        .env("EVALFLOW_PART_ROWS", "100000")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "a killed stage is still running");
+    // Finish the interrupted stage, as the message says, then compact.
+    stage("validate", &root, &[]);
+    let o = cmd(&["compact", root.to_str().unwrap()])
+        .env("EVALFLOW_PART_ROWS", "100000")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("calls: {before} parts -> 1")),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(parts(&root.join("calls")), 1);
+    assert_eq!(parts(&root.join("validity")), 1);
+    assert!(validated >= 1);
+    stage("validate", &root, &[]);
+    for verb in ["score", "aggregate"] {
+        stage(verb, &root, &[]);
+    }
+    assert_eq!(sql(&root, VALIDITY, &[]), sql(&reference, VALIDITY, &[]));
+    assert_eq!(sql(&root, SCORES, &[]), sql(&reference, SCORES, &[]));
+    let results = "SELECT level, test, model, n, failures, round(ci_lo, 12) AS lo, \
+                   round(ci_hi, 12) AS hi FROM results ORDER BY level, test, model";
+    assert_eq!(sql(&root, results, &[]), sql(&reference, results, &[]));
+    // Compacting again changes nothing.
+    let o = cmd(&["compact", root.to_str().unwrap()])
+        .env("EVALFLOW_PART_ROWS", "100000")
+        .output()
+        .unwrap();
+    assert!(text(&o).contains("calls: 1 parts -> 1"), "{}", text(&o));
+}
