@@ -139,6 +139,9 @@ impl Spans {
     }
 }
 
+/// Provider names accepted in `[model] provider`.
+pub const KNOWN_PROVIDERS: &[&str] = &["builtin:vader", "openai", "anthropic"];
+
 /// `[run]`: naming of runs.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -638,13 +641,13 @@ impl Pipeline {
 
     /// Checks a `[model]`-shaped table (`[model]`, `[judge]`, `[rephrase]`).
     fn check_model(&self, key: &str, m: &ModelConfig) -> Result<(), PipelineError> {
-        if !crate::stages::call::KNOWN_PROVIDERS.contains(&m.provider.as_str()) {
+        if !KNOWN_PROVIDERS.contains(&m.provider.as_str()) {
             return Err(self.at(
                 &format!("{key}.provider"),
                 format!(
                     "unknown provider `{}` (known: {})",
                     m.provider,
-                    crate::stages::call::KNOWN_PROVIDERS.join(", ")
+                    KNOWN_PROVIDERS.join(", ")
                 ),
             ));
         }

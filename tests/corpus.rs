@@ -275,20 +275,22 @@ fn memory_limit_spills_without_changing_results_and_too_small_fails_with_exit_2(
     let dir = tempfile::tempdir().unwrap();
     let root = imported(dir.path(), "mem", 20_000);
     stage("validate", &root, &[]);
-    let q = "SELECT call_id, response FROM calls ORDER BY response, call_id";
+    // Small batches, so that a small limit holds several before it must spill.
+    let q = "SET datafusion.execution.batch_size = 512; \
+             SELECT call_id, response FROM calls ORDER BY response, call_id";
     let free = sql(&root, q, &[]);
-    let tight = sql(&root, q, &["--memory-limit", "4MB", "--threads", "1"]);
+    let tight = sql(&root, q, &["--memory-limit", "1MB", "--threads", "1"]);
     assert_eq!(free, tight, "a spilled sort returns the same rows");
     // The plan's own metrics show that the sort went to disk under the tight limit.
     let o = bin(&[
         "sql",
-        &format!("EXPLAIN ANALYZE {q}"),
+        &q.replace("SELECT", "EXPLAIN ANALYZE SELECT"),
         "--run",
         root.to_str().unwrap(),
         "--format",
         "csv",
         "--memory-limit",
-        "4MB",
+        "1MB",
         "--threads",
         "1",
     ]);
@@ -304,7 +306,7 @@ fn memory_limit_spills_without_changing_results_and_too_small_fails_with_exit_2(
                 .ok()
         })
         .sum();
-    assert!(spills > 0, "the sort spilled under 4MB: {plan}");
+    assert!(spills > 0, "the sort spilled under 1MB: {plan}");
 
     // Score and aggregate under a limit far below the corpus give the same results.
     let free_root = root.clone();
@@ -418,4 +420,59 @@ fn compact_merges_parts_and_keeps_validate_resumable() {
         .output()
         .unwrap();
     assert!(text(&o).contains("calls: 1 parts -> 1"), "{}", text(&o));
+}
+
+#[test]
+fn import_with_a_bad_line_deep_in_the_file_names_it_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("bad.jsonl");
+    write_corpus(&corpus, 20_000);
+    // Line 15,000 (after staging batches were committed) loses its request.
+    let body = std::fs::read_to_string(&corpus).unwrap();
+    let mut lines: Vec<&str> = body.lines().collect();
+    lines[14_999] = r#"{"response": {"choices": []}}"#;
+    std::fs::write(&corpus, lines.join("\n")).unwrap();
+    let root = dir.path().join("bad-run");
+    let o = bin(&[
+        "import",
+        corpus.to_str().unwrap(),
+        "--out",
+        root.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("bad.jsonl:15000: field `request`"),
+        "{}",
+        text(&o)
+    );
+    for t in ["cases", "calls", "_import/staging", "_import/calls"] {
+        assert_eq!(parts(&root.join(t)), 0, "{t} has no part");
+    }
+    assert!(!root.join("manifest.json").exists());
+}
+
+#[test]
+fn import_refuses_two_records_of_one_sample_and_keeps_no_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("dup.jsonl");
+    write_corpus(&corpus, 3_000);
+    let body = std::fs::read_to_string(&corpus).unwrap();
+    let first = body.lines().next().unwrap().to_string();
+    std::fs::write(&corpus, format!("{body}{first}\n")).unwrap();
+    let root = dir.path().join("dup-run");
+    let o = bin(&[
+        "import",
+        corpus.to_str().unwrap(),
+        "--out",
+        root.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("(lines 1 and 3001): give distinct sample_idx"),
+        "{}",
+        text(&o)
+    );
+    for t in ["cases", "calls", "_import/staging", "_import/calls"] {
+        assert_eq!(parts(&root.join(t)), 0, "{t} has no part");
+    }
 }

@@ -16,7 +16,7 @@
 //! # Errors
 //! A bad row is exit 2, naming `file:line` (the row number for Parquet) and the field.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
@@ -26,10 +26,9 @@ use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type};
 use serde_json::{Value, json};
 
 use super::CliError;
-use crate::pipeline::{ModelConfig, Pipeline};
-use crate::schema::Table;
-use crate::stages::call::{self, CallRequest, CallResult, CallRow};
-use crate::stages::generate::{self, Case};
+use crate::import_sink::{CaseDefaults, ImportError, ImportSink, ImportedCall};
+use crate::pipeline::Pipeline;
+use crate::stages::call::CallResult;
 use crate::storage::{Manifest, RunStore, manifest_now};
 
 #[derive(Debug, clap::Args)]
@@ -82,6 +81,28 @@ struct Record {
     temperature: Option<f64>,
     result: CallResult,
     facts: Facts,
+}
+
+impl Record {
+    /// The record as the import core takes it, with its line (or row) number.
+    fn imported(self, line: usize) -> ImportedCall {
+        ImportedCall {
+            line: line as u64,
+            model: self.model,
+            system: self.system,
+            input: self.input,
+            expected: self.expected,
+            sample_idx: self.sample_idx,
+            request_key: self.request_key,
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            result: self.result,
+            provider: self.facts.provider,
+            attempts: self.facts.attempts,
+            latency_ms: self.facts.latency_ms,
+            started_at_us: self.facts.started_at_us,
+        }
+    }
 }
 
 fn bad(file: &Path, line: usize, field: &str, msg: impl std::fmt::Display) -> CliError {
@@ -534,83 +555,12 @@ fn parquet_records(file: &Path, model: &Option<String>) -> Result<Vec<Record>, C
     Ok(out)
 }
 
-/// Replaces the columns the call stage fills from its own run (provider, attempts,
-/// latency, start time) with what the file recorded, NULL where it recorded nothing.
-fn with_facts(
-    b: RecordBatch,
-    facts: &[&Facts],
-) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {
-    use datafusion::arrow::array::{
-        ArrayRef, Float64Array, Int32Array, StringArray, TimestampMicrosecondArray,
-    };
-    let schema = b.schema();
-    let mut cols = b.columns().to_vec();
-    let set = |cols: &mut Vec<ArrayRef>, name: &str, a: ArrayRef| -> Result<(), _> {
-        cols[schema.index_of(name)?] = a;
-        Ok::<(), datafusion::arrow::error::ArrowError>(())
-    };
-    set(
-        &mut cols,
-        "provider",
-        std::sync::Arc::new(
-            facts
-                .iter()
-                .map(|f| f.provider.as_deref())
-                .collect::<StringArray>(),
-        ),
-    )?;
-    set(
-        &mut cols,
-        "attempts",
-        std::sync::Arc::new(facts.iter().map(|f| f.attempts).collect::<Int32Array>()),
-    )?;
-    set(
-        &mut cols,
-        "latency_ms",
-        std::sync::Arc::new(facts.iter().map(|f| f.latency_ms).collect::<Float64Array>()),
-    )?;
-    set(
-        &mut cols,
-        "started_at",
-        std::sync::Arc::new(
-            facts
-                .iter()
-                .map(|f| f.started_at_us)
-                .collect::<TimestampMicrosecondArray>()
-                .with_timezone("UTC"),
-        ),
-    )?;
-    RecordBatch::try_new(schema, cols)
-}
-
 /// Runs the import.
 pub async fn run(a: ImportArgs) -> Result<(), CliError> {
     if !crate::pipeline::TEST_TYPES.contains(&a.test_type.as_str()) {
         return Err(CliError::BadInput(format!(
             "--test-type `{}`: not one of MFT, INV, DIR",
             a.test_type
-        )));
-    }
-    let is_parquet = a.file.extension().and_then(|e| e.to_str()) == Some("parquet");
-    let records = if is_parquet {
-        parquet_records(&a.file, &a.model)?
-    } else {
-        let f = std::fs::File::open(&a.file)
-            .map_err(|e| CliError::BadInput(format!("{}: {e}", a.file.display())))?;
-        let mut out = Vec::new();
-        for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
-            let line = line.map_err(|e| bad(&a.file, i + 1, "(line)", e))?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            out.push(jsonl_record(&a.file, i + 1, &line, &a.model)?);
-        }
-        out
-    };
-    if records.is_empty() {
-        return Err(CliError::BadInput(format!(
-            "{}: no records",
-            a.file.display()
         )));
     }
     let store = RunStore::open(&a.out).map_err(|e| CliError::BadInput(e.to_string()))?;
@@ -624,67 +574,6 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
             store.display()
         )));
     }
-    // Cases: one per distinct (system, user prompt).
-    let mut cases: Vec<Case> = Vec::new();
-    let mut case_of: HashMap<(Option<String>, String), usize> = HashMap::new();
-    let mut by_model: BTreeMap<String, Vec<(CallRow, Facts)>> = BTreeMap::new();
-    let mut repeats: HashMap<(String, String), i32> = HashMap::new();
-    for r in records {
-        let idx = *case_of
-            .entry((r.system.clone(), r.input.clone()))
-            .or_insert_with(|| {
-                let id = call::sha_hex(&[
-                    "imported",
-                    &a.test,
-                    r.system.as_deref().unwrap_or(""),
-                    &r.input,
-                ])[..24]
-                    .to_string();
-                cases.push(Case {
-                    case_id: id.clone(),
-                    suite: "imported".into(),
-                    test: a.test.clone(),
-                    capability: a.capability.clone(),
-                    test_type: a.test_type.clone(),
-                    template_id: id.clone(),
-                    group_id: id,
-                    role: a.role.clone(),
-                    input: r.input.clone(),
-                    expected: r.expected.clone(),
-                    expectation: None,
-                    tolerance: None,
-                    perturbation: None,
-                });
-                cases.len() - 1
-            });
-        let case_id = cases[idx].case_id.clone();
-        let next = repeats
-            .entry((case_id.clone(), r.model.clone()))
-            .or_insert(0);
-        let sample_idx = r.sample_idx.unwrap_or(*next);
-        *next = (*next).max(sample_idx + 1);
-        let request_hash = call::sha_hex(&[&r.request_key])[..32].to_string();
-        by_model.entry(r.model.clone()).or_default().push((
-            CallRow {
-                req: CallRequest {
-                    call_id: call::call_id(&case_id, &r.model, sample_idx, &request_hash),
-                    case_id,
-                    input: r.input.clone(),
-                    prompt: r.input,
-                    system: r.system,
-                    sample_idx,
-                    max_tokens: r.max_tokens,
-                    temperature: r.temperature,
-                    request_hash,
-                },
-                res: r.result,
-                latency_ms: 0.0,
-                started_at_us: 0,
-            },
-            r.facts,
-        ));
-    }
-    let models: Vec<String> = by_model.keys().cloned().collect();
     let languages: Vec<String> = a.languages.clone().unwrap_or_else(|| {
         crate::stages::score::ALL_LANGUAGES
             .iter()
@@ -696,6 +585,65 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
             "--languages: empty language `{l}`"
         )));
     }
+    let sink_err = |e: ImportError| {
+        if e.is_bad_input() {
+            CliError::BadInput(e.to_string())
+        } else {
+            CliError::Internal(e.to_string())
+        }
+    };
+    let mut sink = ImportSink::new(
+        &store,
+        CaseDefaults {
+            test: a.test.clone(),
+            capability: a.capability.clone(),
+            test_type: a.test_type.clone(),
+            role: a.role.clone(),
+        },
+        a.file.display().to_string(),
+    )
+    .await
+    .map_err(sink_err)?;
+    let is_parquet = a.file.extension().and_then(|e| e.to_str()) == Some("parquet");
+    let pushed: Result<(), CliError> = async {
+        if is_parquet {
+            for (i, r) in parquet_records(&a.file, &a.model)?.into_iter().enumerate() {
+                sink.push(r.imported(i + 1)).await.map_err(sink_err)?;
+            }
+        } else {
+            let f = std::fs::File::open(&a.file)
+                .map_err(|e| CliError::BadInput(format!("{}: {e}", a.file.display())))?;
+            // Line by line: memory holds one staging batch, not the file.
+            for (i, line) in std::io::BufReader::with_capacity(1 << 20, f)
+                .lines()
+                .enumerate()
+            {
+                let line = line.map_err(|e| bad(&a.file, i + 1, "(line)", e))?;
+                if line.trim().is_empty() {
+                    continue;
+                }
+                sink.push(jsonl_record(&a.file, i + 1, &line, &a.model)?.imported(i + 1))
+                    .await
+                    .map_err(sink_err)?;
+            }
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = pushed {
+        // A bad row: nothing of the import stays.
+        let _ = store.delete_dir("_import").await;
+        return Err(e);
+    }
+    if sink.rows() == 0 {
+        let _ = store.delete_dir("_import").await;
+        return Err(CliError::BadInput(format!(
+            "{}: no records",
+            a.file.display()
+        )));
+    }
+    let summary = sink.finish().await.map_err(sink_err)?;
+    let models = summary.models.clone();
     let pipeline_text = format!(
         "# Written by `evalflow import {}`: the pipeline of an imported run (no model is called;\n# the provider below only satisfies the pipeline format: the calls table records NULL\n# where the file named no provider).\n\n[model]\nprovider = \"openai\"\nname = {}\n\n[suite]\nname = \"imported\"\n\n[validate]\nlanguages = {}\n",
         a.file.display(),
@@ -706,39 +654,6 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
     let pipeline =
         Pipeline::parse(&pipeline_text, &ppath).map_err(|e| CliError::Internal(e.to_string()))?;
     let io = |e: crate::storage::StorageError| CliError::Internal(e.to_string());
-    let mut w = store.part_writer("cases", Table::Cases.schema(), "part");
-    for chunk in cases.chunks(8192) {
-        w.write(generate::to_batch(chunk)).await.map_err(io)?;
-    }
-    w.finish().await.map_err(io)?;
-    let mut w = store.part_writer("calls", Table::Calls.schema(), "part-imported");
-    let mut n_calls = 0u64;
-    let mut seen = std::collections::HashSet::new();
-    for (m, rows) in &by_model {
-        let cfg = ModelConfig {
-            name: m.clone(),
-            ..pipeline.model.clone()
-        };
-        for (r, _) in rows {
-            if !seen.insert(r.req.call_id.clone()) {
-                return Err(CliError::BadInput(format!(
-                    "{}: two records for case `{}` model `{m}` sample {}: give distinct sample_idx",
-                    a.file.display(),
-                    r.req.input,
-                    r.req.sample_idx
-                )));
-            }
-        }
-        for chunk in rows.chunks(8192) {
-            let calls: Vec<CallRow> = chunk.iter().map(|(c, _)| c.clone()).collect();
-            let facts: Vec<&Facts> = chunk.iter().map(|(_, f)| f).collect();
-            let batch = with_facts(call::to_batch(&cfg, &calls), &facts)
-                .map_err(|e| CliError::Internal(e.to_string()))?;
-            w.write(batch).await.map_err(io)?;
-        }
-        n_calls += rows.len() as u64;
-    }
-    w.finish().await.map_err(io)?;
     if store.table_url("x").starts_with("file:") {
         std::fs::write(&ppath, &pipeline_text)
             .map_err(|e| CliError::Internal(format!("{}: {e}", ppath.display())))?;
@@ -765,13 +680,13 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
     manifest.complete(
         "generate",
         "cases",
-        cases.len() as u64,
+        summary.cases,
         BTreeMap::from([("imported_from".into(), json!(a.file.display().to_string()))]),
     );
     manifest.complete(
         "call",
         "calls",
-        n_calls,
+        summary.calls,
         BTreeMap::from([
             ("imported_from".into(), json!(a.file.display().to_string())),
             ("models".into(), json!(models)),
@@ -779,8 +694,9 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
     );
     manifest.save(&store).await.map_err(io)?;
     println!(
-        "imported {n_calls} calls over {} cases into {} (next: evalflow validate {} --out {})",
-        cases.len(),
+        "imported {} calls over {} cases into {} (next: evalflow validate {} --out {})",
+        summary.calls,
+        summary.cases,
         store.display(),
         ppath.display(),
         store.display()

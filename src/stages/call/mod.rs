@@ -35,8 +35,8 @@ use crate::pipeline::ModelConfig;
 use crate::schema::Table;
 use crate::storage::{RunStore, StorageError};
 
-/// Provider names accepted in `[model] provider`.
-pub const KNOWN_PROVIDERS: &[&str] = &["builtin:vader", "openai", "anthropic"];
+/// The providers a `[model]` may name (declared with the pipeline format).
+pub use crate::pipeline::KNOWN_PROVIDERS;
 
 /// Errors of the call stage (per-call failures are rows, not errors).
 #[derive(Debug, thiserror::Error)]
