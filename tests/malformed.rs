@@ -498,11 +498,27 @@ fn import_corpora() {
             "corpus.jsonl:3: field `request.messages`".into(),
         ),
     ];
+    // Into an existing run: refused before the file is read, and the run is untouched.
+    let f = write(dir, "corpus.jsonl", good.as_bytes());
+    let o = run_in(dir, &["import", f.to_str().unwrap(), "--out", r]);
+    assert_bad(&o, "existing run", r, "already a run");
+    assert_eq!(tree(&root), before, "import into a run changed it");
     for (what, bytes, position) in jsonl_cases {
         let f = write(dir, "corpus.jsonl", &bytes);
-        let o = run_in(dir, &["import", f.to_str().unwrap(), "--out", r]);
+        // The import streams: the bad line is found after earlier lines were staged, and
+        // nothing of them stays.
+        let fresh = dir.join("fresh-jsonl");
+        let o = run_in(
+            dir,
+            &[
+                "import",
+                f.to_str().unwrap(),
+                "--out",
+                fresh.to_str().unwrap(),
+            ],
+        );
         assert_bad(&o, what, "corpus.jsonl", &position);
-        assert_eq!(tree(&root), before, "jsonl {what}: the run root changed");
+        assert!(!fresh.exists(), "jsonl {what}: a root was created");
     }
     let pq = dir.join("corpus.parquet");
     let p = pq.to_str().unwrap();
@@ -525,14 +541,12 @@ fn import_corpora() {
         if kind != "truncated" {
             py(WRITE_IMPORT_PARQUET, &[kind, p]);
         }
-        let o = run_in(dir, &["import", p, "--out", r]);
-        assert_bad(&o, &format!("parquet {kind}"), "corpus.parquet", position);
-        assert_eq!(tree(&root), before, "parquet {kind}: the run root changed");
-        // Into a fresh root, nothing is created either.
+        // Into a fresh root: the row is named, and nothing is created.
         let fresh = dir.join("fresh");
         let o = run_in(dir, &["import", p, "--out", fresh.to_str().unwrap()]);
-        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert_bad(&o, &format!("parquet {kind}"), "corpus.parquet", position);
         assert!(!fresh.exists(), "parquet {kind}: a root was created");
+        assert_eq!(tree(&root), before, "parquet {kind}: the run root changed");
     }
 }
 

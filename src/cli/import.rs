@@ -563,6 +563,19 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
             a.test_type
         )));
     }
+    // A local root this import creates is removed again if the import fails.
+    let created_dir =
+        (!a.out.contains("://") && !Path::new(&a.out).exists()).then(|| PathBuf::from(&a.out));
+    let result = import_into(a).await;
+    if result.is_err()
+        && let Some(d) = created_dir
+    {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    result
+}
+
+async fn import_into(a: ImportArgs) -> Result<(), CliError> {
     let store = RunStore::open(&a.out).map_err(|e| CliError::BadInput(e.to_string()))?;
     if Manifest::load(&store)
         .await
