@@ -500,6 +500,18 @@ fn malformed_sources_name_the_row_and_field() {
         assert!(err.contains(&format!("{name}{want}")), "{name}: {err}");
         assert!(!root.exists(), "{name}: a root was created");
     }
+    // A truncated `.eval` (its zip directory cut off) names the file.
+    let bytes = std::fs::read(fixture("inspect/sentiment.eval")).unwrap();
+    let cut = d.path().join("cut.eval");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let o = bin(&["import", cut.to_str().unwrap(), "--out", r]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("cut.eval: not a readable .eval (zip) log"),
+        "{}",
+        text(&o)
+    );
+    assert!(!root.exists());
     // lm-eval samples name no model: without --model or a results file, that is said.
     let o = bin(&["import", lm.to_str().unwrap(), "--out", r]);
     assert_eq!(o.status.code(), Some(2));

@@ -8,7 +8,9 @@
 //!   for every file of a known format (others are listed as skipped). OpenAI batch input
 //!   files, given with `--batch-input`, as arguments or found in a folder, are joined with
 //!   the batch output by `custom_id`.
-//! - One case per distinct (test, system, input); the test is `--test`, else the source's
+//! - One case per distinct (test, source case id) where the source has case ids (Inspect
+//!   sample id, lm-eval doc id), else per distinct (test, system, input); the test is
+//!   `--test`, else the source's
 //!   (Inspect task, lm-eval task, promptfoo description), else `imported`. The case's
 //!   cluster (`template_id`) is the `--cluster` field where the source has it, else the
 //!   case itself. A sample index the source does not record is the order of repeats of

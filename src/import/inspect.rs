@@ -1,8 +1,8 @@
 //! Inspect AI logs: `.eval` (a zip of JSON entries) and the older `.json` log.
 //!
 //! # Behavior
-//! - One call per sample and epoch: `sample_idx` is the epoch - 1, `source_id` the sample
-//!   id. The model, its provider (the part of Inspect's `provider/model` name before the
+//! - One case per sample id, one call per sample and epoch: `sample_idx` is the epoch - 1,
+//!   `source_id` the sample id. The model, its provider (the part of Inspect's `provider/model` name before the
 //!   first `/`), the task (as the test) and the generation config (`max_tokens`,
 //!   `temperature`) come from the log header (`eval`).
 //! - The input is the sample's `input` (or the last user message of an input message
@@ -462,6 +462,8 @@ fn sample_record(
             .get("started_at")
             .and_then(Value::as_str)
             .and_then(super::rfc3339_us),
+        // The sample id is the case: two samples with the same input are two cases.
+        case_key: Some(format!("sample:{id}")),
         source: Provenance {
             format: "inspect",
             file: file.display().to_string(),

@@ -220,6 +220,8 @@ fn records(
             max_tokens,
             temperature,
             response,
+            // The doc is the case: two docs with the same prompt are two cases.
+            case_key: Some(format!("doc:{doc_id}")),
             source: Provenance {
                 format: "lm-eval",
                 file: file.display().to_string(),

@@ -141,7 +141,8 @@ pub struct Provenance {
 ///
 /// # Behavior
 /// `None` means the source did not record the value. The case of a record is its
-/// (test, system, input); `cluster` becomes the case's `template_id` when present.
+/// (test, `case_key`) when it has one, else its (test, system, input); `cluster` becomes
+/// the case's `template_id` when present.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Record {
     pub model: String,
@@ -154,8 +155,9 @@ pub struct Record {
     pub capability: Option<String>,
     /// The cluster (template) of the case, from the field named by `--cluster`.
     pub cluster: Option<String>,
-    /// What identifies the case when the source recorded no prompt (a batch output line
-    /// with no input line): used in place of (system, input).
+    /// What identifies the case when the source has its own case id (an Inspect sample
+    /// id, an lm-eval doc id) or recorded no prompt (a batch output line with no input
+    /// line): used in place of (system, input).
     pub case_key: Option<String>,
     /// The repeat index (Inspect epoch - 1, promptfoo repeat index).
     pub sample_idx: Option<i32>,
