@@ -189,7 +189,7 @@ struct Corpus {
     cases: Vec<Case>,
     case_of: HashMap<(String, Option<String>, String), usize>,
     calls: Vec<Imported>,
-    /// Models in order of first appearance of the sorted names (BTreeMap) -> call indices.
+    /// Model name -> indices of its calls.
     by_model: BTreeMap<String, Vec<usize>>,
     repeats: HashMap<(String, String), i32>,
     seen: HashSet<String>,
