@@ -5,7 +5,7 @@
 //! so every table can be queried with SQL. See DESIGN.md for the contract.
 
 pub mod cli;
-pub mod import_sink;
+pub mod import;
 pub mod judge;
 pub mod mock;
 pub mod pipeline;

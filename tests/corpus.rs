@@ -468,7 +468,7 @@ fn import_refuses_two_records_of_one_sample_and_keeps_no_table() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
-        text(&o).contains("(lines 1 and 3001): give distinct sample_idx"),
+        text(&o).contains("(records 1 and 3001 of the import): give distinct sample_idx"),
         "{}",
         text(&o)
     );

@@ -1,49 +1,73 @@
-//! `evalflow import`: turns a recorded corpus into `cases` + `calls`, so archived runs
-//! flow into validate and score with no model calls.
+//! `evalflow import`: turns recorded runs into `cases` + `calls` (and the tool's own
+//! scores), so archived runs flow into validate and score with no model calls.
 //!
 //! # Behavior
-//! - JSONL: one `{"request": {...}, "response": {...}}` pair per line in the OpenAI chat
-//!   format; optional `sample_idx`, `expected`, `http_status`, `error`, `latency_ms`.
-//! - Parquet: a table with an `input` column plus any calls columns (`response`,
-//!   `model`, `sample_idx`, `finish_reason`, token counts, `http_status`, `error`, ...).
-//! - One case per distinct user prompt (the last user message), test and capability
-//!   `imported`, test type `MFT`, role `single` unless given. A sample index not in the
-//!   file is the order of repeats of the same (case, model).
+//! - Each FILE_OR_DIR is read by its format's reader in `crate::import` (evalflow pairs,
+//!   Parquet, OpenAI Batch API output, Inspect AI logs, lm-eval samples, promptfoo
+//!   results), detected from the content unless `--format` names one; a folder is walked
+//!   for every file of a known format (others are listed as skipped). OpenAI batch input
+//!   files, given with `--batch-input`, as arguments or found in a folder, are joined with
+//!   the batch output by `custom_id`.
+//! - One case per distinct (test, source case id) where the source has case ids (Inspect
+//!   sample id, lm-eval doc id), else per distinct (test, system, input); the test is
+//!   `--test`, else the source's
+//!   (Inspect task, lm-eval task, promptfoo description), else `imported`. The case's
+//!   cluster (`template_id`) is the `--cluster` field where the source has it, else the
+//!   case itself. A sample index the source does not record is the order of repeats of
+//!   the same (case, model).
+//! - Calls carry what the source recorded and NULL for the rest, plus the provenance
+//!   columns `source_format`, `source_file`, `source_id` (see `import::calls_schema`).
+//! - The tool's own verdicts become scores versions `<tool>-<scorer>@imported` under
+//!   `scores/`, one row per imported call of that tool (NULL score for a call the tool did
+//!   not score or that failed), so SQL compares them with evalflow's scorers.
 //! - Writes `<root>/import.toml`, a pipeline naming the imported model, and a manifest
 //!   with `generate` and `call` complete: `evalflow validate <root>/import.toml --out <root>`
 //!   and `evalflow score ...` then run as on any run.
+//! - The core streams: records go one at a time into staging batches, and one case per key,
+//!   sample indices, call ids and duplicates come from DataFusion plans over the staging
+//!   table (`crate::import::sink`). A bad row or a duplicate leaves no table behind (and no
+//!   root, when the import created it).
 //!
 //! # Errors
-//! A bad row is exit 2, naming `file:line` (the row number for Parquet) and the field.
+//! A bad row is exit 2, naming `file:line` (the row number for Parquet, the zip entry for
+//! an `.eval` log) and the field.
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, AsArray, RecordBatch};
-use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type};
 use serde_json::{Value, json};
 
 use super::CliError;
-use crate::import_sink::{CaseDefaults, ImportError, ImportSink, ImportedCall};
+use crate::import::sink::{CaseDefaults, ImportError as SinkError, ImportSink};
+use crate::import::{self, Detected, Format, ImportError, Options};
 use crate::pipeline::Pipeline;
-use crate::stages::call::CallResult;
 use crate::storage::{Manifest, RunStore, manifest_now};
 
 #[derive(Debug, clap::Args)]
 pub struct ImportArgs {
-    /// The recorded corpus: `.jsonl` request/response pairs or a `.parquet` calls table.
-    pub file: PathBuf,
+    /// Recorded runs: files or folders (walked for every file of a known format).
+    #[arg(required = true, value_name = "FILE_OR_DIR")]
+    pub files: Vec<PathBuf>,
     /// The run root to create.
     #[arg(long)]
     pub out: String,
-    /// The model name for every row (default: each request's `model`).
+    /// The source format (default: detected from each file's content).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub format: Format,
+    /// OpenAI Batch API input JSONL, joined with batch output by `custom_id` (repeatable).
+    #[arg(long = "batch-input", value_name = "FILE")]
+    pub batch_input: Vec<PathBuf>,
+    /// The field holding each case's cluster (template): an Inspect sample metadata field,
+    /// an lm-eval doc field or a promptfoo var. Without it each case is its own cluster.
+    #[arg(long, value_name = "FIELD")]
+    pub cluster: Option<String>,
+    /// The model name for every row (default: what each source names).
     #[arg(long)]
     pub model: Option<String>,
-    /// Test name of the imported cases.
-    #[arg(long, default_value = "imported")]
-    pub test: String,
+    /// Test name of the imported cases (default: the source's task, else `imported`).
+    #[arg(long)]
+    pub test: Option<String>,
     /// Capability of the imported cases.
     #[arg(long, default_value = "imported")]
     pub capability: String,
@@ -59,500 +83,81 @@ pub struct ImportArgs {
     pub languages: Option<Vec<String>>,
 }
 
-/// What the file recorded about a call beyond the request and response. What it did not
-/// record stays NULL: an import never invents a provider, a start time or an attempt count.
-#[derive(Debug, Clone, Default)]
-struct Facts {
-    provider: Option<String>,
-    attempts: Option<i32>,
-    latency_ms: Option<f64>,
-    started_at_us: Option<i64>,
+fn bad(e: ImportError) -> CliError {
+    CliError::BadInput(e.to_string())
 }
 
-/// One imported call before case ids are assigned.
-struct Record {
-    model: String,
-    system: Option<String>,
-    input: String,
-    expected: Option<String>,
-    sample_idx: Option<i32>,
-    request_key: String,
-    max_tokens: Option<u32>,
-    temperature: Option<f64>,
-    result: CallResult,
-    facts: Facts,
+/// What the paths given hold.
+struct Sources {
+    /// Files to import, with their format.
+    files: Vec<(PathBuf, Format)>,
+    /// OpenAI batch input files to join.
+    inputs: Vec<PathBuf>,
+    /// Files in folders of no format import reads.
+    skipped: Vec<PathBuf>,
 }
 
-impl Record {
-    /// The record as the import core takes it, with its line (or row) number.
-    fn imported(self, line: usize) -> ImportedCall {
-        ImportedCall {
-            line: line as u64,
-            model: self.model,
-            system: self.system,
-            input: self.input,
-            expected: self.expected,
-            sample_idx: self.sample_idx,
-            request_key: self.request_key,
-            max_tokens: self.max_tokens,
-            temperature: self.temperature,
-            result: self.result,
-            provider: self.facts.provider,
-            attempts: self.facts.attempts,
-            latency_ms: self.facts.latency_ms,
-            started_at_us: self.facts.started_at_us,
-        }
-    }
-}
-
-fn bad(file: &Path, line: usize, field: &str, msg: impl std::fmt::Display) -> CliError {
-    CliError::BadInput(format!("{}:{line}: field `{field}`: {msg}", file.display()))
-}
-
-fn text_of(c: Option<&Value>) -> Option<String> {
-    match c? {
-        Value::String(s) => Some(s.clone()),
-        Value::Array(parts) => Some(
-            parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect(),
-        ),
-        _ => None,
-    }
-}
-
-fn jsonl_record(
-    file: &Path,
-    n: usize,
-    line: &str,
-    model: &Option<String>,
-) -> Result<Record, CliError> {
-    let v: Value =
-        serde_json::from_str(line).map_err(|e| bad(file, n, "(line)", format!("not JSON: {e}")))?;
-    let req = v
-        .get("request")
-        .filter(|r| r.is_object())
-        .ok_or_else(|| bad(file, n, "request", "missing or not an object"))?;
-    check_optional_fields(file, n, &v, req)?;
-    let msgs = req
-        .get("messages")
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad(file, n, "request.messages", "missing or not an array"))?;
-    let mut input = None;
-    let mut system = None;
-    for (i, m) in msgs.iter().enumerate() {
-        let text = text_of(m.get("content"));
-        match m.get("role").and_then(Value::as_str) {
-            Some("user") => input = text,
-            Some("system") | Some("developer") => system = text,
-            Some(_) => {}
-            None => {
-                return Err(bad(
-                    file,
-                    n,
-                    &format!("request.messages[{i}].role"),
-                    "missing",
-                ));
+/// The files to read (with their format) and the batch inputs to join, from the paths
+/// given: folders are walked in name order, hidden entries skipped.
+fn plan_sources(a: &ImportArgs) -> Result<Sources, CliError> {
+    let mut files = Vec::new();
+    let mut inputs = a.batch_input.clone();
+    let mut skipped = Vec::new();
+    for p in &a.files {
+        let meta = std::fs::metadata(p)
+            .map_err(|e| CliError::BadInput(format!("{}: {e}", p.display())))?;
+        if meta.is_dir() {
+            let mut found = Vec::new();
+            walk(p, &mut found).map_err(|e| CliError::BadInput(format!("{}: {e}", p.display())))?;
+            found.sort();
+            for f in found {
+                if inputs.contains(&f) {
+                    continue;
+                }
+                match import::detect_kind(&f).map_err(bad)? {
+                    Detected::Format(k) if a.format == Format::Auto || a.format == k => {
+                        files.push((f, k))
+                    }
+                    Detected::BatchInput => inputs.push(f),
+                    _ => skipped.push(f),
+                }
+            }
+        } else if a.format != Format::Auto {
+            files.push((p.clone(), a.format));
+        } else {
+            match import::detect_kind(p).map_err(bad)? {
+                Detected::Format(k) => files.push((p.clone(), k)),
+                Detected::BatchInput => inputs.push(p.clone()),
+                Detected::Unknown => {
+                    return Err(CliError::BadInput(format!(
+                        "{}: not a format import reads (evalflow pairs, Parquet, OpenAI batch output, Inspect log, lm-eval samples, promptfoo results); name one with --format",
+                        p.display()
+                    )));
+                }
             }
         }
     }
-    let input = input.ok_or_else(|| {
-        bad(
-            file,
-            n,
-            "request.messages",
-            "no user message with text content",
-        )
-    })?;
-    let model = model
-        .clone()
-        .or_else(|| req.get("model").and_then(Value::as_str).map(String::from))
-        .ok_or_else(|| bad(file, n, "request.model", "missing (or pass --model)"))?;
-    let status = v
-        .get("http_status")
-        .and_then(Value::as_i64)
-        .map(|s| s as i32);
-    let error = v.get("error").and_then(Value::as_str).map(String::from);
-    let result = match v.get("response") {
-        Some(Value::Null) | None if error.is_some() => CallResult {
-            http_status: status,
-            error,
-            ..CallResult::default()
-        },
-        Some(resp) if resp.is_object() => {
-            let p = crate::stages::call::openai::parse(resp.to_string().as_bytes())
-                .map_err(|e| bad(file, n, "response", e))?;
-            CallResult {
-                response: Some(p.content),
-                finish_reason: p.finish_reason,
-                prompt_tokens: p.prompt_tokens,
-                completion_tokens: p.completion_tokens,
-                reasoning_tokens: p.reasoning_tokens,
-                reasoning_chars: p.reasoning_chars,
-                http_status: status.or(Some(200)),
-                error,
-                ..CallResult::default()
-            }
-        }
-        _ => return Err(bad(file, n, "response", "missing or not an object")),
-    };
-    let sample_idx = match v.get("sample_idx") {
-        None | Some(Value::Null) => None,
-        Some(s) => Some(
-            s.as_i64()
-                .filter(|k| (0..=i32::MAX as i64).contains(k))
-                .ok_or_else(|| bad(file, n, "sample_idx", "not a non-negative integer"))?
-                as i32,
-        ),
-    };
-    Ok(Record {
-        model,
-        system,
-        input,
-        expected: v.get("expected").and_then(Value::as_str).map(String::from),
-        sample_idx,
-        request_key: req.to_string(),
-        max_tokens: req
-            .get("max_tokens")
-            .and_then(Value::as_u64)
-            .map(|m| m as u32),
-        temperature: req.get("temperature").and_then(Value::as_f64),
-        result,
-        facts: jsonl_facts(file, n, &v)?,
+    Ok(Sources {
+        files,
+        inputs,
+        skipped,
     })
 }
 
-/// The optional `provider`, `attempts`, `latency_ms` and `started_at` (RFC 3339 text or
-/// Unix seconds) of a JSONL record.
-fn jsonl_facts(file: &Path, n: usize, v: &Value) -> Result<Facts, CliError> {
-    let field = |k: &str| v.get(k).filter(|x| !x.is_null());
-    let provider = match field("provider") {
-        None => None,
-        Some(p) => Some(
-            p.as_str()
-                .ok_or_else(|| bad(file, n, "provider", "not a string"))?
-                .to_string(),
-        ),
-    };
-    let attempts = match field("attempts") {
-        None => None,
-        Some(a) => Some(
-            a.as_i64()
-                .filter(|k| (0..=i32::MAX as i64).contains(k))
-                .ok_or_else(|| bad(file, n, "attempts", "not a non-negative integer"))?
-                as i32,
-        ),
-    };
-    let latency_ms = match field("latency_ms") {
-        None => None,
-        Some(l) => Some(
-            l.as_f64()
-                .filter(|x| x.is_finite() && *x >= 0.0)
-                .ok_or_else(|| bad(file, n, "latency_ms", "not a non-negative number"))?,
-        ),
-    };
-    let started_at_us = match field("started_at") {
-        None => None,
-        Some(Value::String(t)) => Some(
-            chrono::DateTime::parse_from_rfc3339(t)
-                .map_err(|e| bad(file, n, "started_at", format!("not an RFC 3339 time: {e}")))?
-                .timestamp_micros(),
-        ),
-        Some(x) => Some(
-            x.as_f64()
-                .filter(|s| s.is_finite())
-                .map(|s| (s * 1e6).round() as i64)
-                .ok_or_else(|| {
-                    bad(
-                        file,
-                        n,
-                        "started_at",
-                        "not an RFC 3339 time or Unix seconds",
-                    )
-                })?,
-        ),
-    };
-    Ok(Facts {
-        provider,
-        attempts,
-        latency_ms,
-        started_at_us,
-    })
-}
-
-/// Optional fields of a JSONL record must have their type when present: a mistyped
-/// `max_tokens` or `http_status` is an error naming the line and field, never a silent NULL
-/// or a value wrapped through `as u32`.
-fn check_optional_fields(file: &Path, n: usize, v: &Value, req: &Value) -> Result<(), CliError> {
-    let int = |x: &Value, field: &str, lo: i64, hi: i64| match x {
-        Value::Null => Ok(()),
-        x => match x.as_i64() {
-            Some(k) if (lo..=hi).contains(&k) => Ok(()),
-            _ => Err(bad(
-                file,
-                n,
-                field,
-                format!("`{x}` is not an integer in {lo}..={hi}"),
-            )),
-        },
-    };
-    let typed = |x: Option<&Value>, field: &str, ok: fn(&Value) -> bool, what: &str| match x {
-        Some(x) if !x.is_null() && !ok(x) => {
-            Err(bad(file, n, field, format!("`{x}` is not {what}")))
-        }
-        _ => Ok(()),
-    };
-    if let Some(x) = req.get("max_tokens") {
-        int(x, "request.max_tokens", 0, i32::MAX as i64)?;
-    }
-    if let Some(x) = v.get("http_status") {
-        int(x, "http_status", 100, 599)?;
-    }
-    typed(
-        req.get("temperature"),
-        "request.temperature",
-        Value::is_number,
-        "a number",
-    )?;
-    typed(
-        v.get("latency_ms"),
-        "latency_ms",
-        Value::is_number,
-        "a number",
-    )?;
-    typed(v.get("expected"), "expected", Value::is_string, "a string")?;
-    typed(v.get("error"), "error", Value::is_string, "a string")?;
-    Ok(())
-}
-
-/// Fails unless `v` (when present) lies in `lo..=hi`.
-fn in_range(
-    file: &Path,
-    line: usize,
-    field: &str,
-    v: Option<i64>,
-    lo: i64,
-    hi: i64,
-) -> Result<(), CliError> {
-    match v {
-        Some(k) if !(lo..=hi).contains(&k) => Err(bad(
-            file,
-            line,
-            field,
-            format!("{k} is out of range ({lo}..={hi})"),
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// Casts column `name` of a batch whose first row is file row `row0 + 1` to `t`.
-///
-/// # Errors
-/// A value that does not convert (a string where a number belongs, an overflow, a
-/// fraction in an integer column, a number in a text column) is an error naming its row
-/// and the column: never a silent NULL.
-fn checked_cast(
-    file: &Path,
-    row0: usize,
-    name: &str,
-    c: &std::sync::Arc<dyn Array>,
-    t: &DataType,
-) -> Result<std::sync::Arc<dyn Array>, CliError> {
-    use datafusion::arrow::util::display::array_value_to_string;
-    let first_valid = (0..c.len()).find(|&r| c.is_valid(r)).unwrap_or(0);
-    let is_text = |d: &DataType| {
-        matches!(d, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
-            || matches!(d, DataType::Dictionary(_, v) if matches!(v.as_ref(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View))
-    };
-    if *t == DataType::Utf8 && !is_text(c.data_type()) && c.null_count() < c.len() {
-        return Err(bad(
-            file,
-            row0 + first_valid + 1,
-            name,
-            format!("has type {}, expected text", c.data_type()),
-        ));
-    }
-    let out = cast(c, t).map_err(|e| {
-        bad(
-            file,
-            row0 + first_valid + 1,
-            name,
-            format!("has type {}, cannot be read as {t}: {e}", c.data_type()),
-        )
-    })?;
-    let fraction = t.is_integer() && c.data_type().is_floating();
-    let as_f64 = if fraction {
-        Some(cast(c, &DataType::Float64).map_err(|e| bad(file, row0 + 1, name, e))?)
-    } else {
-        None
-    };
-    for r in 0..c.len() {
-        if !c.is_valid(r) {
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let p = e.path();
+        if e.file_name().to_string_lossy().starts_with('.') {
             continue;
         }
-        let whole = as_f64
-            .as_ref()
-            .is_none_or(|f| f.as_primitive::<Float64Type>().value(r).fract() == 0.0);
-        if out.is_null(r) || !whole {
-            let v = array_value_to_string(c, r).unwrap_or_default();
-            return Err(bad(
-                file,
-                row0 + r + 1,
-                name,
-                format!("`{v}` is not a valid {t}"),
-            ));
+        if e.file_type()?.is_dir() {
+            walk(&p, out)?;
+        } else {
+            out.push(p);
         }
     }
-    Ok(out)
-}
-
-fn parquet_records(file: &Path, model: &Option<String>) -> Result<Vec<Record>, CliError> {
-    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    let f = std::fs::File::open(file)
-        .map_err(|e| CliError::BadInput(format!("{}: {e}", file.display())))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(f)
-        .and_then(|b| b.build())
-        .map_err(|e| {
-            CliError::BadInput(format!(
-                "{}: footer: not a Parquet file: {e}",
-                file.display()
-            ))
-        })?;
-    let mut out = Vec::new();
-    let mut row0 = 0usize;
-    for b in reader {
-        let b: RecordBatch = b.map_err(|e| {
-            bad(
-                file,
-                row0 + 1,
-                "(rows)",
-                format!("cannot decode the rows from here on: {e}"),
-            )
-        })?;
-        let col =
-            |name: &str, t: &DataType| -> Result<Option<std::sync::Arc<dyn Array>>, CliError> {
-                match b.column_by_name(name) {
-                    None => Ok(None),
-                    Some(c) => checked_cast(file, row0, name, c, t).map(Some),
-                }
-            };
-        let s = |name: &str| col(name, &DataType::Utf8);
-        let i = |name: &str| col(name, &DataType::Int64);
-        let input = s("input")?
-            .ok_or_else(|| bad(file, 1, "input", "the Parquet table needs an input column"))?;
-        let (resp, mdl, fin, err, exp, sys) = (
-            s("response")?,
-            s("model")?,
-            s("finish_reason")?,
-            s("error")?,
-            s("expected")?,
-            s("system")?,
-        );
-        let (pt, ct, rt, rc, hs, si, at, mt) = (
-            i("prompt_tokens")?,
-            i("completion_tokens")?,
-            i("reasoning_tokens")?,
-            i("reasoning_chars")?,
-            i("http_status")?,
-            i("sample_idx")?,
-            i("attempts")?,
-            i("max_tokens")?,
-        );
-        let (temp, lat) = (
-            col("temperature", &DataType::Float64)?,
-            col("latency_ms", &DataType::Float64)?,
-        );
-        let (prov, started) = (
-            s("provider")?,
-            col(
-                "started_at",
-                &DataType::Timestamp(
-                    datafusion::arrow::datatypes::TimeUnit::Microsecond,
-                    Some("UTC".into()),
-                ),
-            )?,
-        );
-        let gs = |a: &Option<std::sync::Arc<dyn Array>>, r: usize| -> Option<String> {
-            a.as_ref()
-                .filter(|a| a.is_valid(r))
-                .map(|a| a.as_string::<i32>().value(r).to_string())
-        };
-        let gi = |a: &Option<std::sync::Arc<dyn Array>>, r: usize| -> Option<i64> {
-            a.as_ref()
-                .filter(|a| a.is_valid(r))
-                .map(|a| a.as_primitive::<Int64Type>().value(r))
-        };
-        let gf = |a: &Option<std::sync::Arc<dyn Array>>, r: usize| -> Option<f64> {
-            a.as_ref()
-                .filter(|a| a.is_valid(r))
-                .map(|a| a.as_primitive::<Float64Type>().value(r))
-        };
-        let input_s = Some(input);
-        for r in 0..b.num_rows() {
-            let line = row0 + r + 1;
-            let inp = gs(&input_s, r).ok_or_else(|| bad(file, line, "input", "null"))?;
-            let model = model
-                .clone()
-                .or_else(|| gs(&mdl, r))
-                .ok_or_else(|| bad(file, line, "model", "missing (or pass --model)"))?;
-            let response = gs(&resp, r);
-            let error = gs(&err, r);
-            if response.is_none() && error.is_none() {
-                return Err(bad(file, line, "response", "null with no error"));
-            }
-            // Values that would wrap through `as u32` / `as i32` below.
-            in_range(file, line, "max_tokens", gi(&mt, r), 0, i32::MAX as i64)?;
-            in_range(file, line, "http_status", gi(&hs, r), 100, 599)?;
-            for (name, a) in [
-                ("prompt_tokens", &pt),
-                ("completion_tokens", &ct),
-                ("reasoning_tokens", &rt),
-                ("reasoning_chars", &rc),
-            ] {
-                in_range(file, line, name, gi(a, r), 0, i64::MAX)?;
-            }
-            let sample_idx = match gi(&si, r) {
-                Some(k) if !(0..=i32::MAX as i64).contains(&k) => {
-                    return Err(bad(file, line, "sample_idx", "not a non-negative integer"));
-                }
-                k => k.map(|k| k as i32),
-            };
-            out.push(Record {
-                request_key: json!({"model": model, "system": gs(&sys, r), "input": inp})
-                    .to_string(),
-                model,
-                system: gs(&sys, r),
-                input: inp,
-                expected: gs(&exp, r),
-                sample_idx,
-                max_tokens: gi(&mt, r).map(|m| m as u32),
-                temperature: gf(&temp, r),
-                result: CallResult {
-                    response,
-                    finish_reason: gs(&fin, r),
-                    prompt_tokens: gi(&pt, r),
-                    completion_tokens: gi(&ct, r),
-                    reasoning_tokens: gi(&rt, r),
-                    reasoning_chars: gi(&rc, r),
-                    http_status: gi(&hs, r).map(|h| h as i32),
-                    error,
-                    ..CallResult::default()
-                },
-                facts: Facts {
-                    provider: gs(&prov, r),
-                    attempts: gi(&at, r).map(|a| a as i32),
-                    latency_ms: gf(&lat, r),
-                    started_at_us: started.as_ref().filter(|a| a.is_valid(r)).map(|a| {
-                        a.as_primitive::<datafusion::arrow::datatypes::TimestampMicrosecondType>()
-                            .value(r)
-                    }),
-                },
-            });
-        }
-        row0 += b.num_rows();
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// Runs the import.
@@ -576,15 +181,19 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
 }
 
 async fn import_into(a: ImportArgs) -> Result<(), CliError> {
-    let store = RunStore::open(&a.out).map_err(|e| CliError::BadInput(e.to_string()))?;
-    if Manifest::load(&store)
-        .await
-        .map_err(|e| CliError::Internal(e.to_string()))?
-        .is_some()
-    {
+    let Sources {
+        files,
+        inputs,
+        skipped,
+    } = plan_sources(&a)?;
+    if files.is_empty() {
         return Err(CliError::BadInput(format!(
-            "{}: already a run; import into a new --out",
-            store.display()
+            "{}: no file of a format import reads",
+            a.files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         )));
     }
     let languages: Vec<String> = a.languages.clone().unwrap_or_else(|| {
@@ -598,7 +207,29 @@ async fn import_into(a: ImportArgs) -> Result<(), CliError> {
             "--languages: empty language `{l}`"
         )));
     }
-    let sink_err = |e: ImportError| {
+    let opts = Options {
+        model: a.model.clone(),
+        cluster: a.cluster.clone(),
+        batch_inputs: inputs.clone(),
+    };
+    let requests = if files.iter().any(|(_, f)| *f == Format::OpenaiBatch) {
+        Arc::new(import::openai_batch::read_inputs(&inputs).map_err(bad)?)
+    } else {
+        Arc::default()
+    };
+    let store = RunStore::open(&a.out).map_err(|e| CliError::BadInput(e.to_string()))?;
+    if Manifest::load(&store)
+        .await
+        .map_err(|e| CliError::Internal(e.to_string()))?
+        .is_some()
+    {
+        return Err(CliError::BadInput(format!(
+            "{}: already a run; import into a new --out",
+            store.display()
+        )));
+    }
+    let sources: Vec<String> = files.iter().map(|(f, _)| f.display().to_string()).collect();
+    let sink_err = |e: SinkError| {
         if e.is_bad_input() {
             CliError::BadInput(e.to_string())
         } else {
@@ -613,31 +244,23 @@ async fn import_into(a: ImportArgs) -> Result<(), CliError> {
             test_type: a.test_type.clone(),
             role: a.role.clone(),
         },
-        a.file.display().to_string(),
     )
     .await
     .map_err(sink_err)?;
-    let is_parquet = a.file.extension().and_then(|e| e.to_str()) == Some("parquet");
+    // Record by record: memory holds one staging batch, not the sources.
+    let mut per_format: BTreeMap<&'static str, u64> = BTreeMap::new();
     let pushed: Result<(), CliError> = async {
-        if is_parquet {
-            for (i, r) in parquet_records(&a.file, &a.model)?.into_iter().enumerate() {
-                sink.push(r.imported(i + 1)).await.map_err(sink_err)?;
-            }
-        } else {
-            let f = std::fs::File::open(&a.file)
-                .map_err(|e| CliError::BadInput(format!("{}: {e}", a.file.display())))?;
-            // Line by line: memory holds one staging batch, not the file.
-            for (i, line) in std::io::BufReader::with_capacity(1 << 20, f)
-                .lines()
-                .enumerate()
-            {
-                let line = line.map_err(|e| bad(&a.file, i + 1, "(line)", e))?;
-                if line.trim().is_empty() {
-                    continue;
+        for (path, format) in &files {
+            let records = match format {
+                Format::OpenaiBatch => {
+                    import::openai_batch::open_joined(path, &opts, requests.clone()).map_err(bad)?
                 }
-                sink.push(jsonl_record(&a.file, i + 1, &line, &a.model)?.imported(i + 1))
-                    .await
-                    .map_err(sink_err)?;
+                f => import::open(path, *f, &opts).map_err(bad)?,
+            };
+            for r in records {
+                let r = r.map_err(bad)?;
+                *per_format.entry(r.source.format).or_default() += 1;
+                sink.push(r).await.map_err(sink_err)?;
             }
         }
         Ok(())
@@ -652,14 +275,14 @@ async fn import_into(a: ImportArgs) -> Result<(), CliError> {
         let _ = store.delete_dir("_import").await;
         return Err(CliError::BadInput(format!(
             "{}: no records",
-            a.file.display()
+            sources.join(", ")
         )));
     }
     let summary = sink.finish().await.map_err(sink_err)?;
     let models = summary.models.clone();
     let pipeline_text = format!(
         "# Written by `evalflow import {}`: the pipeline of an imported run (no model is called;\n# the provider below only satisfies the pipeline format: the calls table records NULL\n# where the file named no provider).\n\n[model]\nprovider = \"openai\"\nname = {}\n\n[suite]\nname = \"imported\"\n\n[validate]\nlanguages = {}\n",
-        a.file.display(),
+        sources.join(" "),
         json!(models[0]),
         json!(languages)
     );
@@ -690,29 +313,71 @@ async fn import_into(a: ImportArgs) -> Result<(), CliError> {
         scorer_versions: vec![],
         validator_version: None,
     };
+    let clusters = if summary.clustered == 0 {
+        json!("none: each case is its own cluster")
+    } else {
+        json!(a.cluster)
+    };
     manifest.complete(
         "generate",
         "cases",
         summary.cases,
-        BTreeMap::from([("imported_from".into(), json!(a.file.display().to_string()))]),
+        BTreeMap::from([
+            ("imported_from".into(), json!(sources)),
+            ("clusters".into(), clusters),
+        ]),
     );
     manifest.complete(
         "call",
         "calls",
         summary.calls,
         BTreeMap::from([
-            ("imported_from".into(), json!(a.file.display().to_string())),
+            ("imported_from".into(), json!(sources)),
             ("models".into(), json!(models)),
+            ("formats".into(), json!(per_format)),
         ]),
     );
+    for (tag, dir, n) in &summary.scores {
+        manifest.scorer_versions.push(tag.clone());
+        manifest.complete(
+            &format!("score:{tag}"),
+            dir,
+            *n,
+            BTreeMap::from([("imported".into(), json!(true))]),
+        );
+    }
     manifest.save(&store).await.map_err(io)?;
+    let formats: Vec<String> = per_format.iter().map(|(f, n)| format!("{n} {f}")).collect();
     println!(
-        "imported {} calls over {} cases into {} (next: evalflow validate {} --out {})",
+        "imported {} calls ({}) over {} cases into {} (next: evalflow validate {} --out {})",
         summary.calls,
+        formats.join(", "),
         summary.cases,
         store.display(),
         ppath.display(),
         store.display()
     );
+    if summary.clustered == 0 {
+        println!("clusters: none recorded (no --cluster field): each case is its own cluster");
+    } else if summary.clustered < summary.cases {
+        println!(
+            "clusters: {} of {} cases have the --cluster field; the others are their own cluster",
+            summary.clustered, summary.cases
+        );
+    }
+    for (tag, _, n) in &summary.scores {
+        println!("imported scores {tag}: {n} rows");
+    }
+    if !skipped.is_empty() {
+        eprintln!(
+            "skipped {} file(s) of no format import reads: {}",
+            skipped.len(),
+            skipped
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     Ok(())
 }

@@ -22,8 +22,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Float64Builder, Int32Builder, Int64Builder, RecordBatch, StringArray,
-    StringBuilder, TimestampMicrosecondBuilder, UInt64Builder,
+    Array, ArrayRef, AsArray, BooleanBuilder, Float64Builder, Int32Builder, Int64Builder,
+    RecordBatch, StringArray, StringBuilder, TimestampMicrosecondBuilder, UInt64Builder,
+    new_null_array,
 };
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef, TimeUnit};
@@ -32,9 +33,10 @@ use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
 
+use super::Record;
 use crate::query::{QueryError, new_context};
 use crate::schema::Table;
-use crate::stages::call::{self, CallResult};
+use crate::stages::call;
 use crate::storage::{RunStore, StorageError};
 
 /// Rows per staging batch (and so the memory of the streaming phase).
@@ -47,9 +49,12 @@ pub enum ImportError {
     Query(#[from] QueryError),
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// A record the sources reader could not read.
+    #[error(transparent)]
+    Source(#[from] super::ImportError),
     /// Two records of the same case, model and sample: the input is ambiguous.
     #[error(
-        "{source_name}: two records for case `{input}` model `{model}` sample {sample_idx} (lines {first} and {second}): give distinct sample_idx"
+        "{source_name}: two records for case `{input}` model `{model}` sample {sample_idx} (records {first} and {second} of the import): give distinct sample_idx"
     )]
     Duplicate {
         source_name: String,
@@ -67,37 +72,16 @@ impl ImportError {
         match self {
             ImportError::Query(e) => e.is_bad_input(),
             ImportError::Storage(e) => e.is_bad_input(),
-            ImportError::Duplicate { .. } => true,
+            ImportError::Source(_) | ImportError::Duplicate { .. } => true,
         }
     }
 }
 
-/// One recorded call as every source format gives it.
-#[derive(Debug, Clone, Default)]
-pub struct ImportedCall {
-    /// Where it came from (line number, or row number for Parquet), for ordering repeats
-    /// and for messages.
-    pub line: u64,
-    pub model: String,
-    pub system: Option<String>,
-    pub input: String,
-    pub expected: Option<String>,
-    pub sample_idx: Option<i32>,
-    /// The request as recorded (hashed into `request_hash`).
-    pub request_key: String,
-    pub max_tokens: Option<u32>,
-    pub temperature: Option<f64>,
-    pub result: CallResult,
-    pub provider: Option<String>,
-    pub attempts: Option<i32>,
-    pub latency_ms: Option<f64>,
-    pub started_at_us: Option<i64>,
-}
-
-/// What every imported case shares.
+/// What every imported case shares unless its record says otherwise.
 #[derive(Debug, Clone)]
 pub struct CaseDefaults {
-    pub test: String,
+    /// `--test`: over the record's own test when given.
+    pub test: Option<String>,
     pub capability: String,
     pub test_type: String,
     pub role: String,
@@ -107,17 +91,25 @@ pub struct CaseDefaults {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImportSummary {
     pub cases: u64,
+    /// Cases whose record named a cluster (`--cluster`).
+    pub clustered: u64,
     pub calls: u64,
     pub models: Vec<String>,
+    /// Imported scores versions: (`<tool>-<scorer>@imported`, folder, rows).
+    pub scores: Vec<(String, String, u64)>,
 }
 
-/// The staging table's schema: the calls columns known at parse time, plus the line and
-/// the case's text.
+/// The staging table's schema: the calls columns known at parse time, the record's order
+/// (`seq`), its case's fields and its provenance.
 fn staging_schema() -> SchemaRef {
     let s = |n: &str, null: bool| Field::new(n, DataType::Utf8, null);
+    let i64f = |n: &str| Field::new(n, DataType::Int64, true);
     Arc::new(Schema::new(vec![
-        Field::new("line", DataType::UInt64, false),
+        Field::new("seq", DataType::UInt64, false),
         s("case_id", false),
+        s("test", false),
+        s("capability", false),
+        s("cluster", true),
         s("model", false),
         s("provider", true),
         Field::new("given_sample_idx", DataType::Int32, true),
@@ -125,10 +117,10 @@ fn staging_schema() -> SchemaRef {
         s("response", true),
         s("response_hash", true),
         s("finish_reason", true),
-        Field::new("prompt_tokens", DataType::Int64, true),
-        Field::new("completion_tokens", DataType::Int64, true),
-        Field::new("reasoning_tokens", DataType::Int64, true),
-        Field::new("reasoning_chars", DataType::Int64, true),
+        i64f("prompt_tokens"),
+        i64f("completion_tokens"),
+        i64f("reasoning_tokens"),
+        i64f("reasoning_chars"),
         Field::new("http_status", DataType::Int32, true),
         s("error", true),
         Field::new("attempts", DataType::Int32, true),
@@ -142,14 +134,32 @@ fn staging_schema() -> SchemaRef {
         ),
         s("input", false),
         s("expected", true),
+        s("source_format", false),
+        s("source_file", false),
+        s("source_id", true),
+    ]))
+}
+
+/// The staged imported scores: one row per (record, tool scorer).
+fn scores_staging_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("seq", DataType::UInt64, false),
+        Field::new("scorer", DataType::Utf8, false),
+        Field::new("score", DataType::Float64, true),
+        Field::new("label", DataType::Utf8, true),
+        Field::new("passed", DataType::Boolean, true),
+        Field::new("detail", DataType::Utf8, true),
     ]))
 }
 
 /// Buffers one staging batch.
 #[derive(Default)]
 struct Builders {
-    line: UInt64Builder,
+    seq: UInt64Builder,
     case_id: StringBuilder,
+    test: StringBuilder,
+    capability: StringBuilder,
+    cluster: StringBuilder,
     model: StringBuilder,
     provider: StringBuilder,
     sample_idx: Int32Builder,
@@ -170,14 +180,20 @@ struct Builders {
     started_at: TimestampMicrosecondBuilder,
     input: StringBuilder,
     expected: StringBuilder,
+    source_format: StringBuilder,
+    source_file: StringBuilder,
+    source_id: StringBuilder,
     rows: usize,
 }
 
 impl Builders {
     fn finish(&mut self) -> RecordBatch {
         let cols: Vec<ArrayRef> = vec![
-            Arc::new(self.line.finish()),
+            Arc::new(self.seq.finish()),
             Arc::new(self.case_id.finish()),
+            Arc::new(self.test.finish()),
+            Arc::new(self.capability.finish()),
+            Arc::new(self.cluster.finish()),
             Arc::new(self.model.finish()),
             Arc::new(self.provider.finish()),
             Arc::new(self.sample_idx.finish()),
@@ -198,9 +214,39 @@ impl Builders {
             Arc::new(self.started_at.finish().with_timezone("UTC")),
             Arc::new(self.input.finish()),
             Arc::new(self.expected.finish()),
+            Arc::new(self.source_format.finish()),
+            Arc::new(self.source_file.finish()),
+            Arc::new(self.source_id.finish()),
         ];
         self.rows = 0;
         RecordBatch::try_new(staging_schema(), cols).expect("staging batch matches its schema")
+    }
+}
+
+/// Buffers staged imported scores.
+#[derive(Default)]
+struct ScoreBuilders {
+    seq: UInt64Builder,
+    scorer: StringBuilder,
+    score: Float64Builder,
+    label: StringBuilder,
+    passed: BooleanBuilder,
+    detail: StringBuilder,
+    rows: usize,
+}
+
+impl ScoreBuilders {
+    fn finish(&mut self) -> RecordBatch {
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(self.seq.finish()),
+            Arc::new(self.scorer.finish()),
+            Arc::new(self.score.finish()),
+            Arc::new(self.label.finish()),
+            Arc::new(self.passed.finish()),
+            Arc::new(self.detail.finish()),
+        ];
+        self.rows = 0;
+        RecordBatch::try_new(scores_staging_schema(), cols).expect("scores staging batch")
     }
 }
 
@@ -208,36 +254,37 @@ impl Builders {
 pub struct ImportSink {
     store: RunStore,
     defaults: CaseDefaults,
-    /// Names the source in messages (the file, or `N files`).
-    source_name: String,
     b: Builders,
+    sb: ScoreBuilders,
     staging: Option<crate::storage::PartWriter>,
+    score_staging: Option<crate::storage::PartWriter>,
     rows: u64,
     missing_samples: u64,
     models: BTreeSet<String>,
+    /// (tool, `<tool>-<scorer>`) of every imported score seen.
+    tool_scorers: BTreeSet<(String, String)>,
 }
 
 const STAGING: &str = "_import/staging";
+const SCORE_STAGING: &str = "_import/scores";
 const STAGED_CALLS: &str = "_import/calls";
 
 impl ImportSink {
     /// Starts an import into `store` (which must hold no run yet).
-    pub async fn new(
-        store: &RunStore,
-        defaults: CaseDefaults,
-        source_name: impl Into<String>,
-    ) -> Result<Self, ImportError> {
+    pub async fn new(store: &RunStore, defaults: CaseDefaults) -> Result<Self, ImportError> {
         // A crashed earlier attempt left staging behind: start clean.
         store.delete_dir("_import").await?;
         Ok(ImportSink {
             store: store.clone(),
             defaults,
-            source_name: source_name.into(),
             b: Builders::default(),
+            sb: ScoreBuilders::default(),
             staging: Some(store.part_writer(STAGING, staging_schema(), "stage")),
+            score_staging: Some(store.part_writer(SCORE_STAGING, scores_staging_schema(), "stage")),
             rows: 0,
             missing_samples: 0,
             models: BTreeSet::new(),
+            tool_scorers: BTreeSet::new(),
         })
     }
 
@@ -247,49 +294,80 @@ impl ImportSink {
     }
 
     /// Adds one record.
-    pub async fn push(&mut self, r: ImportedCall) -> Result<(), ImportError> {
-        let case_id = call::sha_hex(&[
-            "imported",
-            &self.defaults.test,
-            r.system.as_deref().unwrap_or(""),
-            &r.input,
-        ])[..24]
+    pub async fn push(&mut self, r: Record) -> Result<(), ImportError> {
+        let seq = self.rows;
+        let test = self
+            .defaults
+            .test
+            .clone()
+            .or_else(|| r.test.clone())
+            .unwrap_or_else(|| "imported".into());
+        // One case per (test, the source's case id) where the source has one, else per
+        // (test, system, input).
+        let case_id = match &r.case_key {
+            Some(k) => call::sha_hex(&["imported", &test, &format!("\u{0}{k}"), ""]),
+            None => call::sha_hex(&[
+                "imported",
+                &test,
+                r.system.as_deref().unwrap_or(""),
+                &r.input,
+            ]),
+        }[..24]
             .to_string();
         let request_hash = call::sha_hex(&[&r.request_key])[..32].to_string();
         if !self.models.contains(&r.model) {
             self.models.insert(r.model.clone());
         }
+        let failed = r.error.is_some() || r.http_status.is_some_and(|s| !(200..300).contains(&s));
+        let tool = super::tool_of(r.source.format).to_string();
+        for sc in &r.scores {
+            let name = format!("{tool}-{}", sc.scorer);
+            if !self.tool_scorers.contains(&(tool.clone(), name.clone())) {
+                self.tool_scorers.insert((tool.clone(), name.clone()));
+            }
+            let sb = &mut self.sb;
+            sb.seq.append_value(seq);
+            sb.scorer.append_value(&name);
+            // DESIGN: score is NULL whenever the call is not a valid answer.
+            sb.score.append_option(if failed { None } else { sc.score });
+            sb.label.append_option(sc.label.as_deref());
+            sb.passed
+                .append_option(if failed { None } else { sc.passed });
+            sb.detail.append_option(sc.detail.as_deref());
+            sb.rows += 1;
+        }
         let b = &mut self.b;
-        b.line.append_value(r.line);
+        b.seq.append_value(seq);
         b.case_id.append_value(&case_id);
+        b.test.append_value(&test);
+        b.capability
+            .append_value(r.capability.as_deref().unwrap_or(&self.defaults.capability));
+        b.cluster.append_option(r.cluster.as_deref());
         b.model.append_value(&r.model);
         b.provider.append_option(r.provider.as_deref());
         b.sample_idx.append_option(r.sample_idx);
         b.request_hash.append_value(&request_hash);
         b.response_hash
-            .append_option(call::response_hash(r.result.response.as_deref()));
-        b.response.append_option(r.result.response.as_deref());
-        b.finish_reason
-            .append_option(r.result.finish_reason.as_deref());
-        b.prompt_tokens.append_option(r.result.prompt_tokens);
-        b.completion_tokens
-            .append_option(r.result.completion_tokens);
-        b.reasoning_tokens.append_option(r.result.reasoning_tokens);
-        b.reasoning_chars.append_option(r.result.reasoning_chars);
-        b.http_status.append_option(r.result.http_status);
-        b.error.append_option(r.result.error.as_deref());
+            .append_option(call::response_hash(r.response.as_deref()));
+        b.response.append_option(r.response.as_deref());
+        b.finish_reason.append_option(r.finish_reason.as_deref());
+        b.prompt_tokens.append_option(r.prompt_tokens);
+        b.completion_tokens.append_option(r.completion_tokens);
+        b.reasoning_tokens.append_option(r.reasoning_tokens);
+        b.reasoning_chars.append_option(r.reasoning_chars);
+        b.http_status.append_option(r.http_status);
+        b.error.append_option(r.error.as_deref());
         b.attempts.append_option(r.attempts);
         b.latency_ms.append_option(r.latency_ms);
-        b.max_tokens.append_option(
-            r.result
-                .max_tokens_used
-                .or(r.max_tokens)
-                .map(|m| i32::try_from(m).unwrap_or(i32::MAX)),
-        );
+        b.max_tokens
+            .append_option(r.max_tokens.map(|m| i32::try_from(m).unwrap_or(i32::MAX)));
         b.temperature.append_option(r.temperature);
         b.started_at.append_option(r.started_at_us);
         b.input.append_value(&r.input);
         b.expected.append_option(r.expected.as_deref());
+        b.source_format.append_value(r.source.format);
+        b.source_file.append_value(&r.source.file);
+        b.source_id.append_option(r.source.id.as_deref());
         b.rows += 1;
         self.rows += 1;
         if r.sample_idx.is_none() {
@@ -301,14 +379,27 @@ impl ImportSink {
                 w.write(batch).await?;
             }
         }
+        if self.sb.rows >= STAGE_ROWS {
+            let batch = self.sb.finish();
+            if let Some(w) = self.score_staging.as_mut() {
+                w.write(batch).await?;
+            }
+        }
         Ok(())
     }
 
-    /// Runs the plans and commits `cases` and `calls`; see the module documentation.
+    /// Runs the plans and commits `cases`, `calls` and the imported scores; see the
+    /// module documentation.
     pub async fn finish(mut self) -> Result<ImportSummary, ImportError> {
         if let Some(mut w) = self.staging.take() {
             if self.b.rows > 0 {
                 w.write(self.b.finish()).await?;
+            }
+            w.finish().await?;
+        }
+        if let Some(mut w) = self.score_staging.take() {
+            if self.sb.rows > 0 {
+                w.write(self.sb.finish()).await?;
             }
             w.finish().await?;
         }
@@ -323,6 +414,7 @@ impl ImportSink {
         if result.is_err() {
             self.store.delete_dir("cases").await?;
             self.store.delete_dir("calls").await?;
+            self.store.delete_dir("scores").await?;
         }
         let summary = result?;
         cleanup?;
@@ -334,29 +426,90 @@ impl ImportSink {
         self.store.register_with(&ctx);
         ctx.register_udf(call_id_udf());
         crate::query::register_parquet(&ctx, "st", &self.store.table_url(STAGING)).await?;
-        let calls_sql = self.calls_sql();
-        // Staged calls first, then the duplicate check on their ids, then the commit.
-        let calls =
-            write_partitioned(&ctx, &calls_sql, &self.store, STAGED_CALLS, Table::Calls).await?;
+        let has_scores = !self.tool_scorers.is_empty();
+        // Staged calls first (with `seq` when imported scores must find their call), then
+        // the duplicate check on their ids, then the commit.
+        let calls = write_partitioned(
+            &ctx,
+            &self.calls_sql(has_scores),
+            &self.store,
+            STAGED_CALLS,
+            if has_scores {
+                staged_calls_schema()
+            } else {
+                super::calls_schema()
+            },
+        )
+        .await?;
         crate::query::register_parquet(&ctx, "staged_calls", &self.store.table_url(STAGED_CALLS))
             .await?;
         self.check_duplicates(&ctx).await?;
-        let cases =
-            write_partitioned(&ctx, &self.cases_sql(), &self.store, "cases", Table::Cases).await?;
-        let os = self.store.object_store();
-        for p in self.store.list_parts(STAGED_CALLS).await? {
-            let name = p.location.filename().unwrap_or_default().to_string();
-            os.rename(&p.location, &self.store.path(&format!("calls/{name}")))
-                .await
-                .map_err(|source| StorageError::Store {
-                    location: format!("calls/{name}"),
-                    source,
-                })?;
+        let cases = write_partitioned(
+            &ctx,
+            &self.cases_sql(),
+            &self.store,
+            "cases",
+            Table::Cases.schema(),
+        )
+        .await?;
+        let clustered = crate::query::text_rows(
+            &ctx,
+            "SELECT count(DISTINCT case_id) FROM st WHERE cluster IS NOT NULL",
+        )
+        .await?
+        .first()
+        .and_then(|r| r[0].as_deref().and_then(|v| v.parse().ok()))
+        .unwrap_or(0);
+        let mut scores = Vec::new();
+        if has_scores {
+            crate::query::register_parquet(&ctx, "ss", &self.store.table_url(SCORE_STAGING))
+                .await?;
+            crate::query::register_parquet(&ctx, "imported_cases", &self.store.table_url("cases"))
+                .await?;
+            for (tool, scorer) in &self.tool_scorers {
+                let dir = format!("scores/{scorer}@imported");
+                let n = write_partitioned(
+                    &ctx,
+                    &scores_sql(tool, scorer),
+                    &self.store,
+                    &dir,
+                    Table::Scores.schema(),
+                )
+                .await?;
+                scores.push((format!("{scorer}@imported"), dir, n));
+            }
+            // The calls without `seq`, in the declared columns.
+            let cols: Vec<String> = super::calls_schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect();
+            write_partitioned(
+                &ctx,
+                &format!("SELECT {} FROM staged_calls", cols.join(", ")),
+                &self.store,
+                "calls",
+                super::calls_schema(),
+            )
+            .await?;
+        } else {
+            let os = self.store.object_store();
+            for p in self.store.list_parts(STAGED_CALLS).await? {
+                let name = p.location.filename().unwrap_or_default().to_string();
+                os.rename(&p.location, &self.store.path(&format!("calls/{name}")))
+                    .await
+                    .map_err(|source| StorageError::Store {
+                        location: format!("calls/{name}"),
+                        source,
+                    })?;
+            }
         }
         Ok(ImportSummary {
             cases,
+            clustered,
             calls,
             models: self.models.iter().cloned().collect(),
+            scores,
         })
     }
 
@@ -364,27 +517,27 @@ impl ImportSink {
         let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
         let d = &self.defaults;
         format!(
-            "SELECT case_id, 'imported' AS suite, {test} AS test, {cap} AS capability, \
-             {tt} AS test_type, case_id AS template_id, case_id AS group_id, {role} AS role, \
-             first_value(input ORDER BY line) AS input, \
-             first_value(expected ORDER BY line) AS expected, \
+            "SELECT case_id, 'imported' AS suite, first_value(test ORDER BY seq) AS test, \
+             first_value(capability ORDER BY seq) AS capability, {tt} AS test_type, \
+             COALESCE(first_value(cluster ORDER BY seq), case_id) AS template_id, \
+             case_id AS group_id, {role} AS role, \
+             first_value(input ORDER BY seq) AS input, \
+             first_value(expected ORDER BY seq) AS expected, \
              CAST(NULL AS VARCHAR) AS expectation, CAST(NULL AS DOUBLE) AS tolerance, \
              CAST(NULL AS VARCHAR) AS perturbation FROM st GROUP BY case_id",
-            test = lit(&d.test),
-            cap = lit(&d.capability),
             tt = lit(&d.test_type),
             role = lit(&d.role),
         )
     }
 
-    fn calls_sql(&self) -> String {
+    fn calls_sql(&self, with_seq: bool) -> String {
         // Without missing sample indices no window (and no sort) is needed.
         let source = if self.missing_samples == 0 {
             "SELECT *, given_sample_idx AS sample_idx FROM st".to_string()
         } else {
             "SELECT st.*, COALESCE(st.given_sample_idx, CAST(COALESCE(g.base, 0) + \
              row_number() OVER (PARTITION BY st.case_id, st.model, st.given_sample_idx IS NULL \
-             ORDER BY st.line) - 1 AS INT)) AS sample_idx FROM st LEFT JOIN \
+             ORDER BY st.seq) - 1 AS INT)) AS sample_idx FROM st LEFT JOIN \
              (SELECT case_id, model, max(given_sample_idx) + 1 AS base FROM st \
               WHERE given_sample_idx IS NOT NULL GROUP BY case_id, model) g \
              ON st.case_id = g.case_id AND st.model = g.model"
@@ -396,7 +549,9 @@ impl ImportSink {
              CAST(NULL AS DOUBLE) AS response_score, response_hash, finish_reason, \
              prompt_tokens, completion_tokens, reasoning_tokens, reasoning_chars, http_status, \
              error, attempts, latency_ms, max_tokens, temperature, started_at, \
-             CAST(NULL AS BOOLEAN) AS retried_for_budget FROM ({source})"
+             CAST(NULL AS BOOLEAN) AS retried_for_budget, source_format, source_file, \
+             source_id{seq} FROM ({source})",
+            seq = if with_seq { ", seq" } else { "" }
         )
     }
 
@@ -408,21 +563,54 @@ impl ImportSink {
         };
         // Name the two records: a failure path, so a second scan is fine.
         let sql = format!(
-            "SELECT st.input, k.model, k.sample_idx, st.line FROM staged_calls k JOIN st \
-             ON k.case_id = st.case_id AND k.model = st.model AND k.request_hash = st.request_hash \
-             WHERE k.call_id = '{id}' ORDER BY st.line"
+            "SELECT st.input, k.model, k.sample_idx, st.seq, st.source_file FROM staged_calls k \
+             JOIN st ON k.case_id = st.case_id AND k.model = st.model \
+             AND k.request_hash = st.request_hash \
+             WHERE k.call_id = '{id}' ORDER BY st.seq"
         );
         let rows = crate::query::text_rows(ctx, &sql).await?;
         let get = |i: usize, c: usize| rows.get(i).and_then(|r| r[c].clone()).unwrap_or_default();
+        let seq = |i: usize| get(i, 3).parse::<u64>().map_or(0, |s| s + 1);
         Err(ImportError::Duplicate {
-            source_name: self.source_name.clone(),
+            source_name: get(0, 4),
             input: get(0, 0),
             model: get(0, 1),
             sample_idx: get(0, 2).parse().unwrap_or(0),
-            first: get(0, 3).parse().unwrap_or(0),
-            second: get(rows.len().saturating_sub(1), 3).parse().unwrap_or(0),
+            first: seq(0),
+            second: seq(rows.len().saturating_sub(1)),
         })
     }
+}
+
+/// The staged calls: an imported calls table plus the record's `seq`.
+fn staged_calls_schema() -> SchemaRef {
+    let mut fields: Vec<Field> = super::calls_schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("seq", DataType::UInt64, false));
+    Arc::new(Schema::new(fields))
+}
+
+/// One imported scores version: a row for every call of the tool (NULL where the tool did
+/// not score it), with the case's fields as the scores table carries them.
+fn scores_sql(tool: &str, scorer: &str) -> String {
+    let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    format!(
+        "SELECT k.call_id, k.case_id, k.model, k.sample_idx, {scorer} AS scorer, \
+         'imported' AS scoring_version, k.response_hash, \
+         CASE WHEN k.error IS NOT NULL OR (k.http_status IS NOT NULL AND \
+         (k.http_status < 200 OR k.http_status > 299)) THEN 'provider_error' \
+         ELSE 'valid_answer' END AS validity, \
+         s.score, s.label, CAST(NULL AS DOUBLE) AS prob, s.passed, s.detail, NULL AS answers, \
+         c.test, c.capability, c.test_type, c.role, c.template_id \
+         FROM staged_calls k JOIN imported_cases c ON k.case_id = c.case_id \
+         LEFT JOIN (SELECT * FROM ss WHERE scorer = {scorer}) s ON k.seq = s.seq \
+         WHERE (CASE k.source_format WHEN 'openai-batch' THEN 'openai' ELSE k.source_format END) = {tool}",
+        scorer = lit(scorer),
+        tool = lit(tool),
+    )
 }
 
 /// Runs `sql` and writes each output partition through its own part writer under `dir`, in
@@ -432,7 +620,7 @@ async fn write_partitioned(
     sql: &str,
     store: &RunStore,
     dir: &str,
-    table: Table,
+    schema: SchemaRef,
 ) -> Result<u64, ImportError> {
     let what = format!("import: writing {dir}");
     let streams = ctx
@@ -442,7 +630,6 @@ async fn write_partitioned(
         .execute_stream_partitioned()
         .await
         .map_err(QueryError::df(what.clone()))?;
-    let schema = table.schema();
     let mut tasks = Vec::new();
     for (k, mut s) in streams.into_iter().enumerate() {
         let (store, schema, dir, what) =
@@ -469,7 +656,8 @@ async fn write_partitioned(
     Ok(rows)
 }
 
-/// Casts a plan's batch to a table's declared schema (same column order).
+/// Casts a plan's batch to a table's schema (same column order; an all-NULL column of no
+/// type becomes NULLs of the declared type).
 fn conform(
     b: RecordBatch,
     schema: &SchemaRef,
@@ -481,6 +669,8 @@ fn conform(
         .map(|(c, f)| {
             if c.data_type() == f.data_type() {
                 Ok(c.clone())
+            } else if c.data_type() == &DataType::Null {
+                Ok(new_null_array(f.data_type(), c.len()))
             } else {
                 cast(c, f.data_type())
             }
@@ -488,7 +678,6 @@ fn conform(
         .collect::<Result<Vec<_>, _>>()?;
     RecordBatch::try_new(schema.clone(), cols)
 }
-
 /// `evalflow_call_id(case_id, model, sample_idx, request_hash)`: the call stage's call id, so
 /// imported calls get exactly the ids a live run of the same requests would.
 fn call_id_udf() -> ScalarUDF {

@@ -1,0 +1,442 @@
+//! Readers for recorded runs: every source format maps to one [`Record`] per call, yielded
+//! one at a time, so `evalflow import` (src/cli/import.rs) has a single core whatever tool
+//! wrote the file.
+//!
+//! # Behavior
+//! - One file per format: [`pairs`] (evalflow's JSONL request/response pairs), [`parquet`]
+//!   (a calls-like table), [`openai_batch`] (OpenAI Batch API output, joined with its
+//!   input), [`inspect`] (Inspect AI `.eval` and `.json` logs), [`lm_eval`]
+//!   (lm-evaluation-harness `samples_*.jsonl`) and [`promptfoo`] (`results.json`).
+//! - [`open`] returns a [`RecordIter`]: JSONL is read line by line, Parquet batch by batch,
+//!   an `.eval` zip entry by entry and an Inspect `.json` log sample by sample; only
+//!   promptfoo's `results.json` is parsed whole (it is one JSON document with no record
+//!   boundary a reader could stream on; see [`promptfoo`]).
+//! - [`detect`] picks the format from the content (the first line of JSONL, the zip or
+//!   Parquet magic, the top-level keys of JSON), never from the name alone.
+//! - What a format does not record stays `None` (NULL): a reader never invents a provider,
+//!   a start time, an HTTP status or an attempt count.
+//!
+//! # Errors
+//! [`ImportError`]: every variant names the file, and a bad row names its line (or row,
+//! or zip entry) and field. The CLI maps them all to exit code 2.
+
+pub mod inspect;
+pub mod lm_eval;
+pub mod openai_batch;
+pub mod pairs;
+pub mod parquet;
+pub mod promptfoo;
+pub mod sink;
+pub mod zip;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use serde_json::Value;
+
+/// A failure to read a source file.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// A row (line, Parquet row or zip entry) has a missing or mistyped field.
+    #[error("{file}:{at}: field `{field}`: {msg}")]
+    Field {
+        file: String,
+        at: String,
+        field: String,
+        msg: String,
+    },
+    /// The file as a whole is unreadable or not of the format asked for.
+    #[error("{file}: {msg}")]
+    File { file: String, msg: String },
+}
+
+/// Builds an [`ImportError::Field`] for `file` at `at` (a line number or an entry name).
+pub(crate) fn bad(
+    file: &Path,
+    at: impl std::fmt::Display,
+    field: &str,
+    msg: impl std::fmt::Display,
+) -> ImportError {
+    ImportError::Field {
+        file: file.display().to_string(),
+        at: at.to_string(),
+        field: field.to_string(),
+        msg: msg.to_string(),
+    }
+}
+
+/// Builds an [`ImportError::File`].
+pub(crate) fn bad_file(file: &Path, msg: impl std::fmt::Display) -> ImportError {
+    ImportError::File {
+        file: file.display().to_string(),
+        msg: msg.to_string(),
+    }
+}
+
+/// The source formats `import` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Detect each file's format from its content.
+    Auto,
+    /// evalflow's JSONL `{"request": ..., "response": ...}` pairs.
+    Pairs,
+    /// A Parquet table with an `input` column and any calls columns.
+    Parquet,
+    /// OpenAI Batch API output JSONL (`custom_id`, `response`, `error`).
+    OpenaiBatch,
+    /// Inspect AI logs: `.eval` (zip) or the older `.json`.
+    Inspect,
+    /// lm-evaluation-harness `samples_*.jsonl` from `--log_samples`.
+    LmEval,
+    /// promptfoo `results.json` from `promptfoo eval -o`.
+    Promptfoo,
+}
+
+impl Format {
+    /// The name written to the `source_format` column and used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Auto => "auto",
+            Format::Pairs => "pairs",
+            Format::Parquet => "parquet",
+            Format::OpenaiBatch => "openai-batch",
+            Format::Inspect => "inspect",
+            Format::LmEval => "lm-eval",
+            Format::Promptfoo => "promptfoo",
+        }
+    }
+}
+
+/// One of the tool's own verdicts on a call, imported as a scores version
+/// `<tool>-<scorer>@imported`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ImportedScore {
+    /// The scorer (metric) name in the tool, e.g. Inspect's `match`, lm-eval's
+    /// `exact_match`, promptfoo's `assert`.
+    pub scorer: String,
+    /// The value as a number (Inspect's `C` is 1, `I` 0, `P` 0.5; a boolean is 1 or 0).
+    pub score: Option<f64>,
+    /// The value as the tool wrote it when it is not a number (`C`, `I`, a label).
+    pub label: Option<String>,
+    /// Pass or fail, when the tool's verdict is one.
+    pub passed: Option<bool>,
+    /// The tool's explanation or reason (JSON text), when it gives one.
+    pub detail: Option<String>,
+}
+
+/// Where a record came from: every imported call row carries it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Provenance {
+    /// The [`Format::name`] of the reader.
+    pub format: &'static str,
+    /// The file as given on the command line (or found in a folder).
+    pub file: String,
+    /// The source's own id of the row (Inspect sample id, batch `custom_id`, lm-eval
+    /// `doc_id`, promptfoo result id), `None` when it has none.
+    pub id: Option<String>,
+}
+
+/// One recorded call in the normalized shape every format maps to.
+///
+/// # Behavior
+/// `None` means the source did not record the value. The case of a record is its
+/// (test, `case_key`) when it has one, else its (test, system, input); `cluster` becomes
+/// the case's `template_id` when present.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Record {
+    pub model: String,
+    pub provider: Option<String>,
+    pub system: Option<String>,
+    pub input: String,
+    pub expected: Option<String>,
+    /// The test the tool ran (Inspect task, lm-eval task, promptfoo description).
+    pub test: Option<String>,
+    pub capability: Option<String>,
+    /// The cluster (template) of the case, from the field named by `--cluster`.
+    pub cluster: Option<String>,
+    /// What identifies the case when the source has its own case id (an Inspect sample
+    /// id, an lm-eval doc id) or recorded no prompt (a batch output line with no input
+    /// line): used in place of (system, input).
+    pub case_key: Option<String>,
+    /// The repeat index (Inspect epoch - 1, promptfoo repeat index).
+    pub sample_idx: Option<i32>,
+    /// Text identifying the request (its parameters); hashed into `request_hash`.
+    pub request_key: String,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f64>,
+    pub response: Option<String>,
+    pub finish_reason: Option<String>,
+    pub prompt_tokens: Option<i64>,
+    pub completion_tokens: Option<i64>,
+    pub reasoning_tokens: Option<i64>,
+    pub reasoning_chars: Option<i64>,
+    pub http_status: Option<i32>,
+    pub error: Option<String>,
+    pub attempts: Option<i32>,
+    pub latency_ms: Option<f64>,
+    /// Microseconds since the Unix epoch.
+    pub started_at_us: Option<i64>,
+    pub source: Provenance,
+    /// The tool's own scores of this call.
+    pub scores: Vec<ImportedScore>,
+}
+
+/// Records of one source, one at a time.
+pub type RecordIter = Box<dyn Iterator<Item = Result<Record, ImportError>> + Send>;
+
+/// What the readers need besides the file.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The model of every record (`--model`), over what the file names.
+    pub model: Option<String>,
+    /// A sample metadata (Inspect), doc (lm-eval) or vars (promptfoo) field holding the
+    /// cluster of each case (`--cluster`).
+    pub cluster: Option<String>,
+    /// OpenAI Batch API input files, joined with output files by `custom_id`.
+    pub batch_inputs: Vec<PathBuf>,
+}
+
+/// The tool name in imported scores versions (`<tool>-<scorer>@imported`).
+pub fn tool_of(format: &str) -> &str {
+    match format {
+        "openai-batch" => "openai",
+        f => f,
+    }
+}
+
+/// The provenance columns an imported `calls` table adds after the declared ones.
+///
+/// # Behavior
+/// They are not in `schemas/calls.json`: the call stage builds its batches positionally
+/// from that schema, and a run it writes has no source. Readers accept extra columns
+/// (`schema::check_compatible`), so an imported run's calls are the declared schema plus
+/// `source_format`, `source_file` and `source_id` (all utf8; `source_id` nullable).
+pub fn calls_schema() -> SchemaRef {
+    let base = crate::schema::Table::Calls.schema();
+    let mut fields: Vec<Field> = base.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(Field::new("source_format", DataType::Utf8, false));
+    fields.push(Field::new("source_file", DataType::Utf8, false));
+    fields.push(Field::new("source_id", DataType::Utf8, true));
+    Arc::new(Schema::new(fields))
+}
+
+/// Opens `path` as `format` (detected from the content when [`Format::Auto`]).
+///
+/// # Errors
+/// An unreadable file, or one whose content fits no format.
+pub fn open(path: &Path, format: Format, opts: &Options) -> Result<RecordIter, ImportError> {
+    let format = match format {
+        Format::Auto => detect(path)?.ok_or_else(|| {
+            bad_file(
+                path,
+                "not a format import reads (evalflow pairs, Parquet, OpenAI batch output, Inspect log, lm-eval samples, promptfoo results); name one with --format",
+            )
+        })?,
+        f => f,
+    };
+    match format {
+        Format::Pairs => pairs::open(path, opts),
+        Format::Parquet => parquet::open(path, opts),
+        Format::OpenaiBatch => openai_batch::open(path, opts),
+        Format::Inspect => inspect::open(path, opts),
+        Format::LmEval => lm_eval::open(path, opts),
+        Format::Promptfoo => promptfoo::open(path, opts),
+        Format::Auto => unreachable!("resolved above"),
+    }
+}
+
+/// What a file holds, judged from its first bytes.
+///
+/// # Behavior
+/// Parquet and zip (`.eval`) by magic number; JSON by its top-level keys (Inspect logs
+/// start with `version`, `status`, `eval`; promptfoo has `evalId` or `results.prompts`);
+/// JSONL by the keys of its first line (`request` pairs, `custom_id` with `response` or
+/// `error` batch output, `doc_id` with `resps` lm-eval samples). OpenAI batch *input*
+/// (`custom_id` with `body`) is [`Detected::BatchInput`]: it is joined, not imported.
+pub fn detect_kind(path: &Path) -> Result<Detected, ImportError> {
+    let mut f = std::fs::File::open(path).map_err(|e| bad_file(path, e))?;
+    let mut head = vec![0u8; 64 * 1024];
+    let mut n = 0;
+    while n < head.len() {
+        let k = f.read(&mut head[n..]).map_err(|e| bad_file(path, e))?;
+        if k == 0 {
+            break;
+        }
+        n += k;
+    }
+    head.truncate(n);
+    if head.starts_with(b"PAR1") {
+        return Ok(Detected::Format(Format::Parquet));
+    }
+    if head.starts_with(b"PK\x03\x04") {
+        return Ok(Detected::Format(Format::Inspect));
+    }
+    let text = String::from_utf8_lossy(&head);
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    if let Ok(Value::Object(m)) = serde_json::from_str::<Value>(first) {
+        // A JSONL file (or a one-line JSON document).
+        if m.contains_key("request") {
+            return Ok(Detected::Format(Format::Pairs));
+        }
+        if m.contains_key("custom_id") {
+            if m.contains_key("response") || m.contains_key("error") {
+                return Ok(Detected::Format(Format::OpenaiBatch));
+            }
+            if m.contains_key("body") {
+                return Ok(Detected::BatchInput);
+            }
+        }
+        if m.contains_key("doc_id") && (m.contains_key("resps") || m.contains_key("doc")) {
+            return Ok(Detected::Format(Format::LmEval));
+        }
+        if m.contains_key("eval") && m.contains_key("status") {
+            return Ok(Detected::Format(Format::Inspect));
+        }
+        if m.contains_key("evalId") || m.get("results").is_some_and(|r| r.get("prompts").is_some())
+        {
+            return Ok(Detected::Format(Format::Promptfoo));
+        }
+        return Ok(Detected::Unknown);
+    }
+    // A first line longer than what was read, or a pretty-printed JSON document: look at
+    // the keys near the start.
+    let t = text.trim_start();
+    if t.starts_with('{') && !t.bytes().take(4096).any(|b| b == b'\n') {
+        if t.starts_with("{\"request\"") {
+            return Ok(Detected::Format(Format::Pairs));
+        }
+        if t.contains("\"doc_id\"") && t.contains("\"arguments\"") {
+            return Ok(Detected::Format(Format::LmEval));
+        }
+        if t.contains("\"custom_id\"") && t.contains("\"body\"") && !t.contains("\"response\"") {
+            return Ok(Detected::BatchInput);
+        }
+    }
+    if t.starts_with('{') {
+        let key = |k: &str| t.contains(&format!("\"{k}\":")) || t.contains(&format!("\"{k}\" :"));
+        if key("evalId") || (key("results") && key("prompts") && !key("eval")) {
+            return Ok(Detected::Format(Format::Promptfoo));
+        }
+        if key("eval") && key("status") {
+            return Ok(Detected::Format(Format::Inspect));
+        }
+    }
+    Ok(Detected::Unknown)
+}
+
+/// The outcome of [`detect_kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detected {
+    Format(Format),
+    /// OpenAI Batch API input: requests to join with output by `custom_id`.
+    BatchInput,
+    Unknown,
+}
+
+/// The format of `path`, `None` when it is none that `import` reads.
+///
+/// # Errors
+/// The file cannot be read.
+pub fn detect(path: &Path) -> Result<Option<Format>, ImportError> {
+    Ok(match detect_kind(path)? {
+        Detected::Format(f) => Some(f),
+        _ => None,
+    })
+}
+
+/// Text of a chat message `content`: a string, or the `text` of its parts.
+pub(crate) fn text_of(c: Option<&Value>) -> Option<String> {
+    match c? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => Some(
+            parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// The last user message and the system (or developer) message of a chat message list.
+pub(crate) fn chat_prompt(msgs: &[Value]) -> (Option<String>, Option<String>) {
+    let mut input = None;
+    let mut system = None;
+    for m in msgs {
+        let text = text_of(m.get("content"));
+        match m.get("role").and_then(Value::as_str) {
+            Some("user") => input = text,
+            Some("system") | Some("developer") => system = text,
+            _ => {}
+        }
+    }
+    (system, input)
+}
+
+/// A field's value as text for a cluster or id: strings as they are, other JSON as JSON.
+pub(crate) fn as_text(v: &Value) -> Option<String> {
+    match v {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        v => Some(v.to_string()),
+    }
+}
+
+/// Parses an RFC 3339 time to microseconds since the epoch.
+pub(crate) fn rfc3339_us(s: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.timestamp_micros())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_jsonl_kinds_from_the_first_line() {
+        let d = tempfile::tempdir().unwrap();
+        let cases = [
+            (
+                r#"{"request": {}, "response": {}}"#,
+                Detected::Format(Format::Pairs),
+            ),
+            (
+                r#"{"id": "b", "custom_id": "x", "response": null, "error": {}}"#,
+                Detected::Format(Format::OpenaiBatch),
+            ),
+            (
+                r#"{"custom_id": "x", "method": "POST", "body": {}}"#,
+                Detected::BatchInput,
+            ),
+            (
+                r#"{"doc_id": 0, "doc": {}, "resps": []}"#,
+                Detected::Format(Format::LmEval),
+            ),
+            (
+                "{\n  \"evalId\": \"e\",\n  \"results\": {}",
+                Detected::Format(Format::Promptfoo),
+            ),
+            (
+                "{\n  \"version\": 2,\n  \"status\": \"success\",\n  \"eval\": {",
+                Detected::Format(Format::Inspect),
+            ),
+            ("a,b\n1,2\n", Detected::Unknown),
+        ];
+        for (i, (text, want)) in cases.iter().enumerate() {
+            let p = d.path().join(format!("f{i}"));
+            std::fs::write(&p, text).unwrap();
+            assert_eq!(detect_kind(&p).unwrap(), *want, "{text}");
+        }
+    }
+
+    #[test]
+    fn provenance_columns_follow_the_declared_calls_schema() {
+        let s = calls_schema();
+        let base = crate::schema::Table::Calls.schema();
+        assert_eq!(s.fields().len(), base.fields().len() + 3);
+        assert!(crate::schema::check_compatible(crate::schema::Table::Calls, &s, "x").is_ok());
+    }
+}

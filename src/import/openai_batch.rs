@@ -1,0 +1,221 @@
+//! OpenAI Batch API output, joined with the batch input by `custom_id`.
+//!
+//! # Behavior
+//! - Each output line is `{"id", "custom_id", "response": {"status_code", "request_id",
+//!   "body"} | null, "error": {"code", "message"} | null}`, in any order. A 200 body is a
+//!   chat completion: answer, finish reason and token usage land in the call. Any other
+//!   status becomes a provider error with that `http_status` and the body's
+//!   `error.message`; a line with `error` (expired, cancelled) becomes a provider error
+//!   with no status: failed requests are rows, never missing.
+//! - The input lines (`{"custom_id", "method", "url", "body"}`, given with `--batch-input`
+//!   or found in the same folder) give the prompt (last user message), system message,
+//!   model, `max_tokens` (or `max_completion_tokens`) and `temperature`. The input files
+//!   are read into a map from `custom_id` to request before the output streams: they are
+//!   bounded by the API's batch size (50,000 requests), not by the archive.
+//! - Without an input line a record keeps an empty input and is its own case (keyed by
+//!   `custom_id`); the model then comes from the response body or `--model`.
+//! - `provider` is `openai`, `source_id` the `custom_id`.
+//!
+//! # Errors
+//! A line that is not JSON or lacks `custom_id` names `file:line` and the field.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{ImportError, Options, Provenance, Record, RecordIter, bad, bad_file};
+
+/// Requests of a batch input, by `custom_id`.
+pub type Requests = HashMap<String, Value>;
+
+/// Reads batch input files into a map from `custom_id` to the request `body`.
+///
+/// # Errors
+/// A line that is not JSON or has no `custom_id` / `body`.
+pub fn read_inputs(files: &[PathBuf]) -> Result<Requests, ImportError> {
+    let mut out = HashMap::new();
+    for file in files {
+        let f = std::fs::File::open(file).map_err(|e| bad_file(file, e))?;
+        for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+            let n = i + 1;
+            let line = line.map_err(|e| bad(file, n, "(line)", e))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(&line)
+                .map_err(|e| bad(file, n, "(line)", format!("not JSON: {e}")))?;
+            let id = v
+                .get("custom_id")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad(file, n, "custom_id", "missing or not a string"))?
+                .to_string();
+            let body = v
+                .get("body")
+                .filter(|b| b.is_object())
+                .ok_or_else(|| bad(file, n, "body", "missing or not an object"))?
+                .clone();
+            out.insert(id, body);
+        }
+    }
+    Ok(out)
+}
+
+/// Opens a batch output file, joined with the inputs named in `opts`.
+///
+/// # Errors
+/// The output or an input file cannot be read.
+pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
+    let inputs = Arc::new(read_inputs(&opts.batch_inputs)?);
+    open_joined(path, opts, inputs)
+}
+
+/// Opens a batch output file joined with `inputs` already read.
+///
+/// # Errors
+/// The file cannot be opened.
+pub fn open_joined(
+    path: &Path,
+    opts: &Options,
+    inputs: Arc<Requests>,
+) -> Result<RecordIter, ImportError> {
+    let f = std::fs::File::open(path).map_err(|e| bad_file(path, e))?;
+    let file = path.to_path_buf();
+    let model = opts.model.clone();
+    let lines = std::io::BufReader::new(f).lines().enumerate();
+    Ok(Box::new(lines.filter_map(move |(i, line)| {
+        let n = i + 1;
+        match line {
+            Err(e) => Some(Err(bad(&file, n, "(line)", e))),
+            Ok(l) if l.trim().is_empty() => None,
+            Ok(l) => Some(record(&file, n, &l, &model, &inputs)),
+        }
+    })))
+}
+
+fn record(
+    file: &Path,
+    n: usize,
+    line: &str,
+    model: &Option<String>,
+    inputs: &Requests,
+) -> Result<Record, ImportError> {
+    let v: Value =
+        serde_json::from_str(line).map_err(|e| bad(file, n, "(line)", format!("not JSON: {e}")))?;
+    let id = v
+        .get("custom_id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad(file, n, "custom_id", "missing or not a string"))?;
+    let req = inputs.get(id);
+    let resp = v.get("response").filter(|r| r.is_object());
+    let body = resp.and_then(|r| r.get("body"));
+    let mut r = Record {
+        provider: Some("openai".into()),
+        source: Provenance {
+            format: "openai-batch",
+            file: file.display().to_string(),
+            id: Some(id.to_string()),
+        },
+        ..Record::default()
+    };
+    match req {
+        Some(req) => {
+            let msgs = req
+                .get("messages")
+                .and_then(Value::as_array)
+                .ok_or_else(|| {
+                    bad(
+                        file,
+                        n,
+                        "body.messages",
+                        format!("the input of `{id}` has no messages"),
+                    )
+                })?;
+            let (system, input) = super::chat_prompt(msgs);
+            r.system = system;
+            r.input = input.ok_or_else(|| {
+                bad(
+                    file,
+                    n,
+                    "body.messages",
+                    format!("the input of `{id}` has no user message"),
+                )
+            })?;
+            r.request_key = req.to_string();
+            r.max_tokens = req
+                .get("max_tokens")
+                .or_else(|| req.get("max_completion_tokens"))
+                .and_then(Value::as_u64)
+                .and_then(|m| u32::try_from(m).ok());
+            r.temperature = req.get("temperature").and_then(Value::as_f64);
+        }
+        None => {
+            r.case_key = Some(id.to_string());
+            r.request_key = id.to_string();
+        }
+    }
+    r.model = model
+        .clone()
+        .or_else(|| {
+            req.and_then(|q| q.get("model"))
+                .and_then(Value::as_str)
+                .map(String::from)
+        })
+        .or_else(|| {
+            body.and_then(|b| b.get("model"))
+                .and_then(Value::as_str)
+                .map(String::from)
+        })
+        .ok_or_else(|| {
+            bad(
+                file,
+                n,
+                "response.body.model",
+                "missing (pass --batch-input or --model)",
+            )
+        })?;
+    if let Some(resp) = resp {
+        let status = resp
+            .get("status_code")
+            .and_then(Value::as_i64)
+            .filter(|s| (100..=599).contains(s))
+            .ok_or_else(|| {
+                bad(
+                    file,
+                    n,
+                    "response.status_code",
+                    "missing or not an HTTP status",
+                )
+            })? as i32;
+        r.http_status = Some(status);
+        if status == 200 {
+            let body = body.ok_or_else(|| bad(file, n, "response.body", "missing"))?;
+            let p = crate::stages::call::openai::parse(body.to_string().as_bytes())
+                .map_err(|e| bad(file, n, "response.body", e))?;
+            r.response = Some(p.content);
+            r.finish_reason = p.finish_reason;
+            r.prompt_tokens = p.prompt_tokens;
+            r.completion_tokens = p.completion_tokens;
+            r.reasoning_tokens = p.reasoning_tokens;
+            r.reasoning_chars = p.reasoning_chars;
+        } else {
+            let msg = body
+                .and_then(|b| b.pointer("/error/message"))
+                .and_then(Value::as_str)
+                .map(String::from)
+                .or_else(|| body.map(|b| b.to_string()))
+                .unwrap_or_default();
+            r.error = Some(format!("HTTP {status}: {msg}"));
+        }
+    }
+    if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
+        let code = e.get("code").and_then(Value::as_str).unwrap_or("error");
+        let msg = e.get("message").and_then(Value::as_str).unwrap_or("");
+        r.error = Some(format!("{code}: {msg}"));
+    } else if resp.is_none() {
+        return Err(bad(file, n, "response", "neither a response nor an error"));
+    }
+    Ok(r)
+}
