@@ -755,14 +755,18 @@ async fn pipeline_scorers_are_scored_and_aggregated_by_their_metric() {
         root.to_str().unwrap().to_string(),
         p.to_str().unwrap().to_string(),
     );
-    let (scored, agg) = tokio::task::spawn_blocking(move || {
+    let (scored, agg, again) = tokio::task::spawn_blocking(move || {
         (
             bin(&["score", &pf, "--out", &r]),
             bin(&["aggregate", &pf, "--out", &r]),
+            // The pipeline's scorer rebuilt by name from the run: unchanged, so refused.
+            bin(&["rescore", &r, "--scorer", "decision"]),
         )
     })
     .await
     .unwrap();
+    assert_eq!(again.status.code(), Some(2), "{}", text(&again));
+    assert!(text(&again).contains("already scored"), "{}", text(&again));
     assert!(scored.status.success(), "{}", text(&scored));
     let t = text(&scored);
     assert!(t.contains("scores/decision@"), "{t}");
@@ -784,6 +788,17 @@ async fn pipeline_scorers_are_scored_and_aggregated_by_their_metric() {
     let e = Pipeline::load(&p).unwrap_err().to_string();
     assert!(
         e.contains("extra.toml:5: field `scorer.patterns`: scorer `fenced`"),
+        "{e}"
+    );
+    // ... and a bad inline one names the pipeline file and its line.
+    let inline = format!(
+        "{PIPELINE}\n[[scorer]]\nname = \"s\"\nkind = \"sql\"\nmetric = \"numeric\"\nscore = \"nope(response)\"\n"
+    );
+    let e = Pipeline::parse(&inline, Path::new("p.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("p.toml:14: field `scorer.score`: scorer `s`:") && e.contains("nope"),
         "{e}"
     );
 }
