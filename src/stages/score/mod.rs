@@ -169,6 +169,11 @@ pub trait Scorer: Send + Sync {
     fn score_valid(&self, _batch: &RecordBatch) -> Option<Result<Vec<Outcome>, String>> {
         None
     }
+    /// Whether [`Scorer::score_valid`] scores batches (so the valid rows are gathered for
+    /// it; a row-by-row scorer pays nothing for this).
+    fn scores_batches(&self) -> bool {
+        false
+    }
     /// What its scores measure: a built-in scorer's kind follows its name, a user scorer
     /// declares it.
     fn metric_kind(&self) -> MetricKind {
@@ -645,6 +650,9 @@ fn batch_outcomes(
     b: &RecordBatch,
     scorer: &dyn Scorer,
 ) -> Result<Option<std::vec::IntoIter<Outcome>>, QueryError> {
+    if !scorer.scores_batches() {
+        return Ok(None);
+    }
     let validity = b
         .column_by_name("validity")
         .and_then(|c| c.as_any().downcast_ref::<StringArray>())

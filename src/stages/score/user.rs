@@ -1029,6 +1029,10 @@ impl Scorer for UserScorer {
         )
     }
 
+    fn scores_batches(&self) -> bool {
+        matches!(self.rule, Rule::Sql(_))
+    }
+
     fn metric_kind(&self) -> MetricKind {
         self.def.metric.kind()
     }
