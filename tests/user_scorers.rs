@@ -407,6 +407,14 @@ passed = "CASE WHEN test = 'money' THEN TRY_CAST(trim(response, '$') AS DOUBLE) 
     assert_eq!(got[&call_id(9)].2, Some(true));
     assert_eq!(got[&call_id(9)].1, Some(1.0));
     assert_unscored(&got, "money_only");
+    // An expression that reads no column scores every valid row.
+    let d =
+        defs("[[scorer]]\nname = \"one\"\nkind = \"sql\"\nmetric = \"numeric\"\nscore = \"1\"\n");
+    let (_, got) = score_with(&store, &d[0]).await;
+    for i in 0..10 {
+        assert_eq!(got[&call_id(i)].1, Some(1.0), "row {i}");
+    }
+    assert_unscored(&got, "constant");
 }
 
 /// The judge kind asks the judge the definition's questions: the score is the fraction of

@@ -163,10 +163,14 @@ pub trait Scorer: Send + Sync {
         false
     }
     fn score(&self, row: &ScoreInput, base: Option<&BaseAnswer>) -> Outcome;
-    /// Scores a joined batch of valid answers at once, one outcome per row (a SQL scorer
-    /// evaluates its expressions as vectors); `None` scores row by row with
-    /// [`Scorer::score`]. `Err` names what failed.
-    fn score_valid(&self, _batch: &RecordBatch) -> Option<Result<Vec<Outcome>, String>> {
+    /// Scores the valid answers of a joined batch (the rows where `valid` is true) at once,
+    /// one outcome per valid row in order (a SQL scorer evaluates its expressions as
+    /// vectors); `None` scores row by row with [`Scorer::score`]. `Err` names what failed.
+    fn score_valid(
+        &self,
+        _batch: &RecordBatch,
+        _valid: &BooleanArray,
+    ) -> Option<Result<Vec<Outcome>, String>> {
         None
     }
     /// Whether [`Scorer::score_valid`] scores batches (so the valid rows are gathered for
@@ -661,13 +665,7 @@ fn batch_outcomes(
         .iter()
         .map(|v| Some(v == Some("valid_answer")))
         .collect();
-    let only_valid = datafusion::arrow::compute::filter_record_batch(b, &valid).map_err(|e| {
-        QueryError::DataFusion {
-            context: format!("scorer {}", scorer.id().tag()),
-            source: e.into(),
-        }
-    })?;
-    match scorer.score_valid(&only_valid) {
+    match scorer.score_valid(b, &valid) {
         None => Ok(None),
         Some(Ok(v)) => Ok(Some(v.into_iter())),
         Some(Err(msg)) => Err(QueryError::DataFusion {

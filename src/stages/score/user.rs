@@ -345,7 +345,11 @@ struct SqlRule {
 
 #[derive(Clone)]
 struct Compiled {
+    /// The joined schema the expressions were compiled for.
     schema: SchemaRef,
+    /// The columns they read (indices into `schema`): only these are gathered per batch.
+    columns: Vec<usize>,
+    /// Compiled against `schema` projected to `columns`.
     exprs: [Option<Arc<dyn PhysicalExpr>>; 3],
 }
 
@@ -709,17 +713,36 @@ fn compile_exprs(
 ) -> Result<Compiled, (usize, String)> {
     let ctx = crate::query::new_context();
     let df_schema = DFSchema::try_from(schema.as_ref().clone()).map_err(|e| (0, e.to_string()))?;
-    let mut exprs: [Option<Arc<dyn PhysicalExpr>>; 3] = [None, None, None];
+    let mut logical = Vec::new();
+    let mut used = std::collections::BTreeSet::new();
     for (i, src) in sources.iter().enumerate() {
         let Some(src) = src else { continue };
         let expr = ctx
             .parse_sql_expr(src, &df_schema)
             .map_err(|e| (i, format!("`{src}`: {}", e.strip_backtrace())))?;
+        for c in expr.column_refs() {
+            if let Ok(k) = schema.index_of(&c.name) {
+                used.insert(k);
+            }
+        }
+        logical.push((i, src, expr));
+    }
+    // A constant expression reads no column; one column still carries the row count.
+    let columns: Vec<usize> = if used.is_empty() {
+        vec![0]
+    } else {
+        used.into_iter().collect()
+    };
+    let projected = Arc::new(schema.project(&columns).map_err(|e| (0, e.to_string()))?);
+    let df_projected =
+        DFSchema::try_from(projected.as_ref().clone()).map_err(|e| (0, e.to_string()))?;
+    let mut exprs: [Option<Arc<dyn PhysicalExpr>>; 3] = [None, None, None];
+    for (i, src, expr) in logical {
         let phys = ctx
-            .create_physical_expr(expr, &df_schema)
+            .create_physical_expr(expr, &df_projected)
             .map_err(|e| (i, format!("`{src}`: {}", e.strip_backtrace())))?;
         let dt = phys
-            .data_type(schema)
+            .data_type(&projected)
             .map_err(|e| (i, format!("`{src}`: {}", e.strip_backtrace())))?;
         let fits = match i {
             0 => dt.is_numeric() || matches!(dt, DataType::Boolean | DataType::Null),
@@ -734,6 +757,7 @@ fn compile_exprs(
     }
     Ok(Compiled {
         schema: schema.clone(),
+        columns,
         exprs,
     })
 }
@@ -747,16 +771,22 @@ fn same_schema(a: &SchemaRef, b: &SchemaRef) -> bool {
 }
 
 impl SqlRule {
-    /// Evaluates the expressions over `batch` (valid answers only): one outcome per row.
-    fn score(&self, batch: &RecordBatch) -> Result<Vec<Outcome>, String> {
+    /// Evaluates the expressions over the rows of `joined` where `valid` is true (only
+    /// the columns they read are gathered): one outcome per valid row.
+    fn score(&self, joined: &RecordBatch, valid: &BooleanArray) -> Result<Vec<Outcome>, String> {
         let compiled = {
             let mut c = self.compiled.lock().map_err(|e| e.to_string())?;
-            if !same_schema(&c.schema, &batch.schema()) {
-                *c = compile_exprs(&self.sources, &batch.schema())
+            if !same_schema(&c.schema, &joined.schema()) {
+                *c = compile_exprs(&self.sources, &joined.schema())
                     .map_err(|(i, m)| format!("field `{}`: {m}", SQL_FIELDS[i]))?;
             }
             c.clone()
         };
+        let batch = joined
+            .project(&compiled.columns)
+            .and_then(|b| datafusion::arrow::compute::filter_record_batch(&b, valid))
+            .map_err(|e| e.to_string())?;
+        let batch = &batch;
         let n = batch.num_rows();
         let eval = |i: usize, to: &DataType| -> Result<Option<ArrayRef>, String> {
             let Some(e) = &compiled.exprs[i] else {
@@ -1019,12 +1049,16 @@ impl Scorer for UserScorer {
         self.score_row(row)
     }
 
-    fn score_valid(&self, batch: &RecordBatch) -> Option<Result<Vec<Outcome>, String>> {
+    fn score_valid(
+        &self,
+        batch: &RecordBatch,
+        valid: &BooleanArray,
+    ) -> Option<Result<Vec<Outcome>, String>> {
         let Rule::Sql(sql) = &self.rule else {
             return None;
         };
         Some(
-            sql.score(batch)
+            sql.score(batch, valid)
                 .map(|v| v.into_iter().map(|o| self.finish_sql(o)).collect()),
         )
     }
