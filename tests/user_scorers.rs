@@ -721,6 +721,52 @@ async fn rescore_from_a_scorer_file_and_list_versions() {
     );
     assert!(e.contains("respnse"), "{e}");
     assert_eq!(tree_before, tree_after, "a bad definition changed the run");
+
+    // A label scorer's diff: label changes by class and the rate of each label, new - old.
+    let j1 = dir.path().join("j1.toml");
+    let j2 = dir.path().join("j2.toml");
+    std::fs::write(
+        &j1,
+        "[[scorer]]\nname = \"decision\"\nkind = \"json\"\nmetric = \"label\"\nlabel_field = \"decision\"\nschema = { type = \"object\" }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &j2,
+        "[[scorer]]\nname = \"decision\"\nkind = \"json\"\nmetric = \"label\"\nlabel_field = \"decision\"\nschema = { type = \"object\", properties = { decision = { enum = [\"refund\"] } } }\n",
+    )
+    .unwrap();
+    let (r, j1s, j2s) = (
+        root.to_str().unwrap().to_string(),
+        j1.to_str().unwrap().to_string(),
+        j2.to_str().unwrap().to_string(),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        let a = bin(&["rescore", &r, "--scorer-file", &j1s]);
+        assert!(a.status.success(), "{}", text(&a));
+        bin(&["rescore", &r, "--scorer-file", &j2s])
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    // Row 5 (deny) and row 6 (3) no longer match the schema.
+    for (old, new) in [("deny", "schema_mismatch"), ("3", "schema_mismatch")] {
+        assert!(
+            t.lines().any(|l| l.split_whitespace().eq([old, new, "1"])),
+            "{t}"
+        );
+    }
+    assert!(
+        t.lines().any(|l| l.split_whitespace().take(6).eq([
+            "schema_mismatch",
+            "10",
+            "10.0%",
+            "30.0%",
+            "+20.0",
+            "pts"
+        ])),
+        "{t}"
+    );
 }
 
 /// Every file under `root` with its size.
