@@ -4,6 +4,10 @@
 //! time and per CPU-second (getrusage over the scoring phase), and peak RSS of the scoring
 //! phase (VmHWM reset before it).
 //!
+//! The same run is then re-scored with two user scorers written as data (issue 18): a SQL
+//! scorer (its expressions evaluated over whole batches) and the same rule as a regex
+//! scorer (row by row), each printed with its time as a ratio of the cue scorer's.
+//!
 //! Each size runs in its own child process.
 //!
 //! ```text
@@ -146,7 +150,43 @@ async fn child(n: usize) {
         mb / cpu.max(1e-9),
         vm_hwm_mb()
     );
+    let defs = evalflow::stages::score::user::parse_text(USER_SCORERS, "bench.toml").unwrap();
+    for def in &defs {
+        let s = evalflow::stages::score::user::prepare(def, &store, None)
+            .await
+            .unwrap();
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        let (t0, c0) = (Instant::now(), cpu_seconds());
+        let n = evalflow::stages::score::run(&store, s.as_ref())
+            .await
+            .unwrap();
+        let (w, c) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+        println!(
+            "  {} scorer `{}`, {n} rows: {w:.1} s wall ({:.2}x the cue scorer), {c:.1} CPU-s, {:.1} MB/s wall; peak RSS {:.0} MB",
+            def.kind.as_str(),
+            def.name,
+            w / wall,
+            mb / w,
+            vm_hwm_mb()
+        );
+    }
 }
+
+/// The same rule twice: SQL over whole batches, and a regex scorer row by row.
+const USER_SCORERS: &str = r#"
+[[scorer]]
+name = "recommends_sql"
+kind = "sql"
+metric = "pass_fail"
+passed = '''regexp_like(response, '(?i)\brecommend')'''
+label = '''CASE WHEN regexp_like(response, '(?i)\brecommend') THEN 'pass' ELSE 'fail' END'''
+
+[[scorer]]
+name = "recommends_regex"
+kind = "regex"
+metric = "pass_fail"
+patterns = ['(?i)\brecommend']
+"#;
 
 fn main() {
     let args: Vec<String> = std::env::args()

@@ -58,6 +58,11 @@ pub struct Pipeline {
     pub validate: ValidateConfig,
     #[serde(default)]
     pub score: ScoreConfig,
+    /// User scorers written as data (`[[scorer]]`), followed by those of
+    /// `[score] scorer_files`: each is run by `evalflow run` and `evalflow score` after the
+    /// `[score] scorers` that do not name it (see `stages::score::user`).
+    #[serde(default, rename = "scorer", skip_serializing_if = "Vec::is_empty")]
+    pub user_scorers: Vec<crate::stages::score::user::ScorerDef>,
     /// Where the file was read from (not part of the TOML).
     #[serde(skip)]
     pub path: PathBuf,
@@ -406,6 +411,11 @@ pub struct ScoreConfig {
     pub holdout: Option<PathBuf>,
     /// The judge checklist (CheckEval): YES/NO questions the `[judge]` model answers.
     pub judge: Option<JudgeChecklist>,
+    /// Scorer files (TOML of `[[scorer]]` tables, relative to the pipeline file) whose
+    /// scorers join the pipeline's own. Their text is not part of the pipeline hash: a
+    /// changed scorer file scores the same run again under a new version.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scorer_files: Vec<PathBuf>,
 }
 
 /// `[score.judge]`: a checklist of atomic YES/NO questions for the judge scorer.
@@ -434,6 +444,7 @@ impl Default for ScoreConfig {
             cues: None,
             holdout: None,
             judge: None,
+            scorer_files: Vec::new(),
         }
     }
 }
@@ -495,7 +506,9 @@ impl Pipeline {
                 },
             );
         }
+        crate::stages::score::user::attach_origins(&mut p.user_scorers, source, &file);
         p.load_includes()?;
+        p.load_scorer_files()?;
         p.check()?;
         Ok(p)
     }
@@ -604,6 +617,29 @@ impl Pipeline {
             self.included_sources.push(text);
         }
         Ok(())
+    }
+
+    /// Appends the scorers of `[score] scorer_files` to the pipeline's own.
+    fn load_scorer_files(&mut self) -> Result<(), PipelineError> {
+        for f in self.score.scorer_files.clone() {
+            let path = self.resolve(&f.display().to_string());
+            let text = std::fs::read(&path).map_err(|source| PipelineError::Invalid {
+                file: self.path.display().to_string(),
+                line: self.line_of("scorer_files"),
+                field: "score.scorer_files".into(),
+                msg: format!("cannot read `{}`: {source}", path.display()),
+            })?;
+            let file = path.display().to_string();
+            let text = utf8_text(text, &file)?;
+            let defs = crate::stages::score::user::parse_text(&text, &file).map_err(def_error)?;
+            self.user_scorers.extend(defs);
+        }
+        Ok(())
+    }
+
+    /// The user scorer named `name` (`[[scorer]]` or a scorer file).
+    pub fn user_scorer(&self, name: &str) -> Option<&crate::stages::score::user::ScorerDef> {
+        self.user_scorers.iter().find(|d| d.name == name)
     }
 
     /// The 1-based line where `needle` first appears (0 when it does not).
@@ -715,6 +751,7 @@ impl Pipeline {
             self.check_model("rephrase", m)?;
         }
         self.check_score()?;
+        crate::stages::score::user::check_all(&self.user_scorers).map_err(def_error)?;
         let mut seen = std::collections::HashSet::new();
         for t in &self.tests {
             let needle = format!("\"{}\"", t.name);
@@ -805,6 +842,23 @@ impl Pipeline {
             }
         }
         Ok(())
+    }
+}
+
+/// A bad user scorer as a pipeline error: its file, line and `scorer.<field>`.
+fn def_error(e: crate::stages::score::user::DefError) -> PipelineError {
+    if e.field == "?" {
+        return PipelineError::Parse {
+            file: e.file,
+            line: e.line,
+            msg: e.msg,
+        };
+    }
+    PipelineError::Invalid {
+        file: e.file,
+        line: e.line,
+        field: format!("scorer.{}", e.field),
+        msg: format!("scorer `{}`: {}", e.scorer, e.msg),
     }
 }
 

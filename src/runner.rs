@@ -222,8 +222,18 @@ impl Runner {
     /// judge over the run's valid answers (through the call stage, resumable).
     pub async fn prepared_scorers(&self) -> Result<Vec<Box<dyn Scorer>>, RunError> {
         let mut out = Vec::new();
+        let user = |def| async move {
+            score_stage::user::prepare(def, &self.store, self.pipeline.judge.as_ref())
+                .await
+                .map_err(|source| RunError::Scorer {
+                    file: self.pipeline.path.display().to_string(),
+                    source,
+                })
+        };
         for name in &self.pipeline.score.scorers {
-            if name == "judge" || name.starts_with("judge@") {
+            if let Some(def) = self.pipeline.user_scorer(name) {
+                out.push(user(def).await?);
+            } else if name == "judge" || name.starts_with("judge@") {
                 let bad = |msg: &str| RunError::Root {
                     root: self.pipeline.path.display().to_string(),
                     msg: msg.to_string(),
@@ -247,6 +257,12 @@ impl Runner {
                 out.push(Box::new(s) as Box<dyn Scorer>);
             } else {
                 out.extend(self.scorers_named(std::slice::from_ref(name))?);
+            }
+        }
+        // User scorers (`[[scorer]]`) not named in `[score] scorers` come after them.
+        for def in &self.pipeline.user_scorers {
+            if !self.pipeline.score.scorers.contains(&def.name) {
+                out.push(user(def).await?);
             }
         }
         Ok(out)

@@ -9,6 +9,7 @@ mod mock_server;
 mod plan;
 pub mod report;
 mod rescore;
+mod scorers;
 mod sql;
 mod suggest;
 
@@ -120,6 +121,8 @@ pub enum Command {
     Check(check::CheckArgs),
     /// Re-score archived calls with another scorer version (no model calls) and diff.
     Rescore(rescore::RescoreArgs),
+    /// List every scorer version of a run with its kind, metric, rows and definition.
+    Scorers(scorers::ScorersArgs),
     /// Print a run's results (with Rogan-Gladen corrected class rates given a holdout) and
     /// write its HTML page.
     Report(report::ReportArgs),
@@ -239,6 +242,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Import(a) => import::run(a).await,
         Command::Check(a) => check::run(a).await,
         Command::Rescore(a) => rescore::run(a).await,
+        Command::Scorers(a) => scorers::run(a).await,
         Command::Holdout(c) => holdout::run(c).await,
         Command::Report(a) => report::run(a).await,
         Command::Suggest(a) => suggest::run(a).await,

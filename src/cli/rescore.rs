@@ -1,58 +1,124 @@
-//! `evalflow rescore RUN --scorer NAME[@VERSION]`: re-scores archived calls + validity with
-//! no model call, writes a new `scores/<name>@<version>/` beside the old ones (never over
-//! them), and prints what changed.
+//! `evalflow rescore RUN --scorer NAME[@VERSION]` or `--scorer-file S.toml`: re-scores
+//! archived calls + validity with no model call, writes a new `scores/<name>@<version>/`
+//! beside the old ones (never over them), and prints what changed against the previous
+//! version of the same scorer: label changes by class, pass/fail changes by test, and the
+//! paired difference of the metric with its interval clustered by template.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use datafusion::prelude::SessionContext;
 use serde_json::json;
 
 use super::{CliError, internal};
 use crate::query::{new_context, open_run, register_run, text_rows};
 use crate::stages::aggregate::render_table;
-use crate::stages::score::{self, ScorerId};
+use crate::stages::score::{self, MetricKind, Scorer, ScorerId, user};
 
 #[derive(Debug, clap::Args)]
 pub struct RescoreArgs {
     /// The run root.
     pub run: String,
-    /// The scorer, as NAME or NAME@VERSION (the version must be this build's).
+    /// The scorer, as NAME or NAME@VERSION (the version must be this build's): a built-in
+    /// scorer, a `[[scorer]]` of the run's pipeline, or one of `--scorer-file`.
+    #[arg(long, required_unless_present = "scorer_file")]
+    pub scorer: Option<String>,
+    /// A scorer file (TOML `[[scorer]]` tables, see README "Writing your own scorer"); with
+    /// several scorers in it, `--scorer NAME` picks one.
     #[arg(long)]
-    pub scorer: String,
+    pub scorer_file: Option<PathBuf>,
     /// Replacement cue lists for the cue scorer (changes its version).
     #[arg(long)]
     pub cues: Option<PathBuf>,
-    /// The version to diff against (default: the newest other version in the run).
+    /// The version to diff against (default: the newest other version of the same scorer,
+    /// else the newest version in the run).
     #[arg(long)]
     pub against: Option<String>,
+}
+
+/// The user scorer of `--scorer-file` that `--scorer` names (or the file's only one).
+fn from_file(a: &RescoreArgs, file: &std::path::Path) -> Result<user::ScorerDef, CliError> {
+    let defs = user::parse_file(file).map_err(|e| CliError::BadInput(e.to_string()))?;
+    let names: Vec<&str> = defs.iter().map(|d| d.name.as_str()).collect();
+    match &a.scorer {
+        Some(spec) => {
+            let name = spec.split('@').next().unwrap_or(spec);
+            defs.iter()
+                .find(|d| d.name == name)
+                .cloned()
+                .ok_or_else(|| {
+                    CliError::BadInput(format!(
+                        "--scorer {spec}: {} defines no scorer named `{name}` (it defines {})",
+                        file.display(),
+                        names.join(", ")
+                    ))
+                })
+        }
+        None if defs.len() == 1 => Ok(defs[0].clone()),
+        None => Err(CliError::BadInput(format!(
+            "{} defines {} scorers ({}): choose one with --scorer NAME",
+            file.display(),
+            defs.len(),
+            names.join(", ")
+        ))),
+    }
 }
 
 pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
     let (_, store, mut manifest) = open_run(&a.run)
         .await
         .map_err(|e| CliError::BadInput(e.to_string()))?;
-    let scorer = score::build_for_run(&a.scorer, a.cues.as_deref(), &store, &manifest.pipeline)
-        .await
-        .map_err(|e| {
-            if e.is_bad_input() {
-                CliError::BadInput(format!("--scorer: {e}"))
-            } else {
-                CliError::Internal(e.to_string())
+    let scorer_err = |e: score::ScorerError| {
+        if e.is_bad_input() {
+            CliError::BadInput(format!("--scorer: {e}"))
+        } else {
+            CliError::Internal(e.to_string())
+        }
+    };
+    let scorer: Box<dyn Scorer> = match &a.scorer_file {
+        Some(file) => {
+            let def = from_file(&a, file)?;
+            // Checked in full (and its version known) before a judge is asked anything.
+            let version = def.version();
+            if let Some(v) = a
+                .scorer
+                .as_deref()
+                .and_then(|s| s.split_once('@'))
+                .map(|x| x.1)
+                && v != version
+            {
+                return Err(CliError::BadInput(format!(
+                    "--scorer {}: {} defines version {version}",
+                    a.scorer.as_deref().unwrap_or_default(),
+                    file.display()
+                )));
             }
-        })?;
+            refuse_existing(
+                &store,
+                &ScorerId {
+                    name: def.name.clone(),
+                    version,
+                },
+            )
+            .await?;
+            let judge: Option<crate::pipeline::ModelConfig> = manifest
+                .pipeline
+                .get("judge")
+                .filter(|v| !v.is_null())
+                .and_then(|v| serde_json::from_value(v.clone()).ok());
+            user::prepare(&def, &store, judge.as_ref())
+                .await
+                .map_err(scorer_err)?
+        }
+        None => {
+            let spec = a.scorer.as_deref().unwrap_or_default();
+            score::build_for_run(spec, a.cues.as_deref(), &store, &manifest.pipeline)
+                .await
+                .map_err(scorer_err)?
+        }
+    };
     let id = scorer.id();
-    if !store
-        .list_parts(&id.dir())
-        .await
-        .map_err(internal)?
-        .is_empty()
-    {
-        return Err(CliError::BadInput(format!(
-            "{}/{} exists: rescoring never overwrites a scores version (bump the scorer's version or use other cues)",
-            store.display(),
-            id.dir()
-        )));
-    }
+    refuse_existing(&store, &id).await?;
     let against =
         match &a.against {
             Some(t) => Some(ScorerId::parse(t).ok_or_else(|| {
@@ -76,18 +142,18 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
         .map_err(internal)?;
     manifest.scorer_versions.push(id.tag());
     let stage = format!("score:{}", id.tag());
-    manifest.complete(
-        &stage,
-        &id.dir(),
-        rows,
-        BTreeMap::from([
-            (
-                "logic_hash".into(),
-                json!(score::logic_hash(scorer.as_ref())),
-            ),
-            ("rescored".into(), json!(true)),
-        ]),
-    );
+    let mut details = BTreeMap::from([
+        (
+            "logic_hash".into(),
+            json!(score::logic_hash(scorer.as_ref())),
+        ),
+        ("rescored".into(), json!(true)),
+        ("metric".into(), json!(scorer.metric_kind().metric())),
+    ]);
+    if let Some(d) = scorer.definition() {
+        details.insert("definition".into(), d);
+    }
+    manifest.complete(&stage, &id.dir(), rows, details);
     manifest.save(&store).await.map_err(internal)?;
     println!(
         "rescored {rows} rows with {} into {}/{}",
@@ -102,39 +168,138 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
     };
     let ctx = new_context();
     register_run(&ctx, &store, "").await.map_err(internal)?;
+    print_diff(&ctx, &old, &id, scorer.metric_kind())
+        .await
+        .map_err(internal)
+}
+
+/// Refuses a version already scored: rescoring never overwrites (exit 2).
+async fn refuse_existing(store: &crate::storage::RunStore, id: &ScorerId) -> Result<(), CliError> {
+    if store
+        .list_parts(&id.dir())
+        .await
+        .map_err(internal)?
+        .is_empty()
+    {
+        return Ok(());
+    }
+    Err(CliError::BadInput(format!(
+        "{} is already scored ({}/{} exists): rescoring never overwrites a scores version \
+         (change the scorer's definition, bump its version or use other cues)",
+        id.tag(),
+        store.display(),
+        id.dir()
+    )))
+}
+
+/// A SQL string literal.
+fn lit(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// The paired cells of the diff: `(old value, new value)` of the metric as SQL over the
+/// pair `o`, `n`, and what it is called.
+fn paired_values(kind: MetricKind) -> (&'static str, &'static str, &'static str) {
+    match kind {
+        MetricKind::PassFail | MetricKind::Label => (
+            "CASE WHEN o.passed THEN 0.0 WHEN NOT o.passed THEN 1.0 END",
+            "CASE WHEN n.passed THEN 0.0 WHEN NOT n.passed THEN 1.0 END",
+            "failure rate",
+        ),
+        MetricKind::Numeric => (
+            "CAST(o.score AS DOUBLE)",
+            "CAST(n.score AS DOUBLE)",
+            "mean score",
+        ),
+    }
+}
+
+/// `+1.2 pts [-0.4, +2.8]` for a rate, `+0.012 [-0.004, +0.028]` for a mean.
+fn diff_cell(mean: &Option<String>, lo: &Option<String>, hi: &Option<String>, pct: bool) -> String {
+    let f = |v: &Option<String>| v.as_deref().and_then(|s| s.parse::<f64>().ok());
+    let show = |x: f64| {
+        if pct {
+            format!("{:+.1}", x * 100.0)
+        } else {
+            format!("{x:+.3}")
+        }
+    };
+    match (f(mean), f(lo), f(hi)) {
+        (Some(m), Some(l), Some(h)) => format!(
+            "{}{} [{}, {}]",
+            show(m),
+            if pct { " pts" } else { "" },
+            show(l),
+            show(h)
+        ),
+        (Some(m), _, _) => format!("{}{} [-]", show(m), if pct { " pts" } else { "" }),
+        _ => "-".into(),
+    }
+}
+
+/// Prints the diff of scorer version `new` against `old`.
+async fn print_diff(
+    ctx: &SessionContext,
+    old: &ScorerId,
+    new: &ScorerId,
+    kind: MetricKind,
+) -> Result<(), crate::query::QueryError> {
     let pair = format!(
         "FROM scores o JOIN scores n ON o.call_id = n.call_id \
-         WHERE o.scorer = '{}' AND o.scoring_version = '{}' AND n.scorer = '{}' AND n.scoring_version = '{}'",
-        old.name, old.version, id.name, id.version
+         WHERE o.scorer = {} AND o.scoring_version = {} AND n.scorer = {} AND n.scoring_version = {}",
+        lit(&old.name),
+        lit(&old.version),
+        lit(&new.name),
+        lit(&new.version)
     );
+    let c = |v: &Option<String>| v.clone().unwrap_or_else(|| "0".into());
     let totals = text_rows(
-        &ctx,
+        ctx,
         &format!(
             "SELECT count(*), sum(CASE WHEN o.label IS DISTINCT FROM n.label THEN 1 ELSE 0 END), \
              sum(CASE WHEN o.passed IS DISTINCT FROM n.passed THEN 1 ELSE 0 END) {pair}"
         ),
     )
-    .await
-    .map_err(internal)?;
+    .await?;
     let t = &totals[0];
-    let c = |v: &Option<String>| v.clone().unwrap_or_else(|| "0".into());
     println!(
         "\ndiff {} -> {}: {} rows paired, {} changed label, {} changed pass/fail",
         old.tag(),
-        id.tag(),
+        new.tag(),
         c(&t[0]),
         c(&t[1]),
         c(&t[2])
     );
-    let by_class = text_rows(
-        &ctx,
+    // The paired difference of the metric (new - old) over rows scored by both, its
+    // interval clustered by template (cases of one template are not independent).
+    let (ov, nv, what) = paired_values(kind);
+    let pct = kind != MetricKind::Numeric;
+    let d = text_rows(
+        ctx,
         &format!(
-            "SELECT coalesce(o.label, 'NULL'), coalesce(n.label, 'NULL'), count(*) {pair} \
-             AND o.label IS DISTINCT FROM n.label GROUP BY 1, 2 ORDER BY 3 DESC"
+            "SELECT p['n'], p['mean_diff'], p['lo'], p['hi'], p['method'] FROM \
+             (SELECT paired_diff_clustered({nv}, {ov}, n.template_id) AS p {pair} AND n.role <> 'base')"
         ),
     )
-    .await
-    .map_err(internal)?;
+    .await?;
+    if let Some(r) = d.first()
+        && r[0].as_deref().is_some_and(|n| n != "0")
+    {
+        println!(
+            "{what}, new - old: {} over {} paired rows (95% interval clustered by template, {})",
+            diff_cell(&r[1], &r[2], &r[3], pct),
+            c(&r[0]),
+            r[4].clone().unwrap_or_else(|| "-".into())
+        );
+    }
+    let by_class = text_rows(
+        ctx,
+        &format!(
+            "SELECT coalesce(o.label, 'NULL'), coalesce(n.label, 'NULL'), count(*) {pair} \
+             AND o.label IS DISTINCT FROM n.label GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2"
+        ),
+    )
+    .await?;
     if !by_class.is_empty() {
         println!("\nlabel changes by class");
         let rows: Vec<Vec<String>> = by_class.iter().map(|r| r.iter().map(c).collect()).collect();
@@ -143,24 +308,113 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
             render_table(&["old label", "new label", "rows"], &rows)
         );
     }
+    if kind == MetricKind::Label {
+        // The rate of each label, new - old, over rows labelled by both versions.
+        let labels = text_rows(
+            ctx,
+            &format!(
+                "SELECT DISTINCT l FROM (SELECT o.label AS l {pair} AND n.role <> 'base' AND o.score IS NOT NULL \
+                 UNION ALL SELECT n.label AS l {pair} AND n.role <> 'base' AND n.score IS NOT NULL) \
+                 WHERE l IS NOT NULL ORDER BY l"
+            ),
+        )
+        .await?;
+        let mut rows = Vec::new();
+        for l in labels.iter().filter_map(|r| r[0].clone()) {
+            let ind = |t: &str| {
+                format!(
+                    "CASE WHEN {t}.score IS NULL OR {t}.label IS NULL THEN NULL WHEN {t}.label = {} THEN 1.0 ELSE 0.0 END",
+                    lit(&l)
+                )
+            };
+            let r = text_rows(
+                ctx,
+                &format!(
+                    "SELECT p['n'], o_rate, n_rate, p['mean_diff'], p['lo'], p['hi'] FROM \
+                     (SELECT paired_diff_clustered(n_v, o_v, t) AS p, avg(o_v) AS o_rate, avg(n_v) AS n_rate \
+                     FROM (SELECT {o} AS o_v, {n} AS n_v, n.template_id AS t {pair} AND n.role <> 'base') \
+                     WHERE o_v IS NOT NULL AND n_v IS NOT NULL)",
+                    o = ind("o"),
+                    n = ind("n"),
+                ),
+            )
+            .await?;
+            if let Some(r) = r.first() {
+                let rate = |v: &Option<String>| {
+                    crate::stages::aggregate::pct(v.as_deref().and_then(|s| s.parse().ok()))
+                };
+                rows.push(vec![
+                    l.clone(),
+                    c(&r[0]),
+                    rate(&r[1]),
+                    rate(&r[2]),
+                    diff_cell(&r[3], &r[4], &r[5], true),
+                ]);
+            }
+        }
+        if !rows.is_empty() {
+            println!("\nrate of each label, new - old (95% interval clustered by template)");
+            println!(
+                "{}",
+                render_table(
+                    &[
+                        "label",
+                        "paired rows",
+                        "old rate",
+                        "new rate",
+                        "new - old [95% CI]"
+                    ],
+                    &rows
+                )
+            );
+        }
+    }
     let by_test = text_rows(
-        &ctx,
+        ctx,
         &format!(
             "SELECT n.test, sum(CASE WHEN o.passed AND NOT n.passed THEN 1 ELSE 0 END), \
              sum(CASE WHEN NOT o.passed AND n.passed THEN 1 ELSE 0 END), \
-             sum(CASE WHEN o.passed IS DISTINCT FROM n.passed AND (o.passed IS NULL OR n.passed IS NULL) THEN 1 ELSE 0 END) \
-             {pair} AND o.passed IS DISTINCT FROM n.passed GROUP BY 1 ORDER BY 1"
+             sum(CASE WHEN (o.passed IS NULL) <> (n.passed IS NULL) THEN 1 ELSE 0 END) \
+             {pair} GROUP BY 1 \
+             HAVING sum(CASE WHEN o.passed IS DISTINCT FROM n.passed THEN 1 ELSE 0 END) > 0 ORDER BY 1"
         ),
     )
-    .await
-    .map_err(internal)?;
+    .await?;
+    // (`(a IS NULL) <> (b IS NULL)`, not `a IS DISTINCT FROM b AND (a IS NULL OR b IS NULL)`:
+    // DataFusion 55.2 simplifies the latter to `a IS DISTINCT FROM false`, true for two trues.)
     if !by_test.is_empty() {
+        // The struct column is read by field in a second query: text_rows renders it whole.
+        let diffs = text_rows(
+            ctx,
+            &format!(
+                "SELECT t, p['mean_diff'], p['lo'], p['hi'] FROM (SELECT n.test AS t, \
+                 paired_diff_clustered(CASE WHEN n.role <> 'base' THEN {nv} END, {ov}, n.template_id) AS p \
+                 {pair} GROUP BY 1)"
+            ),
+        )
+        .await?;
+        let diff_of = |test: &Option<String>| {
+            diffs
+                .iter()
+                .find(|d| &d[0] == test)
+                .map(|d| diff_cell(&d[1], &d[2], &d[3], true))
+                .unwrap_or_else(|| "-".into())
+        };
         println!("\npass/fail changes by test");
-        let rows: Vec<Vec<String>> = by_test.iter().map(|r| r.iter().map(c).collect()).collect();
+        let rows: Vec<Vec<String>> = by_test
+            .iter()
+            .map(|r| vec![c(&r[0]), c(&r[1]), c(&r[2]), c(&r[3]), diff_of(&r[0])])
+            .collect();
         println!(
             "{}",
             render_table(
-                &["test", "pass -> fail", "fail -> pass", "to/from unscored"],
+                &[
+                    "test",
+                    "pass -> fail",
+                    "fail -> pass",
+                    "to/from unscored",
+                    "failure rate new - old [95% CI]",
+                ],
                 &rows
             )
         );

@@ -427,7 +427,7 @@ pub async fn gather(
         )
     })
     .collect();
-    let kind = MetricKind::of(&scorer.name);
+    let kind = crate::stages::score::metric_kind(store, scorer).await?;
     let large = rows.iter().filter(|r| r.level == "test").count() > html::OPEN_LIMIT;
     let per_test = if large { 1 } else { EXAMPLES_PER_TEST };
     let examples = examples(&ctx, scorer, kind, per_test).await?;

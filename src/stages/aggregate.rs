@@ -304,7 +304,8 @@ impl Named<'_> {
 pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRow>, QueryError> {
     let ctx = new_context();
     register_run(&ctx, store, "").await?;
-    let kind = MetricKind::of(&scorer.name);
+    // The kind a user scorer declared (recorded beside its scores), else the built-in's.
+    let kind = crate::stages::score::metric_kind(store, scorer).await?;
     let inds = indicators(&ctx, kind, scorer).await?;
     let compares = crate::stages::score::compares_to_base(&scorer.name);
     let mut out = Vec::new();

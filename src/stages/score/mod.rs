@@ -8,6 +8,7 @@
 pub mod checklist;
 pub mod cue;
 pub mod judge;
+pub mod user;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -162,6 +163,31 @@ pub trait Scorer: Send + Sync {
         false
     }
     fn score(&self, row: &ScoreInput, base: Option<&BaseAnswer>) -> Outcome;
+    /// Scores the valid answers of a joined batch (the rows where `valid` is true) at once,
+    /// one outcome per valid row in order (a SQL scorer evaluates its expressions as
+    /// vectors); `None` scores row by row with [`Scorer::score`]. `Err` names what failed.
+    fn score_valid(
+        &self,
+        _batch: &RecordBatch,
+        _valid: &BooleanArray,
+    ) -> Option<Result<Vec<Outcome>, String>> {
+        None
+    }
+    /// Whether [`Scorer::score_valid`] scores batches (so the valid rows are gathered for
+    /// it; a row-by-row scorer pays nothing for this).
+    fn scores_batches(&self) -> bool {
+        false
+    }
+    /// What its scores measure: a built-in scorer's kind follows its name, a user scorer
+    /// declares it.
+    fn metric_kind(&self) -> MetricKind {
+        MetricKind::of(&self.id().name)
+    }
+    /// A user scorer's definition, recorded beside its scores as `scorer.json` (so the
+    /// scores of any age are aggregated by their declared metric).
+    fn definition(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// A stable hash of a scorer's logic.
@@ -192,9 +218,18 @@ pub enum ScorerError {
     Cues { file: String, msg: String },
     #[error("scorer `{spec}`: {msg}")]
     Judge { spec: String, msg: String },
+    /// A user scorer's definition is bad (names file, line and field).
+    #[error(transparent)]
+    Definition(Box<user::DefError>),
     /// The judge's own calls failed while preparing its answers (not bad input).
     #[error("scorer `{spec}`: preparing the judge's answers: {msg}")]
     JudgeCalls { spec: String, msg: String },
+}
+
+impl From<user::DefError> for ScorerError {
+    fn from(e: user::DefError) -> Self {
+        ScorerError::Definition(Box::new(e))
+    }
 }
 
 impl ScorerError {
@@ -202,6 +237,39 @@ impl ScorerError {
     pub fn is_bad_input(&self) -> bool {
         !matches!(self, ScorerError::JudgeCalls { .. })
     }
+}
+
+/// The file beside a user scorer's parts that holds its definition and metric.
+pub const DEFINITION_FILE: &str = "scorer.json";
+
+/// The definition recorded beside the scores of `id` (user scorers only).
+pub async fn recorded_definition(
+    store: &RunStore,
+    id: &ScorerId,
+) -> Result<Option<serde_json::Value>, crate::storage::StorageError> {
+    let Some(bytes) = store
+        .get(&format!("{}/{DEFINITION_FILE}", id.dir()))
+        .await?
+    else {
+        return Ok(None);
+    };
+    Ok(serde_json::from_slice(&bytes).ok())
+}
+
+/// The metric kind of the scores of `id`: the one its definition declares when one is
+/// recorded beside them (user scorers), else the built-in scorer's ([`MetricKind::of`]).
+pub async fn metric_kind(
+    store: &RunStore,
+    id: &ScorerId,
+) -> Result<MetricKind, crate::storage::StorageError> {
+    Ok(recorded_definition(store, id)
+        .await?
+        .and_then(|d| {
+            d.get("metric")
+                .and_then(|m| m.as_str())
+                .map(MetricKind::from_metric)
+        })
+        .unwrap_or_else(|| MetricKind::of(&id.name)))
 }
 
 /// Names of every registered scorer (`judge` needs a run: see [`build_for_run`]).
@@ -260,6 +328,18 @@ pub async fn build_for_run(
     let (name, version) = spec
         .split_once('@')
         .map_or((spec, None), |(n, v)| (n, Some(v)));
+    if !NAMES.contains(&name)
+        && let Some(def) = user::defs_of_pipeline(pipeline)
+            .into_iter()
+            .find(|d| d.name == name)
+    {
+        let judge_model: Option<crate::pipeline::ModelConfig> = pipeline
+            .get("judge")
+            .filter(|v| !v.is_null())
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        let s = user::prepare(&def, store, judge_model.as_ref()).await?;
+        return check_version(spec, version, s);
+    }
     if name != "judge" {
         return build(spec, cues);
     }
@@ -300,10 +380,71 @@ pub async fn build_for_run(
     Ok(Box::new(s))
 }
 
-const JOIN_SQL: &str = "SELECT k.call_id, k.case_id, k.model, k.sample_idx, k.response, k.response_score, \
-     k.response_hash, v.validity, v.language, c.input, c.test, c.capability, c.test_type, c.role, \
-     c.template_id, c.group_id, c.expected, c.expectation, c.tolerance \
-     FROM calls k JOIN validity v ON k.call_id = v.call_id JOIN cases c ON k.case_id = c.case_id";
+/// The columns of the joined row every scorer sees (and a SQL scorer's expressions name):
+/// `(table alias, column)`, the alias `k` for calls, `v` for validity, `c` for cases.
+const JOINED: &[(&str, &str)] = &[
+    ("k", "call_id"),
+    ("k", "case_id"),
+    ("k", "model"),
+    ("k", "sample_idx"),
+    ("k", "response"),
+    ("k", "response_score"),
+    ("k", "response_hash"),
+    ("k", "finish_reason"),
+    ("k", "prompt_tokens"),
+    ("k", "completion_tokens"),
+    ("k", "reasoning_tokens"),
+    ("k", "latency_ms"),
+    ("v", "validity"),
+    ("v", "language"),
+    ("v", "answer_chars"),
+    ("c", "suite"),
+    ("c", "input"),
+    ("c", "test"),
+    ("c", "capability"),
+    ("c", "test_type"),
+    ("c", "role"),
+    ("c", "template_id"),
+    ("c", "group_id"),
+    ("c", "expected"),
+    ("c", "expectation"),
+    ("c", "tolerance"),
+];
+
+fn join_sql() -> String {
+    let cols: Vec<String> = JOINED.iter().map(|(t, c)| format!("{t}.{c}")).collect();
+    format!(
+        "SELECT {} FROM calls k JOIN validity v ON k.call_id = v.call_id JOIN cases c ON k.case_id = c.case_id",
+        cols.join(", ")
+    )
+}
+
+/// The schema of the joined rows (strings as plain Utf8, every column nullable), from the
+/// declared table schemas: what a SQL scorer is compiled against before any row is read.
+pub fn joined_schema() -> datafusion::arrow::datatypes::SchemaRef {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let fields: Vec<Field> = JOINED
+        .iter()
+        .map(|(t, c)| {
+            let table = match *t {
+                "k" => Table::Calls,
+                "v" => Table::Validity,
+                _ => Table::Cases,
+            };
+            let schema = table.schema();
+            let dt = schema
+                .field_with_name(c)
+                .map(|f| f.data_type().clone())
+                .unwrap_or_else(|_| panic!("schemas/{}.json declares `{c}`", table.name()));
+            let dt = match dt {
+                DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
+                other => other,
+            };
+            Field::new(*c, dt, true)
+        })
+        .collect();
+    Arc::new(Schema::new(fields))
+}
 
 /// One scored row before it becomes Arrow.
 #[derive(Debug, Clone, Default)]
@@ -375,6 +516,13 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
     };
     let id = scorer.id();
     store.delete_dir(&id.dir()).await?;
+    if let Some(def) = scorer.definition() {
+        // Written before the parts: scores are never found without their definition.
+        let text = serde_json::to_vec_pretty(&def).unwrap_or_default();
+        store
+            .put(&format!("{}/{DEFINITION_FILE}", id.dir()), text)
+            .await?;
+    }
     let mut writer = store.part_writer(&id.dir(), Table::Scores.schema(), "part");
     let mut rows_written = 0u64;
     let parts = store.list_parts("calls").await?;
@@ -386,7 +534,7 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
             let b = crate::schema::plain_strings(
                 b.map_err(QueryError::df("score: reading joined rows"))?,
             );
-            for out in score_parallel(&b, scorer, &bases, &id) {
+            for out in score_parallel(&b, scorer, &bases, &id)? {
                 rows_written += out.num_rows() as u64;
                 writer.write(out).await?;
             }
@@ -405,7 +553,7 @@ fn score_parallel(
     scorer: &dyn Scorer,
     bases: &HashMap<BaseKey, BaseAnswer>,
     id: &ScorerId,
-) -> Vec<RecordBatch> {
+) -> Result<Vec<RecordBatch>, QueryError> {
     use rayon::prelude::*;
     const SLICE: usize = 1024;
     let n = b.num_rows();
@@ -413,7 +561,7 @@ fn score_parallel(
         .into_par_iter()
         .map(|k| {
             let part = b.slice(k * SLICE, SLICE.min(n - k * SLICE));
-            to_batch(id, &score_batch(&part, scorer, bases))
+            Ok(to_batch(id, &score_batch(&part, scorer, bases)?))
         })
         .collect()
 }
@@ -453,7 +601,7 @@ async fn part_stream(
         ctx.register_table(table, Arc::new(mem))
             .map_err(QueryError::df("score"))?;
     }
-    let sql = JOIN_SQL.replace(
+    let sql = join_sql().replace(
         "FROM calls k JOIN validity v",
         "FROM part_calls k JOIN part_validity v",
     );
@@ -481,7 +629,7 @@ pub async fn score_calls(
             let b = crate::schema::plain_strings(
                 b.map_err(QueryError::df("score: reading joined rows"))?,
             );
-            for r in score_batch(&b, scorer, &bases) {
+            for r in score_batch(&b, scorer, &bases)? {
                 if wanted.contains(r.call_id.as_str()) {
                     out.insert(r.call_id.clone(), (r.validity.clone(), r.out));
                 }
@@ -526,13 +674,41 @@ async fn load_bases(
     Ok(bases)
 }
 
+/// The outcomes of a scorer that scores whole batches ([`Scorer::score_valid`]), for the
+/// valid rows of `b` in order; `None` for a row-by-row scorer.
+fn batch_outcomes(
+    b: &RecordBatch,
+    scorer: &dyn Scorer,
+) -> Result<Option<std::vec::IntoIter<Outcome>>, QueryError> {
+    if !scorer.scores_batches() {
+        return Ok(None);
+    }
+    let validity = b
+        .column_by_name("validity")
+        .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+        .expect("joined column `validity` is Utf8");
+    let valid: BooleanArray = validity
+        .iter()
+        .map(|v| Some(v == Some("valid_answer")))
+        .collect();
+    match scorer.score_valid(b, &valid) {
+        None => Ok(None),
+        Some(Ok(v)) => Ok(Some(v.into_iter())),
+        Some(Err(msg)) => Err(QueryError::DataFusion {
+            context: format!("scorer {}", scorer.id().tag()),
+            source: datafusion::error::DataFusionError::Execution(msg),
+        }),
+    }
+}
+
 fn score_batch(
     b: &RecordBatch,
     scorer: &dyn Scorer,
     bases: &HashMap<BaseKey, BaseAnswer>,
-) -> Vec<Row> {
+) -> Result<Vec<Row>, QueryError> {
     let c = Cols { b };
-    (0..b.num_rows())
+    let mut batch = batch_outcomes(b, scorer)?;
+    Ok((0..b.num_rows())
         .map(|i| {
             let s = |n: &str| c.s(n, i).unwrap_or_default().to_string();
             let mut row = Row {
@@ -572,7 +748,10 @@ fn score_batch(
                     .cloned()
                     .unwrap_or_else(|| Err("missing (the base case has no call)".into()))
             });
-            let mut out = scorer.score(&input, base.as_ref());
+            let mut out = match batch.as_mut().and_then(Iterator::next) {
+                Some(o) => o,
+                None => scorer.score(&input, base.as_ref()),
+            };
             if let Some(v) = out.invalid {
                 row.validity = v.to_string();
                 out.score = None;
@@ -581,7 +760,7 @@ fn score_batch(
             row.out = out;
             row
         })
-        .collect()
+        .collect())
 }
 
 fn to_batch(id: &ScorerId, rows: &[Row]) -> RecordBatch {
@@ -702,6 +881,35 @@ mod tests {
                 id.tag()
             );
         }
+    }
+
+    /// The user scorer engine is versioned like a scorer: a change of how definitions are
+    /// evaluated needs a new `user::ENGINE_VERSION` (which changes every user scorer's
+    /// version) and a new `user-engine` line in versions.lock.
+    #[test]
+    fn user_engine_changes_need_a_version_bump() {
+        let hash =
+            hex::encode(Sha256::digest(source_logic(include_str!("user.rs"))))[..16].to_string();
+        let lock = include_str!("versions.lock");
+        let line = lock
+            .lines()
+            .find(|l| {
+                l.split_whitespace()
+                    .take(2)
+                    .eq(["user-engine", user::ENGINE_VERSION])
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "versions.lock has no line for user-engine {}: add `user-engine {} {hash}`",
+                    user::ENGINE_VERSION,
+                    user::ENGINE_VERSION
+                )
+            });
+        assert_eq!(
+            line.split_whitespace().nth(2).unwrap(),
+            hash,
+            "the user scorer engine changed without a bump of user::ENGINE_VERSION"
+        );
     }
 
     #[test]
