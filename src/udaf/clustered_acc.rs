@@ -255,7 +255,7 @@ impl Cells {
         let Cells::Dense { stride, m, used } = self else {
             return;
         };
-        let cap = if *stride == 0 { 0 } else { m.len() / *stride };
+        let cap = m.len().checked_div(*stride).unwrap_or(0);
         if groups <= *stride && clusters <= cap {
             return;
         }
