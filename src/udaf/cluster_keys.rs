@@ -1,41 +1,37 @@
-//! Cluster keys and the table of per-cluster partial sums behind the clustered statistics.
+//! Cluster keys: every distinct cluster id becomes a dense `u32`, the index of its cells in
+//! [`super::clustered_acc`].
 //!
-//! Every key becomes a `u128`: an Int64 key is itself; a string of at most 12 bytes is its
-//! Arrow "view" (length in the low 32 bits, the bytes after it), which a Utf8View column
-//! already holds, so those keys cost no hashing of string bytes; a longer string is interned
-//! once and becomes its intern id tagged with an impossible length.
+//! A key is its bytes: a string's UTF-8 bytes, an Int64's eight little-endian bytes. The table
+//! is open addressing with linear probing, one 64-byte slot per cluster holding the key's
+//! hash, length, dense id and first 48 bytes, so a lookup reads one cache line and compares
+//! in place (template ids are short); only a key longer than 48 bytes also compares its tail
+//! in the byte arena. It is written by hand because the hot loop of `clustered_se` is one
+//! random lookup per row into tens of thousands of clusters (rows arrive in no cluster
+//! order): a batch's hashes are computed first, then each probe prefetches the slot a few
+//! rows ahead, so it finds it in cache. hashbrown offers no way to prefetch a probe.
 //!
-//! The table is open addressing with linear probing, one 64-byte slot per cluster holding the
-//! key, a dense cluster id and the cluster's inline partial sums ([`Cell`]). It is written by
-//! hand because the hot loop of `clustered_se` is one random access per row into tens of
-//! thousands of clusters (rows arrive in no cluster order): the loop hashes the key a few
-//! rows ahead and prefetches that slot, so the probe finds it in cache, and key and sums
-//! share one cache line. hashbrown offers no way to prefetch a probe, and an interner plus a
-//! separate array of sums touch two or three cache lines per row. Slots are 64 bytes, so the
-//! load factor is kept at 3/8 or less: each extra linear probe is another cache line.
+//! A dictionary-encoded column (Parquet's own dictionary pages read as Arrow dictionaries)
+//! costs one lookup per dictionary value, not per row: the dictionary's ids are kept while
+//! the next batches share it, and each row is one array index.
 
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, GenericStringArray, Int64Array, OffsetSizeTrait, StringViewArray,
+    Array, ArrayRef, AsArray, GenericStringArray, Int64Array, OffsetSizeTrait, StringBuilder,
 };
 use datafusion::arrow::datatypes::{DataType, Int64Type};
-use datafusion::common::{HashMap, Result, exec_err};
+use datafusion::common::{Result, exec_err};
 
-use super::common::Moments;
-
-/// The key of a NULL cluster id (no real key has all bits set: see [`long_key`]).
-pub const NULL_KEY: u128 = u128::MAX;
-
-/// Marks the low 32 bits (the "length") of an interned long string's key.
-const LONG_TAG: u128 = 0xFFFF_FFFF;
+/// The id of a NULL cluster key.
+pub const NULL_ID: u32 = u32::MAX;
 
 /// Whether keys are integers or strings; fixes the state's list element type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KeyKind {
     /// Int64 keys.
     Int,
-    /// String keys (Utf8 in state; Utf8, LargeUtf8 or Utf8View on input).
+    /// String keys (Utf8 in state; Utf8, LargeUtf8, Utf8View or a dictionary of them on
+    /// input).
     Str,
 }
 
@@ -58,118 +54,83 @@ impl KeyKind {
     }
 }
 
-/// The group no group is: marks an empty [`Cell`].
-pub const NO_GROUP: u32 = u32::MAX;
-
-/// A cluster's inline partial sums and the group they belong to.
-///
-/// Sums are of `x - shift`, `shift` being the cell's first value (the shifted-data algorithm):
-/// no division per row, and stable because the shift lies within the data.
-#[derive(Debug, Clone, Copy)]
-pub struct Cell {
-    /// The group accumulating this cluster inline, [`NO_GROUP`] when empty.
-    pub group: u32,
-    /// Rows added.
-    pub n: u32,
-    shift: f64,
-    s1: f64,
-    s2: f64,
-}
-
-impl Cell {
-    /// No rows.
-    pub const EMPTY: Cell = Cell {
-        group: NO_GROUP,
-        n: 0,
-        shift: 0.0,
-        s1: 0.0,
-        s2: 0.0,
-    };
-
-    /// A cell of `group` holding one value.
-    #[inline]
-    pub fn start(group: usize, x: f64) -> Self {
-        Cell {
-            group: group as u32,
-            n: 1,
-            shift: x,
-            s1: 0.0,
-            s2: 0.0,
-        }
-    }
-
-    /// Adds one value.
-    #[inline]
-    pub fn push(&mut self, x: f64) {
-        let d = x - self.shift;
-        self.n += 1;
-        self.s1 += d;
-        self.s2 += d * d;
-    }
-
-    /// Count, mean and squared deviations of the values added.
-    pub fn moments(&self) -> Moments {
-        let n = self.n as f64;
-        Moments {
-            n: self.n as u64,
-            mean: self.shift + self.s1 / n,
-            m2: (self.s2 - self.s1 * self.s1 / n).max(0.0),
-        }
-    }
-}
-
+const INLINE: usize = 48;
 const EMPTY_ID: u32 = u32::MAX;
 
-/// One cluster: key, dense id and inline sums, on one cache line.
+/// One cluster: hash, length, dense id and the key's first bytes, on one cache line.
 #[derive(Debug, Clone, Copy)]
 #[repr(C, align(64))]
-pub struct Slot {
-    key: u128,
+struct Slot {
+    hash: u64,
+    len: u32,
     /// Dense cluster id, `0..len()` in order of first sight; [`EMPTY_ID`] for a free slot.
-    pub id: u32,
-    /// The cluster's inline sums.
-    pub cell: Cell,
+    id: u32,
+    prefix: [u8; INLINE],
 }
 
 const FREE: Slot = Slot {
-    key: 0,
+    hash: 0,
+    len: 0,
     id: EMPTY_ID,
-    cell: Cell::EMPTY,
+    prefix: [0; INLINE],
 };
 
 const MIN_SLOTS: usize = 1024;
 
-/// The key of a string of at most 12 bytes: its inline Arrow view.
-#[inline]
-fn short_key(s: &[u8]) -> u128 {
-    debug_assert!(s.len() <= 12);
-    let mut b = [0u8; 16];
-    b[..4].copy_from_slice(&(s.len() as u32).to_le_bytes());
-    b[4..4 + s.len()].copy_from_slice(s);
-    u128::from_le_bytes(b)
-}
-
-/// The key of the interned long string with id `id` (never [`NULL_KEY`]: the high 64 bits
-/// of an id-derived key are zero).
-#[inline]
-fn long_key(id: u32) -> u128 {
-    ((id as u128) << 32) | LONG_TAG
-}
-
-/// A folded multiply (as in foldhash): cheap and mixes both halves into the low bits.
 #[inline(always)]
-fn hash(key: u128) -> usize {
-    let lo = (key as u64) ^ 0x243F_6A88_85A3_08D3;
-    let hi = ((key >> 64) as u64) ^ 0x1319_8A2E_0370_7344;
-    let p = (lo as u128).wrapping_mul(hi as u128);
-    let h = (p as u64) ^ ((p >> 64) as u64);
-    let q = (h as u128).wrapping_mul(0xA409_3822_299F_31D0);
-    ((q as u64) ^ ((q >> 64) as u64)) as usize
+fn fold(a: u64, b: u64) -> u64 {
+    let p = (a as u128).wrapping_mul(b as u128);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+#[inline(always)]
+fn read8(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+#[inline(always)]
+fn read4(b: &[u8], at: usize) -> u64 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes")) as u64
+}
+
+const K0: u64 = 0x243F_6A88_85A3_08D3;
+const K1: u64 = 0x1319_8A2E_0370_7344;
+const K2: u64 = 0xA409_3822_299F_31D0;
+
+/// A folded-multiply hash of a short byte string (as in foldhash / wyhash): overlapping
+/// loads, no per-byte loop.
+#[inline(always)]
+fn hash_bytes(b: &[u8]) -> u64 {
+    let len = b.len();
+    let mut h = K0 ^ (len as u64).wrapping_mul(K2);
+    if len <= 16 {
+        let (lo, hi) = if len >= 8 {
+            (read8(b, 0), read8(b, len - 8))
+        } else if len >= 4 {
+            (read4(b, 0), read4(b, len - 4))
+        } else if len > 0 {
+            (
+                b[0] as u64 | (b[len / 2] as u64) << 8 | (b[len - 1] as u64) << 16,
+                0,
+            )
+        } else {
+            (0, 0)
+        };
+        h = fold(lo ^ K1, hi ^ h);
+    } else {
+        let mut at = 0;
+        while at + 16 < len {
+            h = fold(read8(b, at) ^ K1, read8(b, at + 8) ^ h);
+            at += 16;
+        }
+        h = fold(read8(b, len - 16) ^ K2, read8(b, len - 8) ^ h);
+    }
+    fold(h, K1)
 }
 
 /// Hints the CPU to load `p`'s cache line; never dereferences (any address is fine).
 #[inline(always)]
-fn prefetch<T>(p: *const T) {
+pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is only a hint; it cannot fault, even for an invalid address.
     unsafe {
@@ -180,16 +141,22 @@ fn prefetch<T>(p: *const T) {
     let _ = p;
 }
 
-/// Clusters by key: dense ids, inline sums, and the way back from id to key.
+/// Rows ahead whose slot a lookup prefetches.
+const AHEAD: usize = 16;
+
+/// Cluster keys to dense ids, and ids back to keys.
 #[derive(Debug, Clone)]
 pub struct ClusterTable {
     kind: KeyKind,
     slots: Vec<Slot>,
-    /// Key of each dense id.
-    keys: Vec<u128>,
-    long_ids: HashMap<Box<str>, u32>,
-    long_strs: Vec<Box<str>>,
-    long_bytes: usize,
+    /// Every key's bytes, by id: `bytes[offsets[id]..offsets[id + 1]]`.
+    bytes: Vec<u8>,
+    offsets: Vec<usize>,
+    /// Per-batch scratch: each row's hash.
+    hashes: Vec<u64>,
+    /// The last dictionary seen and the id of each of its values. Holding the array keeps
+    /// its buffers alive, so a pointer-equal dictionary later is this one.
+    dict: Option<(ArrayRef, Vec<u32>)>,
 }
 
 impl ClusterTable {
@@ -198,10 +165,10 @@ impl ClusterTable {
         Self {
             kind,
             slots: Vec::new(),
-            keys: Vec::new(),
-            long_ids: HashMap::default(),
-            long_strs: Vec::new(),
-            long_bytes: 0,
+            bytes: Vec::new(),
+            offsets: vec![0],
+            hashes: Vec::new(),
+            dict: None,
         }
     }
 
@@ -212,12 +179,12 @@ impl ClusterTable {
 
     /// Number of distinct clusters seen.
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.offsets.len() - 1
     }
 
     /// Whether no cluster was seen.
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.len() == 0
     }
 
     /// Forgets every cluster.
@@ -225,43 +192,66 @@ impl ClusterTable {
         *self = Self::new(self.kind);
     }
 
-    /// Empties every inline cell, keeping keys and ids.
-    pub fn reset_cells(&mut self) {
-        self.slots.iter_mut().for_each(|s| s.cell = Cell::EMPTY);
-    }
-
     /// Approximate heap bytes.
     pub fn size(&self) -> usize {
         self.slots.capacity() * size_of::<Slot>()
-            + self.keys.capacity() * 16
-            + self.long_ids.capacity() * 24
-            + self.long_strs.capacity() * 16
-            + 2 * self.long_bytes
+            + self.bytes.capacity()
+            + self.offsets.capacity() * 8
+            + self.hashes.capacity() * 8
+            + self
+                .dict
+                .as_ref()
+                .map_or(0, |(a, ids)| a.get_array_memory_size() + ids.capacity() * 4)
     }
 
-    fn intern_long(&mut self, s: &str) -> u128 {
-        if let Some(&id) = self.long_ids.get(s) {
-            return long_key(id);
-        }
-        let id = self.long_strs.len() as u32;
-        self.long_ids.insert(s.into(), id);
-        self.long_bytes += s.len();
-        self.long_strs.push(s.into());
-        long_key(id)
-    }
-
-    /// Writes the key of every row of `keys` into `out` ([`NULL_KEY`] for NULL).
-    pub fn keys_of(&mut self, keys: &ArrayRef, out: &mut Vec<u128>) -> Result<()> {
+    /// Writes the id of every row of `keys` into `out` ([`NULL_ID`] for NULL), adding new
+    /// keys.
+    pub fn ids_of(&mut self, keys: &ArrayRef, out: &mut Vec<u32>) -> Result<()> {
         out.clear();
-        out.reserve(keys.len());
         match (self.kind, keys.data_type()) {
             (KeyKind::Int, DataType::Int64) => {
                 let a = keys.as_primitive::<Int64Type>();
-                out.extend(a.iter().map(|k| k.map_or(NULL_KEY, |k| k as u64 as u128)));
+                let le: Vec<[u8; 8]> = a.values().iter().map(|k| k.to_le_bytes()).collect();
+                self.resolve(a.len(), |i| a.is_valid(i), |i| &le[i][..], out);
             }
-            (KeyKind::Str, DataType::Utf8) => self.str_keys(keys.as_string::<i32>(), out),
-            (KeyKind::Str, DataType::LargeUtf8) => self.str_keys(keys.as_string::<i64>(), out),
-            (KeyKind::Str, DataType::Utf8View) => self.view_keys(keys.as_string_view(), out),
+            (KeyKind::Str, DataType::Utf8) => self.str_ids(keys.as_string::<i32>(), out),
+            (KeyKind::Str, DataType::LargeUtf8) => self.str_ids(keys.as_string::<i64>(), out),
+            (KeyKind::Str, DataType::Utf8View) => {
+                let a = keys.as_string_view();
+                self.resolve(a.len(), |i| a.is_valid(i), |i| a.value(i).as_bytes(), out);
+            }
+            (KeyKind::Str, DataType::Dictionary(_, v))
+                if matches!(
+                    v.as_ref(),
+                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+                ) =>
+            {
+                let d = keys.as_any_dictionary();
+                let values = d.values();
+                let same = self
+                    .dict
+                    .as_ref()
+                    .is_some_and(|(a, _)| a.to_data().ptr_eq(&values.to_data()));
+                if !same {
+                    let mut ids = Vec::new();
+                    self.ids_of(values, &mut ids)?;
+                    self.dict = Some((Arc::clone(values), ids));
+                }
+                if values.is_empty() {
+                    // Every key is NULL (a non-NULL key would index a value).
+                    out.resize(keys.len(), NULL_ID);
+                    return Ok(());
+                }
+                let ids = &self.dict.as_ref().expect("set above").1;
+                let nulls = keys.logical_nulls();
+                out.extend(d.normalized_keys().iter().enumerate().map(|(i, &k)| {
+                    if nulls.as_ref().is_some_and(|n| n.is_null(i)) {
+                        NULL_ID
+                    } else {
+                        ids[k]
+                    }
+                }));
+            }
             (kind, t) => {
                 return exec_err!("cluster keys of type {t} do not match the {kind:?} key kind");
             }
@@ -269,120 +259,93 @@ impl ClusterTable {
         Ok(())
     }
 
-    fn str_keys<O: OffsetSizeTrait>(&mut self, a: &GenericStringArray<O>, out: &mut Vec<u128>) {
+    fn str_ids<O: OffsetSizeTrait>(&mut self, a: &GenericStringArray<O>, out: &mut Vec<u32>) {
         let offsets = a.value_offsets();
         let data = a.value_data();
-        // Consecutive equal long strings (rows of one template together) skip the interner.
-        let mut prev: Option<(&str, u128)> = None;
-        for i in 0..a.len() {
-            if a.is_null(i) {
-                out.push(NULL_KEY);
-                continue;
-            }
-            let (start, end) = (offsets[i].as_usize(), offsets[i + 1].as_usize());
-            let len = end - start;
-            let key = if len <= 12 {
-                match data.get(start..start + 16) {
-                    // One unaligned 16-byte load, masked to the string, instead of a
-                    // variable-length copy.
-                    Some(b) => {
-                        let bytes = u128::from_le_bytes(b.try_into().expect("16 bytes"));
-                        let mask = (1u128 << (8 * len)) - 1;
-                        ((bytes & mask) << 32) | len as u128
-                    }
-                    None => short_key(&data[start..end]),
-                }
-            } else {
-                let k = a.value(i);
-                match prev {
-                    Some((pk, pkey)) if pk == k => pkey,
-                    _ => {
-                        let key = self.intern_long(k);
-                        prev = Some((k, key));
-                        key
-                    }
-                }
-            };
-            out.push(key);
-        }
+        self.resolve(
+            a.len(),
+            |i| a.is_valid(i),
+            |i| &data[offsets[i].as_usize()..offsets[i + 1].as_usize()],
+            out,
+        );
     }
 
-    fn view_keys(&mut self, a: &StringViewArray, out: &mut Vec<u128>) {
-        let views = a.views();
-        // A long string's view holds a prefix and a buffer offset: equal views are the same
-        // bytes, so consecutive equal views skip the interner.
-        let mut prev: Option<(u128, u128)> = None;
-        for (i, &v) in views.iter().enumerate() {
-            if a.is_null(i) {
-                out.push(NULL_KEY);
-                continue;
-            }
-            let len = v as u32;
-            let key = if len <= 12 {
-                // Writers must zero the padding; mask it anyway so equal strings are equal keys.
-                if len < 12 {
-                    v & ((1u128 << (32 + 8 * len)) - 1)
-                } else {
-                    v
-                }
-            } else {
-                match prev {
-                    Some((pv, pkey)) if pv == v => pkey,
-                    _ => {
-                        let key = self.intern_long(a.value(i));
-                        prev = Some((v, key));
-                        key
-                    }
-                }
-            };
-            out.push(key);
-        }
-    }
-
-    /// Hints the CPU to fetch the slot `key` most likely sits in.
-    #[inline(always)]
-    pub fn prefetch(&self, key: u128) {
-        if !self.slots.is_empty() {
-            let i = hash(key) & (self.slots.len() - 1);
-            prefetch(self.slots.as_ptr().wrapping_add(i));
-        }
-    }
-
-    /// The slot of `key`, inserted (with an empty cell and the next id) if new.
+    /// Looks up `n` rows given their validity and bytes: hashes them all, then probes each
+    /// with the slot of the row [`AHEAD`] prefetched.
     #[inline]
-    pub fn slot(&mut self, key: u128) -> usize {
-        debug_assert_ne!(key, NULL_KEY);
+    fn resolve<'a>(
+        &mut self,
+        n: usize,
+        valid: impl Fn(usize) -> bool,
+        bytes: impl Fn(usize) -> &'a [u8],
+        out: &mut Vec<u32>,
+    ) {
         if self.slots.is_empty() {
             self.slots = vec![FREE; MIN_SLOTS];
         }
+        let mut hashes = std::mem::take(&mut self.hashes);
+        hashes.clear();
+        hashes.extend((0..n).map(|i| hash_bytes(bytes(i))));
+        out.reserve(n);
+        for i in 0..n {
+            if let Some(&h) = hashes.get(i + AHEAD) {
+                let at = h as usize & (self.slots.len() - 1);
+                prefetch(self.slots.as_ptr().wrapping_add(at));
+            }
+            out.push(if valid(i) {
+                self.id(hashes[i], bytes(i))
+            } else {
+                NULL_ID
+            });
+        }
+        self.hashes = hashes;
+    }
+
+    /// The id of the key `b` with hash `h`, inserted if new.
+    #[inline]
+    fn id(&mut self, h: u64, b: &[u8]) -> u32 {
         let mask = self.slots.len() - 1;
-        let mut i = hash(key) & mask;
+        let mut i = h as usize & mask;
         loop {
             let s = &self.slots[i];
-            if s.key == key && s.id != EMPTY_ID {
-                return i;
-            }
             if s.id == EMPTY_ID {
-                return self.insert_at(i, key);
+                return self.insert(i, h, b);
+            }
+            if s.hash == h && s.len as usize == b.len() && self.same(s, b) {
+                return s.id;
             }
             i = (i + 1) & mask;
         }
     }
 
+    #[inline]
+    fn same(&self, s: &Slot, b: &[u8]) -> bool {
+        let k = b.len().min(INLINE);
+        s.prefix[..k] == b[..k]
+            && (b.len() <= INLINE
+                || self.bytes[self.offsets[s.id as usize]..self.offsets[s.id as usize + 1]] == *b)
+    }
+
     #[cold]
-    fn insert_at(&mut self, i: usize, key: u128) -> usize {
-        // Load factor at most 3/8: each extra probe is another cache line.
-        if (self.keys.len() + 1) * 8 > self.slots.len() * 3 {
+    fn insert(&mut self, i: usize, h: u64, b: &[u8]) -> u32 {
+        // Load factor at most 1/2: each extra probe is another cache line.
+        if (self.len() + 1) * 2 > self.slots.len() {
             self.grow();
-            return self.slot(key);
+            return self.id(h, b);
         }
+        let id = self.len() as u32;
+        let mut prefix = [0; INLINE];
+        let k = b.len().min(INLINE);
+        prefix[..k].copy_from_slice(&b[..k]);
         self.slots[i] = Slot {
-            key,
-            id: self.keys.len() as u32,
-            cell: Cell::EMPTY,
+            hash: h,
+            len: b.len() as u32,
+            id,
+            prefix,
         };
-        self.keys.push(key);
-        i
+        self.bytes.extend_from_slice(b);
+        self.offsets.push(self.bytes.len());
+        id
     }
 
     fn grow(&mut self) {
@@ -390,7 +353,7 @@ impl ClusterTable {
         let old = std::mem::replace(&mut self.slots, doubled);
         let mask = self.slots.len() - 1;
         for s in old.into_iter().filter(|s| s.id != EMPTY_ID) {
-            let mut i = hash(s.key) & mask;
+            let mut i = s.hash as usize & mask;
             while self.slots[i].id != EMPTY_ID {
                 i = (i + 1) & mask;
             }
@@ -398,36 +361,22 @@ impl ClusterTable {
         }
     }
 
-    /// The slot at `i` (from [`ClusterTable::slot`]).
-    #[inline]
-    pub fn at(&mut self, i: usize) -> &mut Slot {
-        &mut self.slots[i]
-    }
-
-    /// Indices of the occupied slots.
-    pub fn occupied(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.slots.len()).filter(|&i| self.slots[i].id != EMPTY_ID)
+    fn key(&self, id: u32) -> &[u8] {
+        &self.bytes[self.offsets[id as usize]..self.offsets[id as usize + 1]]
     }
 
     /// The keys of cluster ids `ids`, as an array of the state key type.
     pub fn keys_array(&self, ids: impl Iterator<Item = u32>) -> ArrayRef {
         match self.kind {
             KeyKind::Int => Arc::new(
-                ids.map(|id| self.keys[id as usize] as u64 as i64)
+                ids.map(|id| i64::from_le_bytes(self.key(id).try_into().expect("8 bytes")))
                     .collect::<Int64Array>(),
             ),
             KeyKind::Str => {
-                let mut out = datafusion::arrow::array::StringBuilder::new();
+                let mut out = StringBuilder::new();
                 for id in ids {
-                    let key = self.keys[id as usize];
-                    if key & LONG_TAG == LONG_TAG {
-                        out.append_value(&self.long_strs[(key >> 32) as usize]);
-                    } else {
-                        let b = key.to_le_bytes();
-                        let len = key as u32 as usize;
-                        // Short keys were built from valid UTF-8 strings.
-                        out.append_value(String::from_utf8_lossy(&b[4..4 + len]));
-                    }
+                    // Keys were copied from valid UTF-8 strings.
+                    out.append_value(String::from_utf8_lossy(self.key(id)));
                 }
                 Arc::new(out.finish()) as ArrayRef
             }
@@ -438,41 +387,54 @@ impl ClusterTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::array::StringArray;
+    use datafusion::arrow::array::{DictionaryArray, StringArray, StringViewArray};
+    use datafusion::arrow::datatypes::Int32Type;
 
     fn utf8(keys: &[Option<&str>]) -> ArrayRef {
         Arc::new(StringArray::from(keys.to_vec()))
     }
 
     fn ids(t: &mut ClusterTable, a: &ArrayRef) -> Vec<Option<u32>> {
-        let mut keys = Vec::new();
-        t.keys_of(a, &mut keys).unwrap();
-        keys.into_iter()
-            .map(|k| (k != NULL_KEY).then(|| t.slot(k)).map(|s| t.at(s).id))
+        let mut out = Vec::new();
+        t.ids_of(a, &mut out).unwrap();
+        out.into_iter()
+            .map(|k| (k != NULL_ID).then_some(k))
             .collect()
     }
 
     #[test]
-    fn strings_and_views_share_ids_and_round_trip() {
+    fn strings_views_and_dictionaries_share_ids_and_round_trip() {
         let mut t = ClusterTable::new(KeyKind::Str);
         let a = utf8(&[Some("a"), Some("a"), None, Some("b")]);
         assert_eq!(ids(&mut t, &a), vec![Some(0), Some(0), None, Some(1)]);
         let v: ArrayRef = Arc::new(StringViewArray::from(vec!["b", "c"]));
         assert_eq!(ids(&mut t, &v), vec![Some(1), Some(2)]);
-        let long: ArrayRef = Arc::new(StringViewArray::from(vec![
+        let long = "x".repeat(60);
+        let longer = "x".repeat(61);
+        let lv: ArrayRef = Arc::new(StringViewArray::from(vec![
             "abcdefghijkl",
             "abcdefghijklm",
-            "abcdefghijk",
+            long.as_str(),
             "abcdefghijkl",
             "c",
+            longer.as_str(),
         ]));
         assert_eq!(
-            ids(&mut t, &long),
-            vec![Some(3), Some(4), Some(5), Some(3), Some(2)]
+            ids(&mut t, &lv),
+            vec![Some(3), Some(4), Some(5), Some(3), Some(2), Some(6)]
         );
-        let plain = utf8(&[Some("abcdefghijklm"), Some("abcdefghijkl"), Some("")]);
-        assert_eq!(ids(&mut t, &plain), vec![Some(4), Some(3), Some(6)]);
-        let back = t.keys_array(0..7);
+        let plain = utf8(&[Some("abcdefghijklm"), Some(long.as_str()), Some("")]);
+        assert_eq!(ids(&mut t, &plain), vec![Some(4), Some(5), Some(7)]);
+        let dict: DictionaryArray<Int32Type> =
+            vec![Some("c"), None, Some("new"), Some("c"), Some("a")]
+                .into_iter()
+                .collect();
+        let dict: ArrayRef = Arc::new(dict);
+        let want = vec![Some(2), None, Some(8), Some(2), Some(0)];
+        assert_eq!(ids(&mut t, &dict), want);
+        // The same dictionary again takes the cached ids.
+        assert_eq!(ids(&mut t, &dict.slice(1, 4)), want[1..].to_vec());
+        let back = t.keys_array(0..9);
         let back = back.as_string::<i32>();
         let got: Vec<&str> = back.iter().map(|s| s.unwrap()).collect();
         assert_eq!(
@@ -483,34 +445,30 @@ mod tests {
                 "c",
                 "abcdefghijkl",
                 "abcdefghijklm",
-                "abcdefghijk",
-                ""
+                &long,
+                &longer,
+                "",
+                "new"
             ]
-        );
-        // Short strings with 16 bytes of buffer after them take the masked-load path.
-        let plain = utf8(&[Some("b"), Some("c"), Some("zzzzzzzzzzzzzzzzzzzz"), Some("")]);
-        assert_eq!(
-            ids(&mut t, &plain),
-            vec![Some(1), Some(2), Some(7), Some(6)]
         );
     }
 
     #[test]
     fn probes_stay_short_for_template_like_keys() {
         let mut t = ClusterTable::new(KeyKind::Str);
-        let keys: Vec<u128> = (0..20_000)
-            .map(|i| short_key(format!("tpl-{i:06}").as_bytes()))
+        let keys: Vec<String> = (0..20_000)
+            .map(|i| format!("suite/test-{:03}/t{}", i % 400, i / 400))
             .collect();
-        for &k in &keys {
-            t.slot(k);
-        }
+        let a: ArrayRef = Arc::new(StringArray::from(keys.clone()));
+        ids(&mut t, &a);
         let mask = t.slots.len() - 1;
         let probes: usize = keys
             .iter()
-            .map(|&k| {
-                let mut i = hash(k) & mask;
+            .map(|k| {
+                let h = hash_bytes(k.as_bytes());
+                let mut i = h as usize & mask;
                 let mut n = 1;
-                while t.slots[i].key != k {
+                while t.slots[i].hash != h {
                     i = (i + 1) & mask;
                     n += 1;
                 }
@@ -523,26 +481,21 @@ mod tests {
     }
 
     #[test]
-    fn growth_keeps_ids_and_cells() {
+    fn growth_keeps_ids() {
         let mut t = ClusterTable::new(KeyKind::Int);
         let a: ArrayRef = Arc::new(Int64Array::from_iter_values(0..10_000));
         let first = ids(&mut t, &a);
         for (i, id) in first.iter().enumerate() {
             assert_eq!(*id, Some(i as u32));
         }
-        let s = t.slot(42);
-        t.at(s).cell = Cell::start(7, 1.5);
         let b: ArrayRef = Arc::new(Int64Array::from_iter_values((0..20_000).rev()));
         let second = ids(&mut t, &b);
         assert_eq!(second[19_999 - 42], Some(42));
         assert_eq!(t.len(), 20_000);
-        let s = t.slot(42);
-        assert_eq!(t.at(s).cell.group, 7);
         let back = t.keys_array([9_999u32, 10_000].into_iter());
         assert_eq!(
             back.as_primitive::<Int64Type>().values().to_vec(),
             vec![9_999, 19_999]
         );
-        assert_eq!(t.occupied().count(), 20_000);
     }
 }

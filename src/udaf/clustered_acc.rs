@@ -19,7 +19,7 @@ use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::compute::{cast, filter};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::cast::{as_float64_array, as_list_array, as_uint64_array};
-use datafusion::common::{HashMap, Result, ScalarValue, plan_datafusion_err, plan_err};
+use datafusion::common::{Result, ScalarValue, plan_datafusion_err, plan_err};
 use datafusion::logical_expr::function::AccumulatorArgs;
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
@@ -27,7 +27,7 @@ use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use super::cluster_interval::{
     Bootstrap, DEFAULT_REPS, DEFAULT_SEED, IntervalError, IntervalSpec, Method,
 };
-use super::cluster_keys::{Cell, ClusterTable, KeyKind, NO_GROUP, NULL_KEY};
+use super::cluster_keys::{ClusterTable, KeyKind, NULL_ID, prefetch};
 use super::common::{Moments, f64_array, filter_ok};
 use super::moments_acc::Input;
 use super::single_group::Grow;
@@ -221,26 +221,246 @@ pub fn key_kind(fields: &[FieldRef], idx: usize) -> KeyKind {
         .map_or(KeyKind::Str, |f| KeyKind::of(f.data_type()))
 }
 
-#[inline]
-fn slot_key(group: usize, cluster: u32) -> u64 {
+/// Cells of at most this many (group, cluster) pairs stay a dense matrix (24 MB); above it,
+/// only while at least half of them are used.
+const DENSE_MAX_CELLS: usize = 1 << 20;
+
+/// Moments per (group, cluster): a dense matrix while groups x clusters is small (GROUP BY
+/// model over thousands of templates, or no GROUP BY), else a hash map of the pairs seen
+/// (GROUP BY model, test: each template falls in one test, so most pairs never occur).
+#[derive(Debug, Clone)]
+enum Cells {
+    /// `m[cluster * stride + group]`, room for `m.len() / stride` clusters.
+    Dense {
+        stride: usize,
+        m: Vec<Moments>,
+        used: usize,
+    },
+    Sparse(CellMap),
+}
+
+impl Default for Cells {
+    fn default() -> Self {
+        Cells::Dense {
+            stride: 0,
+            m: Vec::new(),
+            used: 0,
+        }
+    }
+}
+
+impl Cells {
+    /// Makes room for `groups` groups and `clusters` clusters.
+    fn reserve(&mut self, groups: usize, clusters: usize) {
+        let Cells::Dense { stride, m, used } = self else {
+            return;
+        };
+        let cap = m.len().checked_div(*stride).unwrap_or(0);
+        if groups <= *stride && clusters <= cap {
+            return;
+        }
+        let new_stride = if groups <= *stride {
+            *stride
+        } else {
+            groups.max(*stride + *stride / 2)
+        };
+        let new_cap = if clusters <= cap {
+            cap
+        } else {
+            clusters.max(cap + cap / 2).max(64)
+        };
+        let cells = new_stride * new_cap;
+        if cells > DENSE_MAX_CELLS && cells > 2 * *used {
+            let mut map = CellMap::with_capacity(*used * 2);
+            for (i, c) in m.iter().enumerate().filter(|(_, c)| c.n > 0) {
+                map.entry(cell_key(i % *stride, (i / *stride) as u32))
+                    .merge(c);
+            }
+            *self = Cells::Sparse(map);
+        } else if new_stride == *stride {
+            m.resize(cells, Moments::default());
+        } else {
+            let mut grown = vec![Moments::default(); cells];
+            for (i, c) in m.iter().enumerate().filter(|(_, c)| c.n > 0) {
+                grown[(i / *stride) * new_stride + i % *stride] = *c;
+            }
+            *m = grown;
+            *stride = new_stride;
+        }
+    }
+
+    /// The moments of `(group, cluster)` (room made by [`Cells::reserve`]).
+    #[inline]
+    fn get(&mut self, group: usize, cluster: u32) -> &mut Moments {
+        match self {
+            Cells::Dense { stride, m, used } => {
+                let c = &mut m[cluster as usize * *stride + group];
+                *used += usize::from(c.n == 0);
+                c
+            }
+            Cells::Sparse(map) => map.entry(cell_key(group, cluster)),
+        }
+    }
+
+    /// Adds `x[i]` to the cell of `(groups[i], ids[i])` for every row `keep(i)` accepts.
+    #[inline]
+    fn push_rows(
+        &mut self,
+        groups: &[usize],
+        ids: &[u32],
+        x: &[f64],
+        keep: impl Fn(usize) -> bool,
+    ) {
+        // Rows arrive in no cluster order and the cells do not fit in L2: prefetch the cell
+        // of the row a few rows ahead.
+        const AHEAD: usize = 16;
+        match self {
+            Cells::Dense { stride, m, used } => {
+                let stride = *stride;
+                let base = m.as_ptr();
+                for i in 0..x.len() {
+                    if let (Some(&g), Some(&c)) = (groups.get(i + AHEAD), ids.get(i + AHEAD)) {
+                        prefetch(base.wrapping_add((c as usize).wrapping_mul(stride) + g));
+                    }
+                    if keep(i) {
+                        let c = &mut m[ids[i] as usize * stride + groups[i]];
+                        *used += usize::from(c.n == 0);
+                        c.push(x[i]);
+                    }
+                }
+            }
+            Cells::Sparse(map) => {
+                for i in 0..x.len() {
+                    if let (Some(&g), Some(&c)) = (groups.get(i + AHEAD), ids.get(i + AHEAD)) {
+                        map.prefetch(cell_key(g, c));
+                    }
+                    if keep(i) {
+                        map.entry(cell_key(groups[i], ids[i])).push(x[i]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every non-empty cell as `(group, cluster, moments)`.
+    fn drain(&mut self) -> Vec<(usize, u32, Moments)> {
+        let out = match self {
+            Cells::Dense { stride, m, .. } => m
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.n > 0)
+                .map(|(i, c)| (i % *stride, (i / *stride) as u32, *c))
+                .collect(),
+            Cells::Sparse(map) => map
+                .slots
+                .iter()
+                .filter(|s| s.key != EMPTY_CELL)
+                .map(|s| ((s.key >> 32) as usize, s.key as u32, s.m))
+                .collect(),
+        };
+        *self = Cells::default();
+        out
+    }
+
+    fn size(&self) -> usize {
+        match self {
+            Cells::Dense { m, .. } => m.capacity() * size_of::<Moments>(),
+            Cells::Sparse(map) => map.slots.capacity() * size_of::<CellSlot>(),
+        }
+    }
+}
+
+#[inline(always)]
+fn cell_key(group: usize, cluster: u32) -> u64 {
     ((group as u64) << 32) | cluster as u64
+}
+
+const EMPTY_CELL: u64 = u64::MAX;
+
+/// One (group, cluster) pair and its moments: two per cache line.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(32))]
+struct CellSlot {
+    key: u64,
+    m: Moments,
+}
+
+/// Open addressing with linear probing on `cell_key`, load factor at most 1/2.
+#[derive(Debug, Clone)]
+struct CellMap {
+    slots: Vec<CellSlot>,
+    len: usize,
+    shift: u32,
+}
+
+impl CellMap {
+    fn with_capacity(n: usize) -> Self {
+        let slots = (2 * n).next_power_of_two().max(1024);
+        Self {
+            slots: vec![
+                CellSlot {
+                    key: EMPTY_CELL,
+                    m: Moments::default(),
+                };
+                slots
+            ],
+            len: 0,
+            shift: 64 - slots.trailing_zeros(),
+        }
+    }
+
+    /// Fibonacci hashing: the top bits of the key times 2^64 / phi.
+    #[inline(always)]
+    fn home(&self, key: u64) -> usize {
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+    }
+
+    #[inline(always)]
+    fn prefetch(&self, key: u64) {
+        prefetch(self.slots.as_ptr().wrapping_add(self.home(key)));
+    }
+
+    #[inline]
+    fn entry(&mut self, key: u64) -> &mut Moments {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(key);
+        loop {
+            let k = self.slots[i].key;
+            if k == key {
+                return &mut self.slots[i].m;
+            }
+            if k == EMPTY_CELL {
+                if (self.len + 1) * 2 > self.slots.len() {
+                    self.grow();
+                    return self.entry(key);
+                }
+                self.len += 1;
+                self.slots[i].key = key;
+                return &mut self.slots[i].m;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let old = std::mem::replace(self, CellMap::with_capacity(self.slots.len()));
+        for s in old.slots.into_iter().filter(|s| s.key != EMPTY_CELL) {
+            *self.entry(s.key) = s.m;
+        }
+    }
 }
 
 /// Per-group, per-cluster moments.
 #[derive(Clone)]
 pub struct ClusteredGroups {
     input: Input,
-    /// Per cluster: its key, dense id, and the group accumulating it inline with its sums.
-    /// Rows of a cluster usually fall in one group (a template belongs to one test; without
-    /// GROUP BY there is one group), so a row costs one (prefetched) slot access; a row of
-    /// another group spills the inline sums into that group's `cells` (a hash lookup) and
-    /// takes the slot over.
+    /// Cluster keys to dense cluster ids.
     table: ClusterTable,
-    groups: Vec<GroupCells>,
-    /// (group, cluster id) -> position in that group's `cells`.
-    index: HashMap<u64, u32>,
-    n_cells: usize,
-    keys: Vec<u128>,
+    cells: Cells,
+    n_groups: usize,
+    /// Per-batch scratch: each row's cluster id.
+    ids: Vec<u32>,
     finish: ClusterFinish,
 }
 
@@ -248,8 +468,8 @@ impl fmt::Debug for ClusteredGroups {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClusteredGroups")
             .field("input", &self.input)
-            .field("groups", &self.groups.len())
-            .field("cells", &self.n_cells)
+            .field("groups", &self.n_groups)
+            .field("clusters", &self.table.len())
             .finish()
     }
 }
@@ -260,79 +480,52 @@ impl ClusteredGroups {
         Self {
             input,
             table: ClusterTable::new(kind),
-            groups: Vec::new(),
-            index: HashMap::default(),
-            n_cells: 0,
-            keys: Vec::new(),
+            cells: Cells::default(),
+            n_groups: 0,
+            ids: Vec::new(),
             finish,
         }
     }
 
-    /// Folds the inline sums in slot `s` into their group's cells.
-    fn spill(&mut self, s: usize) {
-        let slot = *self.table.at(s);
-        if slot.cell.group != NO_GROUP {
-            let g = slot.cell.group as usize;
-            let p = self.slot_slow(g, slot.id);
-            self.groups[g].cells[p].1.merge(&slot.cell.moments());
-            self.table.at(s).cell = Cell::EMPTY;
-        }
-    }
-
-    /// Spills every inline cell, so `groups` holds all partial sums.
-    fn spill_all(&mut self) {
-        let occupied: Vec<usize> = self.table.occupied().collect();
-        for s in occupied {
-            self.spill(s);
-        }
-    }
-
-    fn slot_slow(&mut self, group: usize, cid: u32) -> usize {
-        let groups = &mut self.groups;
-        let n_cells = &mut self.n_cells;
-        *self.index.entry(slot_key(group, cid)).or_insert_with(|| {
-            let cells = &mut groups[group].cells;
-            cells.push((cid, Moments::default()));
-            *n_cells += 1;
-            (cells.len() - 1) as u32
-        }) as usize
-    }
-
+    /// Takes the groups `emit_to` names, with their totals; later groups move down. The
+    /// cluster table is kept (the caller may still need keys of the emitted cells).
     fn take(&mut self, emit_to: EmitTo) -> Vec<GroupCells> {
-        self.spill_all();
-        let mut out = emit_to.take_needed(&mut self.groups);
-        for g in &mut out {
-            let mut total = Moments::default();
-            g.cells.iter().for_each(|(_, m)| total.merge(m));
-            g.total = total;
+        let mut groups = vec![GroupCells::default(); self.n_groups];
+        for (g, c, m) in self.cells.drain() {
+            groups[g].cells.push((c, m));
         }
-        self.index.clear();
-        self.table.reset_cells();
-        match emit_to {
-            EmitTo::All => {
-                self.table.clear();
-                self.n_cells = 0;
-            }
-            EmitTo::First(_) => {
-                self.n_cells = 0;
-                for (g, gc) in self.groups.iter().enumerate() {
-                    for (p, (cid, _)) in gc.cells.iter().enumerate() {
-                        self.index.insert(slot_key(g, *cid), p as u32);
-                    }
-                    self.n_cells += gc.cells.len();
+        let out = emit_to.take_needed(&mut groups);
+        self.n_groups = groups.len();
+        if !groups.is_empty() {
+            self.cells.reserve(self.n_groups, self.table.len());
+            for (g, gc) in groups.iter().enumerate() {
+                for (c, m) in &gc.cells {
+                    self.cells.get(g, *c).merge(m);
                 }
             }
         }
-        out
+        out.into_iter()
+            .map(|mut g| {
+                g.cells.sort_unstable_by_key(|(c, _)| *c);
+                g.total = Moments::default();
+                for (_, m) in &g.cells {
+                    g.total.merge(m);
+                }
+                g
+            })
+            .collect()
+    }
+
+    fn forget_clusters_if_empty(&mut self) {
+        if self.n_groups == 0 {
+            self.table.clear();
+        }
     }
 }
 
 impl Grow for ClusteredGroups {
     fn grow(&mut self, total_num_groups: usize) {
-        if self.groups.len() < total_num_groups {
-            self.groups
-                .resize_with(total_num_groups, GroupCells::default);
-        }
+        self.n_groups = self.n_groups.max(total_num_groups);
     }
 }
 
@@ -347,35 +540,19 @@ impl GroupsAccumulator for ClusteredGroups {
         self.grow(total_num_groups);
         let x = self.input.values(values)?;
         let x = f64_array(&x)?;
-        let mut keys = std::mem::take(&mut self.keys);
+        let mut ids = std::mem::take(&mut self.ids);
         self.table
-            .keys_of(&values[self.input.cluster_idx()], &mut keys)?;
+            .ids_of(&values[self.input.cluster_idx()], &mut ids)?;
+        self.cells.reserve(self.n_groups, self.table.len());
+        let xs = x.values();
         let dense_input = x.null_count() == 0 && opt_filter.is_none();
-        // Keys are known ahead: prefetch a slot a few rows early, since with tens of
-        // thousands of clusters the table does not fit in L2.
-        const AHEAD: usize = 16;
-        for (i, (&g, &v)) in group_indices.iter().zip(x.values().iter()).enumerate() {
-            if let Some(&ahead) = keys.get(i + AHEAD) {
-                self.table.prefetch(ahead);
-            }
-            let key = keys[i];
-            if key == NULL_KEY
-                || v.is_nan()
-                || !(dense_input || (x.is_valid(i) && filter_ok(opt_filter, i)))
-            {
-                continue;
-            }
-            let s = self.table.slot(key);
-            let cell = &mut self.table.at(s).cell;
-            // The u32 count spills before it could overflow.
-            if cell.group as usize == g && cell.n < u32::MAX {
-                cell.push(v);
-            } else {
-                self.spill(s);
-                self.table.at(s).cell = Cell::start(g, v);
-            }
-        }
-        self.keys = keys;
+        let keep = |i: usize| {
+            ids[i] != NULL_ID
+                && !xs[i].is_nan()
+                && (dense_input || (x.is_valid(i) && filter_ok(opt_filter, i)))
+        };
+        self.cells.push_rows(group_indices, &ids, xs, keep);
+        self.ids = ids;
         Ok(())
     }
 
@@ -401,50 +578,44 @@ impl GroupsAccumulator for ClusteredGroups {
         let m2v = as_float64_array(m2s.values())?;
         let start = ko[0] as usize;
         let end = ko[keys.len()] as usize;
-        let mut ids = std::mem::take(&mut self.keys);
+        let mut ids = std::mem::take(&mut self.ids);
         self.table
-            .keys_of(&keys.values().slice(start, end - start), &mut ids)?;
+            .ids_of(&keys.values().slice(start, end - start), &mut ids)?;
+        self.cells.reserve(self.n_groups, self.table.len());
         for (i, &g) in group_indices.iter().enumerate() {
             if keys.is_null(i) {
                 continue;
             }
             let len = (ko[i + 1] - ko[i]) as usize;
             for j in 0..len {
-                let key = ids[ko[i] as usize - start + j];
-                if key == NULL_KEY {
+                let id = ids[ko[i] as usize - start + j];
+                if id == NULL_ID {
                     continue;
                 }
-                let s = self.table.slot(key);
-                let cid = self.table.at(s).id;
                 let cell = Moments {
                     n: cv.value(co[i] as usize + j),
                     mean: mv.value(mo[i] as usize + j),
                     m2: m2v.value(m2o[i] as usize + j),
                 };
-                let p = self.slot_slow(g, cid);
-                self.groups[g].cells[p].1.merge(&cell);
+                self.cells.get(g, id).merge(&cell);
             }
         }
-        self.keys = ids;
+        self.ids = ids;
         Ok(())
     }
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
         let groups = self.take(emit_to);
+        self.forget_clusters_if_empty();
         (self.finish)(&groups)
     }
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
-        self.spill_all();
-        // Keys must be resolved before `take` may clear the table.
-        let n_emit = match emit_to {
-            EmitTo::All => self.groups.len(),
-            EmitTo::First(k) => k,
-        };
-        let emitted = &self.groups[..n_emit];
+        let emitted = self.take(emit_to);
         let offsets = OffsetBuffer::<i32>::from_lengths(emitted.iter().map(|g| g.cells.len()));
         let cells = || emitted.iter().flat_map(|g| g.cells.iter());
         let keys = self.table.keys_array(cells().map(|(cid, _)| *cid));
+        self.forget_clusters_if_empty();
         let counts: ArrayRef = Arc::new(UInt64Array::from_iter_values(cells().map(|(_, m)| m.n)));
         let means: ArrayRef =
             Arc::new(Float64Array::from_iter_values(cells().map(|(_, m)| m.mean)));
@@ -453,9 +624,7 @@ impl GroupsAccumulator for ClusteredGroups {
             let field = Arc::new(Field::new_list_field(v.data_type().clone(), true));
             Arc::new(ListArray::new(field, offsets.clone(), v, None))
         };
-        let out = vec![list(keys), list(counts), list(means), list(m2s)];
-        self.take(emit_to);
-        Ok(out)
+        Ok(vec![list(keys), list(counts), list(means), list(m2s)])
     }
 
     fn convert_to_state(
@@ -494,11 +663,7 @@ impl GroupsAccumulator for ClusteredGroups {
     }
 
     fn size(&self) -> usize {
-        self.groups.capacity() * size_of::<GroupCells>()
-            + self.n_cells * (size_of::<(u32, Moments)>() + 16)
-            + self.index.capacity() * 16
-            + self.table.size()
-            + self.keys.capacity() * 16
+        self.cells.size() + self.table.size() + self.ids.capacity() * 4
     }
 }
 
@@ -552,5 +717,82 @@ mod tests {
             .collect();
         let g = cells(&singles);
         assert!((g.miller_se().unwrap() - g.total.mean_se().unwrap()).abs() < 1e-12);
+    }
+
+    fn miller_finish() -> ClusterFinish {
+        Arc::new(|g: &[GroupCells]| {
+            Ok(Arc::new(
+                g.iter()
+                    .map(GroupCells::miller_se)
+                    .collect::<Float64Array>(),
+            ) as ArrayRef)
+        })
+    }
+
+    /// Rows `(group, cluster, x)` through `update_batch` in batches, then every group's
+    /// Miller SE against the brute-force one; `first` emits the first groups early.
+    fn check_groups(n_groups: usize, n_clusters: u64, rows: usize, first: Option<usize>) {
+        use datafusion::arrow::array::Int64Array;
+        let data: Vec<(usize, i64, f64)> = (0..rows as u64)
+            .map(|i| {
+                let r = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20;
+                let g = (r % n_groups as u64) as usize;
+                // Each cluster falls in a few groups only when groups are many.
+                let c = ((r >> 24) % n_clusters + g as u64 * 7) % (n_clusters * 3);
+                (g, c as i64, ((r >> 8) % 13) as f64 / 4.0)
+            })
+            .collect();
+        let mut acc = ClusteredGroups::new(Input::Single, KeyKind::Int, miller_finish());
+        for chunk in data.chunks(4096) {
+            let x: ArrayRef = Arc::new(chunk.iter().map(|r| r.2).collect::<Float64Array>());
+            let c: ArrayRef = Arc::new(chunk.iter().map(|r| r.1).collect::<Int64Array>());
+            let g: Vec<usize> = chunk.iter().map(|r| r.0).collect();
+            acc.update_batch(&[x, c], &g, None, n_groups).unwrap();
+        }
+        let sparse = matches!(acc.cells, Cells::Sparse(_));
+        let mut got: Vec<Option<f64>> = Vec::new();
+        if let Some(k) = first {
+            let a = acc.evaluate(EmitTo::First(k)).unwrap();
+            got.extend(a.as_any().downcast_ref::<Float64Array>().unwrap().iter());
+        }
+        let a = acc.evaluate(EmitTo::All).unwrap();
+        got.extend(a.as_any().downcast_ref::<Float64Array>().unwrap().iter());
+        assert_eq!(got.len(), n_groups, "sparse {sparse}");
+        for (g, se) in got.iter().enumerate() {
+            let rows: Vec<(u32, f64)> = data
+                .iter()
+                .filter(|r| r.0 == g)
+                .map(|r| (r.1 as u32, r.2))
+                .collect();
+            let want = if rows.len() < 2 {
+                None
+            } else {
+                cells(&rows).miller_se()
+            };
+            match (se, want) {
+                (Some(a), Some(b)) => assert!((a - b).abs() < 1e-12, "group {g}: {a} vs {b}"),
+                (a, b) => assert_eq!(*a, b, "group {g}"),
+            }
+        }
+    }
+
+    #[test]
+    fn dense_and_sparse_cells_match_brute_force() {
+        // Few groups: a dense matrix; many groups over many clusters: the hash map.
+        check_groups(3, 50, 20_000, None);
+        check_groups(3, 50, 20_000, Some(1));
+        check_groups(2_000, 1_000, 60_000, None);
+        check_groups(2_000, 1_000, 60_000, Some(700));
+    }
+
+    #[test]
+    fn many_groups_use_the_hash_map() {
+        let mut cells = ClusteredGroups::new(Input::Single, KeyKind::Int, miller_finish()).cells;
+        cells.reserve(3, 100);
+        assert!(matches!(cells, Cells::Dense { .. }));
+        cells.get(2, 99).push(1.0);
+        cells.reserve(8_000, 20_000);
+        assert!(matches!(cells, Cells::Sparse(_)));
+        assert_eq!(cells.get(2, 99).n, 1);
     }
 }

@@ -228,6 +228,9 @@ pub fn coerce_cluster(fname: &str, arg: &str, t: &DataType) -> Result<DataType> 
         // UInt64 may not fit Int64; its decimal text is an exact key.
         UInt64 | Utf8 | LargeUtf8 => Utf8,
         Utf8View => Utf8View,
+        // A dictionary of strings stays one: clusters are then looked up once per dictionary
+        // value, not per row (see `cluster_keys`).
+        Dictionary(_, v) if matches!(v.as_ref(), Utf8 | LargeUtf8 | Utf8View) => t.clone(),
         Dictionary(_, v) => return coerce_cluster(fname, arg, v),
         other => {
             return plan_err!("{fname}: {arg} must be an integer or string column, got {other}");
