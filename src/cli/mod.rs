@@ -113,7 +113,8 @@ pub enum Command {
     Aggregate(StageArgs),
     /// Run SQL over run tables and Parquet files, with the statistics functions registered.
     Sql(sql::SqlArgs),
-    /// Turn a recorded corpus (JSONL request/response pairs or Parquet) into cases + calls.
+    /// Turn recorded runs (evalflow JSONL pairs, Parquet, OpenAI Batch output, Inspect AI
+    /// logs, lm-eval samples, promptfoo results) into cases + calls, streaming.
     Import(import::ImportArgs),
     /// Serve a fault-injecting OpenAI / Anthropic mock for tests and dry runs.
     MockServer(mock_server::MockServerArgs),
