@@ -30,8 +30,8 @@ pub struct RescoreArgs {
     /// Replacement cue lists for the cue scorer (changes its version).
     #[arg(long)]
     pub cues: Option<PathBuf>,
-    /// The version to diff against (default: the newest other version of the same scorer,
-    /// else the newest version in the run).
+    /// The version to diff against (default: the newest other version of the same scorer;
+    /// none when it has no earlier version).
     #[arg(long)]
     pub against: Option<String>,
 }
@@ -129,13 +129,9 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
                 .iter()
                 .rev()
                 .filter_map(|t| ScorerId::parse(t))
-                .find(|s| s.name == id.name)
-                .or_else(|| {
-                    manifest
-                        .scorer_versions
-                        .last()
-                        .and_then(|t| ScorerId::parse(t))
-                }),
+                // The previous version of the same scorer only: a diff against another
+                // scorer changes every row and says nothing about the new version.
+                .find(|s| s.name == id.name),
         };
     let rows = score::run(&store, scorer.as_ref())
         .await
@@ -163,7 +159,10 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
     );
 
     let Some(old) = against else {
-        println!("no earlier scores version to compare with");
+        println!(
+            "no earlier version of `{}` to compare with (--against NAME@VERSION diffs against another scorer)",
+            id.name
+        );
         return Ok(());
     };
     let ctx = new_context();
