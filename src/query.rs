@@ -152,9 +152,20 @@ pub fn format_bytes(n: usize) -> String {
 /// pool of [`Resources::memory_limit`] with a disk manager: sorts and aggregations spill
 /// to the OS temp folder instead of growing past the limit.
 pub fn new_context() -> SessionContext {
+    context_with(resources().threads.max(1), true)
+}
+
+/// A context whose plans run in one partition in the order written (no statistics-driven
+/// join swaps): for a stream whose order matters, such as the call stage's requests.
+pub fn ordered_context() -> SessionContext {
+    context_with(1, false)
+}
+
+fn context_with(partitions: usize, join_reordering: bool) -> SessionContext {
     let r = resources();
     let config = SessionConfig::new()
-        .with_target_partitions(r.threads.max(1))
+        .with_target_partitions(partitions)
+        .set_bool("datafusion.optimizer.join_reordering", join_reordering)
         .set_bool(
             "datafusion.execution.parquet.schema_force_view_types",
             false,

@@ -40,6 +40,9 @@ use serde_json::{Value, json};
 
 use super::CliError;
 use crate::import::sink::{CaseDefaults, ImportError as SinkError, ImportSink};
+
+/// Records handed to the sink at once (its hashing runs on every core per chunk).
+const IMPORT_CHUNK: usize = 2048;
 use crate::import::{self, Detected, Format, ImportError, Options};
 use crate::pipeline::Pipeline;
 use crate::storage::{Manifest, RunStore, manifest_now};
@@ -257,11 +260,19 @@ async fn import_into(a: ImportArgs) -> Result<(), CliError> {
                 }
                 f => import::open(path, *f, &opts).map_err(bad)?,
             };
+            // In chunks, so the sink hashes a chunk's records on every core.
+            let mut chunk = Vec::with_capacity(IMPORT_CHUNK);
             for r in records {
                 let r = r.map_err(bad)?;
                 *per_format.entry(r.source.format).or_default() += 1;
-                sink.push(r).await.map_err(sink_err)?;
+                chunk.push(r);
+                if chunk.len() == IMPORT_CHUNK {
+                    sink.push_many(std::mem::take(&mut chunk))
+                        .await
+                        .map_err(sink_err)?;
+                }
             }
+            sink.push_many(chunk).await.map_err(sink_err)?;
         }
         Ok(())
     }

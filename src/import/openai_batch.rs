@@ -192,7 +192,7 @@ fn record(
         r.http_status = Some(status);
         if status == 200 {
             let body = body.ok_or_else(|| bad(file, n, "response.body", "missing"))?;
-            let p = crate::stages::call::openai::parse(body.to_string().as_bytes())
+            let p = crate::stages::call::openai::parse_value(body)
                 .map_err(|e| bad(file, n, "response.body", e))?;
             r.response = Some(p.content);
             r.finish_reason = p.finish_reason;

@@ -18,23 +18,53 @@ use serde_json::Value;
 
 use super::{ImportError, Options, Provenance, Record, RecordIter, bad, bad_file};
 
-/// Opens a pairs file: one record per non-empty line.
+/// Lines parsed per chunk: enough to keep every core busy, small enough that memory holds
+/// a few chunks, never the file.
+const CHUNK_LINES: usize = 4096;
+
+/// Opens a pairs file: one record per non-empty line, in file order.
+///
+/// A reader thread takes the file in chunks of lines and parses each chunk's lines on
+/// rayon's pool (sized by `--threads`), so JSON parsing uses every core while the import
+/// sink stages the previous chunk; a bounded channel keeps at most a few chunks in memory.
 ///
 /// # Errors
 /// The file cannot be opened.
 pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
+    use rayon::prelude::*;
     let f = std::fs::File::open(path).map_err(|e| bad_file(path, e))?;
     let file: PathBuf = path.to_path_buf();
     let model = opts.model.clone();
-    let lines = std::io::BufReader::new(f).lines().enumerate();
-    Ok(Box::new(lines.filter_map(move |(i, line)| {
-        let n = i + 1;
-        match line {
-            Err(e) => Some(Err(bad(&file, n, "(line)", e))),
-            Ok(l) if l.trim().is_empty() => None,
-            Ok(l) => Some(record(&file, n, &l, &model)),
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Result<Record, ImportError>>>(2);
+    std::thread::spawn(move || {
+        let mut lines = std::io::BufReader::new(f).lines();
+        let mut n = 0usize;
+        loop {
+            let mut chunk: Vec<(usize, std::io::Result<String>)> = Vec::with_capacity(CHUNK_LINES);
+            for l in lines.by_ref().take(CHUNK_LINES) {
+                n += 1;
+                chunk.push((n, l));
+            }
+            if chunk.is_empty() {
+                return;
+            }
+            let failed = chunk.iter().any(|(_, l)| l.is_err());
+            let records: Vec<Result<Record, ImportError>> = chunk
+                .into_par_iter()
+                .filter_map(|(n, line)| match line {
+                    Err(e) => Some(Err(bad(&file, n, "(line)", e))),
+                    Ok(l) if l.trim().is_empty() => None,
+                    Ok(l) => Some(record(&file, n, &l, &model)),
+                })
+                .collect();
+            let stop = failed || records.iter().any(Result::is_err);
+            // The receiver stops at the first error (or was dropped): read no further.
+            if tx.send(records).is_err() || stop {
+                return;
+            }
         }
-    })))
+    });
+    Ok(Box::new(rx.into_iter().flatten()))
 }
 
 fn record(
@@ -105,7 +135,7 @@ fn record(
     match v.get("response") {
         Some(Value::Null) | None if error.is_some() => {}
         Some(resp) if resp.is_object() => {
-            let p = crate::stages::call::openai::parse(resp.to_string().as_bytes())
+            let p = crate::stages::call::openai::parse_value(resp)
                 .map_err(|e| bad(file, n, "response", e))?;
             r.response = Some(p.content);
             r.finish_reason = p.finish_reason;

@@ -250,6 +250,15 @@ impl ScoreBuilders {
     }
 }
 
+/// What staging computes of a record before appending it.
+#[derive(Clone)]
+struct Keys {
+    test: String,
+    case_id: String,
+    request_hash: String,
+    response_hash: Option<String>,
+}
+
 /// Receives imported records one at a time; see the module documentation.
 pub struct ImportSink {
     store: RunStore,
@@ -279,8 +288,16 @@ impl ImportSink {
             defaults,
             b: Builders::default(),
             sb: ScoreBuilders::default(),
-            staging: Some(store.part_writer(STAGING, staging_schema(), "stage")),
-            score_staging: Some(store.part_writer(SCORE_STAGING, scores_staging_schema(), "stage")),
+            staging: Some(
+                store
+                    .part_writer(STAGING, staging_schema(), "stage")
+                    .scratch(),
+            ),
+            score_staging: Some(
+                store
+                    .part_writer(SCORE_STAGING, scores_staging_schema(), "stage")
+                    .scratch(),
+            ),
             rows: 0,
             missing_samples: 0,
             models: BTreeSet::new(),
@@ -295,7 +312,63 @@ impl ImportSink {
 
     /// Adds one record.
     pub async fn push(&mut self, r: Record) -> Result<(), ImportError> {
-        let seq = self.rows;
+        let k = self.keys(&r);
+        self.stage(r, k).await
+    }
+
+    /// Adds records in their order; their hashes (case id, request and response hash, the
+    /// costly part of staging) are computed on rayon's pool first.
+    pub async fn push_many(&mut self, records: Vec<Record>) -> Result<(), ImportError> {
+        use rayon::prelude::*;
+        // Records of one case (its samples, its models) usually sit together: each slice
+        // reuses the previous record's hashes when its case or request is the same.
+        let keys: Vec<Keys> = records
+            .par_chunks(256)
+            .flat_map_iter(|chunk| {
+                let mut prev: Option<(&Record, Keys)> = None;
+                chunk
+                    .iter()
+                    .map(|r| {
+                        let k = match &prev {
+                            Some((p, pk)) => self.keys_after(r, p, pk),
+                            None => self.keys(r),
+                        };
+                        prev = Some((r, k.clone()));
+                        k
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for (r, k) in records.into_iter().zip(keys) {
+            self.stage(r, k).await?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::keys`] of `r`, reusing those of the record before it (`p`, whose keys are
+    /// `pk`) where the inputs are the same.
+    fn keys_after(&self, r: &Record, p: &Record, pk: &Keys) -> Keys {
+        let same_case = r.test == p.test
+            && r.case_key == p.case_key
+            && r.system == p.system
+            && r.input == p.input;
+        if !same_case {
+            return self.keys(r);
+        }
+        Keys {
+            test: pk.test.clone(),
+            case_id: pk.case_id.clone(),
+            request_hash: if r.request_key == p.request_key {
+                pk.request_hash.clone()
+            } else {
+                call::sha_hex(&[&r.request_key])[..32].to_string()
+            },
+            response_hash: call::response_hash(r.response.as_deref()),
+        }
+    }
+
+    /// A record's test, case id and hashes.
+    fn keys(&self, r: &Record) -> Keys {
         let test = self
             .defaults
             .test
@@ -314,7 +387,23 @@ impl ImportSink {
             ]),
         }[..24]
             .to_string();
-        let request_hash = call::sha_hex(&[&r.request_key])[..32].to_string();
+        Keys {
+            request_hash: call::sha_hex(&[&r.request_key])[..32].to_string(),
+            response_hash: call::response_hash(r.response.as_deref()),
+            test,
+            case_id,
+        }
+    }
+
+    /// Appends one record, with its keys, to the staging batches.
+    async fn stage(&mut self, r: Record, k: Keys) -> Result<(), ImportError> {
+        let seq = self.rows;
+        let Keys {
+            test,
+            case_id,
+            request_hash,
+            response_hash,
+        } = k;
         if !self.models.contains(&r.model) {
             self.models.insert(r.model.clone());
         }
@@ -347,8 +436,7 @@ impl ImportSink {
         b.provider.append_option(r.provider.as_deref());
         b.sample_idx.append_option(r.sample_idx);
         b.request_hash.append_value(&request_hash);
-        b.response_hash
-            .append_option(call::response_hash(r.response.as_deref()));
+        b.response_hash.append_option(response_hash);
         b.response.append_option(r.response.as_deref());
         b.finish_reason.append_option(r.finish_reason.as_deref());
         b.prompt_tokens.append_option(r.prompt_tokens);

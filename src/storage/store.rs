@@ -311,6 +311,15 @@ impl RunStore {
         Ok(())
     }
 
+    /// The number of rows of a table (0 when it has no part), from its parts' footers.
+    pub async fn table_rows(&self, table: &str) -> Result<u64, StorageError> {
+        let mut rows = 0;
+        for p in self.list_parts(table).await? {
+            rows += self.part_rows(&p).await?;
+        }
+        Ok(rows)
+    }
+
     /// The number of rows of one part, from its footer.
     pub async fn part_rows(&self, meta: &ObjectMeta) -> Result<u64, StorageError> {
         Ok(self.part_rows_and_schema(meta).await?.0)
@@ -364,6 +373,7 @@ impl RunStore {
             next_seq: 0,
             written_rows: 0,
             parts: Vec::new(),
+            scratch: false,
         }
     }
 }
@@ -538,7 +548,15 @@ pub fn encode_parquet(
     schema: &SchemaRef,
     batches: &[RecordBatch],
 ) -> Result<Vec<u8>, datafusion::parquet::errors::ParquetError> {
-    let mut w = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(parquet_props()))?;
+    encode_with(schema, batches, parquet_props())
+}
+
+fn encode_with(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    props: WriterProperties,
+) -> Result<Vec<u8>, datafusion::parquet::errors::ParquetError> {
+    let mut w = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props))?;
     for b in batches {
         w.write(b)?;
     }
@@ -556,9 +574,18 @@ pub struct PartWriter {
     next_seq: usize,
     written_rows: usize,
     parts: Vec<String>,
+    /// Scratch parts (an import's staging) are written without compression or dictionaries:
+    /// read once by the next plan, they are not worth the encoding time.
+    scratch: bool,
 }
 
 impl PartWriter {
+    /// Writes scratch parts: plain encoding, no compression.
+    pub fn scratch(mut self) -> Self {
+        self.scratch = true;
+        self
+    }
+
     /// Starts numbering parts at `seq` (used when resuming a folder that has parts).
     pub fn with_start_seq(mut self, seq: usize) -> Self {
         self.next_seq = seq;
@@ -584,7 +611,16 @@ impl PartWriter {
             return Ok(());
         }
         let name = format!("{}/{}-{:05}.parquet", self.dir, self.prefix, self.next_seq);
-        let bytes = encode_parquet(&self.schema, &self.pending).map_err(|source| {
+        let props = if self.scratch {
+            WriterProperties::builder()
+                .set_compression(Compression::UNCOMPRESSED)
+                .set_dictionary_enabled(false)
+                .set_max_row_group_row_count(Some(PART_ROWS))
+                .build()
+        } else {
+            parquet_props()
+        };
+        let bytes = encode_with(&self.schema, &self.pending, props).map_err(|source| {
             StorageError::Parquet {
                 location: name.clone(),
                 source,

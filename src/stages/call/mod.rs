@@ -43,6 +43,9 @@ pub use crate::pipeline::KNOWN_PROVIDERS;
 pub enum CallError {
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The plan that lists the requests still to send failed.
+    #[error(transparent)]
+    Query(#[from] crate::query::QueryError),
     #[error("model.provider: `{0}` cannot be built: {1}")]
     Provider(String, String),
     /// The call journal could not be written or read.
@@ -149,33 +152,108 @@ pub fn response_hash(response: Option<&str>) -> Option<String> {
     response.map(|r| sha_hex(&[r])[..24].to_string())
 }
 
-/// Builds the requests for one batch of cases (all K samples each).
-pub fn requests_for(model: &ModelConfig, cases: &RecordBatch) -> Vec<CallRequest> {
-    let ids = str_col(cases, "case_id");
-    let inputs = str_col(cases, "input");
-    let mut out = Vec::with_capacity(cases.num_rows() * model.samples as usize);
-    for i in 0..cases.num_rows() {
-        let input = inputs.value(i).to_string();
-        let prompt = match &model.prompt_template {
-            Some(t) => t.replace("{input}", &input),
-            None => input.clone(),
-        };
-        let rh = request_hash(model, model.system_prompt.as_deref(), &prompt);
-        for k in 0..model.samples as i32 {
-            out.push(CallRequest {
+/// The requests of one batch of the plan [`todo_stream`] returns: `case_id`, `input` and
+/// the sample index `k` of each request still to send.
+pub fn requests_for(model: &ModelConfig, todo: &RecordBatch) -> Vec<CallRequest> {
+    let ids = str_col(todo, "case_id");
+    let inputs = str_col(todo, "input");
+    let ks = todo
+        .column_by_name("k")
+        .and_then(|c| c.as_any().downcast_ref::<Int32Array>())
+        .expect("the todo plan has an int32 `k`");
+    (0..todo.num_rows())
+        .map(|i| {
+            let input = inputs.value(i).to_string();
+            let prompt = prompt_of(model, &input);
+            let rh = request_hash(model, model.system_prompt.as_deref(), &prompt);
+            let k = ks.value(i);
+            CallRequest {
                 call_id: call_id(ids.value(i), &model.name, k, &rh),
                 case_id: ids.value(i).to_string(),
-                input: input.clone(),
-                prompt: prompt.clone(),
+                input,
+                prompt,
                 system: model.system_prompt.clone(),
                 sample_idx: k,
                 max_tokens: model.max_tokens,
                 temperature: model.temperature,
-                request_hash: rh.clone(),
-            });
-        }
+                request_hash: rh,
+            }
+        })
+        .collect()
+}
+
+/// The user message of a case: its input through `prompt_template`.
+fn prompt_of(model: &ModelConfig, input: &str) -> String {
+    match &model.prompt_template {
+        Some(t) => t.replace("{input}", input),
+        None => input.to_string(),
     }
-    out
+}
+
+/// `todo_call_id(case_id, input, k)`: the call id of a case's k-th sample under `model`,
+/// the same [`call_id`] of the same [`request_hash`] the request will carry.
+fn todo_call_id_udf(model: &ModelConfig) -> datafusion::logical_expr::ScalarUDF {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::{DataType, Int32Type};
+    use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
+    let model = model.clone();
+    create_udf(
+        "todo_call_id",
+        vec![DataType::Utf8, DataType::Utf8, DataType::Int32],
+        DataType::Utf8,
+        Volatility::Immutable,
+        Arc::new(move |args: &[ColumnarValue]| {
+            let args = ColumnarValue::values_to_arrays(args)?;
+            let (ids, inputs) = (args[0].as_string::<i32>(), args[1].as_string::<i32>());
+            let ks = args[2].as_primitive::<Int32Type>();
+            let out: StringArray = (0..ids.len())
+                .map(|i| {
+                    let prompt = prompt_of(&model, inputs.value(i));
+                    let rh = request_hash(&model, model.system_prompt.as_deref(), &prompt);
+                    Some(call_id(ids.value(i), &model.name, ks.value(i), &rh))
+                })
+                .collect();
+            Ok(ColumnarValue::Array(Arc::new(out)))
+        }),
+    )
+}
+
+/// The requests still to send, as a stream: a plan expands every case to its K samples
+/// and anti-joins their call ids with those committed under `calls/`. The join's hash
+/// table holds the committed ids (none on a fresh run, which builds nothing); the cases
+/// stream past it, so a 10M-case suite costs memory for what is in flight, not the suite.
+/// The plan runs in one partition, so requests come in case order, then sample order,
+/// every session: a restarted session sends the calls its predecessor lost in flight first,
+/// and a second kill never adds to them.
+async fn todo_stream(
+    store: &RunStore,
+    model: &ModelConfig,
+) -> Result<datafusion::physical_plan::SendableRecordBatchStream, CallError> {
+    use crate::query::QueryError;
+    use datafusion::common::JoinType;
+    use datafusion::prelude::col;
+    let ctx = crate::query::ordered_context();
+    crate::query::register_run(&ctx, store, "").await?;
+    ctx.register_udf(todo_call_id_udf(model));
+    let err = || QueryError::df("call: listing the requests still to send");
+    // Each case row unnests into its K samples, in place.
+    let todo = ctx
+        .sql(&format!(
+            "SELECT case_id, input, k, todo_call_id(case_id, input, k) AS todo_id FROM \
+             (SELECT case_id, input, CAST(k AS INT) AS k FROM \
+             (SELECT case_id, input, unnest(range(0, {})) AS k FROM cases))",
+            model.samples.max(1)
+        ))
+        .await
+        .map_err(err())?;
+    // Committed on the left: a right anti join builds its table from the left side.
+    let committed = ctx.sql("SELECT call_id FROM calls").await.map_err(err())?;
+    let plan = committed
+        .join(todo, JoinType::RightAnti, &["call_id"], &["todo_id"], None)
+        .map_err(err())?
+        .select(vec![col("case_id"), col("input"), col("k")])
+        .map_err(err())?;
+    Ok(plan.execute_stream().await.map_err(err())?)
 }
 
 fn str_col<'a>(b: &'a RecordBatch, name: &str) -> &'a StringArray {
@@ -261,18 +339,27 @@ pub fn to_batch(model: &ModelConfig, rows: &[CallRow]) -> RecordBatch {
         .expect("calls batch matches schemas/calls.json")
 }
 
-/// Reads the call ids already committed under `calls/`.
-pub async fn committed_call_ids(store: &RunStore) -> Result<HashSet<String>, StorageError> {
-    let mut ids = HashSet::new();
+/// Which of `ids` are already committed under `calls/`: the `call_id` column streams past
+/// the set, so memory holds `ids` (a journal's worth), not the committed table.
+async fn committed_among(
+    store: &RunStore,
+    ids: &HashSet<String>,
+) -> Result<HashSet<String>, StorageError> {
+    let mut found = HashSet::new();
+    if ids.is_empty() {
+        return Ok(found);
+    }
     let mut s = store.read_table("calls", Table::Calls).await?;
     while let Some(b) = s.next().await {
         let b = crate::schema::plain_strings(b?);
         let c = str_col(&b, "call_id");
         for i in 0..c.len() {
-            ids.insert(c.value(i).to_string());
+            if ids.contains(c.value(i)) {
+                found.insert(c.value(i).to_string());
+            }
         }
     }
-    Ok(ids)
+    Ok(found)
 }
 
 /// Counters reported by the call stage. Token totals and row counts are computed from
@@ -334,7 +421,6 @@ async fn recover(
     store: &RunStore,
     model: &ModelConfig,
     dir: &std::path::Path,
-    done: &mut HashSet<String>,
     session: &str,
 ) -> Result<u64, CallError> {
     let (rows, files) = {
@@ -347,9 +433,11 @@ async fn recover(
     if files.is_empty() {
         return Ok(0);
     }
+    let ids: HashSet<String> = rows.iter().map(|r| r.req.call_id.clone()).collect();
+    let mut seen = committed_among(store, &ids).await?;
     let fresh: Vec<CallRow> = rows
         .into_iter()
-        .filter(|r| done.insert(r.req.call_id.clone()))
+        .filter(|r| seen.insert(r.req.call_id.clone()))
         .collect();
     if !fresh.is_empty() {
         let mut w = store.part_writer(
@@ -433,26 +521,16 @@ pub async fn run(
 ) -> Result<CallStats, CallError> {
     // Parts of this session sort after earlier sessions' parts.
     let session = chrono::Utc::now().format("%Y%m%dT%H%M%S%3f").to_string();
-    let mut done = committed_call_ids(store).await?;
     let mut stats = CallStats::default();
     let jdir = journal::dir_for(store);
     if let Some(d) = &jdir {
-        stats.recovered = recover(store, model, d, &mut done, &session).await?;
+        stats.recovered = recover(store, model, d, &session).await?;
     }
-    let mut todo = Vec::new();
-    let mut cases = store.read_table("cases", Table::Cases).await?;
-    while let Some(b) = cases.next().await {
-        for r in requests_for(model, &crate::schema::plain_strings(b?)) {
-            if done.contains(&r.call_id) {
-                stats.skipped += 1;
-            } else {
-                done.insert(r.call_id.clone());
-                todo.push(r);
-            }
-        }
-    }
-    stats.skipped = stats.skipped.saturating_sub(stats.recovered);
-    drop(done);
+    // Every request of the suite, and those committed (an estimate of the work for the
+    // progress bar; the exact count of skipped calls is known when the stream ends).
+    let suite = store.table_rows("cases").await? * u64::from(model.samples.max(1));
+    let committed = store.table_rows("calls").await?;
+    let mut todo = todo_stream(store, model).await?;
     let cache = if model.provider.starts_with("builtin:") {
         None
     } else {
@@ -468,9 +546,9 @@ pub async fn run(
             None => None,
         }
     };
-    let total = todo.len() as u64;
+    let total = suite.saturating_sub(committed);
     let mut journal = match &jdir {
-        Some(d) if total > 0 => Some(journal::Journal::open(d, &session).map_err(jerr(d))?),
+        Some(d) => Some(journal::Journal::open(d, &session).map_err(jerr(d))?),
         _ => None,
     };
     let mut writer = store.part_writer("calls", Table::Calls.schema(), &format!("part-{session}"));
@@ -482,19 +560,25 @@ pub async fn run(
     let producer = {
         let provider = provider.clone();
         let cache = cache.clone();
+        let model = model.clone();
         tokio::spawn(async move {
-            for req in todo {
-                let Ok(permit) = sem.clone().acquire_owned().await else {
-                    return;
-                };
-                let tx = tx.clone();
-                let provider = provider.clone();
-                let cache = cache.clone();
-                tokio::spawn(async move {
-                    let row = call_one(provider, cache, req).await;
-                    let _ = tx.send((row, permit));
-                });
+            let mut queued = 0u64;
+            while let Some(b) = todo.next().await {
+                for req in requests_for(&model, &crate::schema::plain_strings(b?)) {
+                    let Ok(permit) = sem.clone().acquire_owned().await else {
+                        return Ok(queued);
+                    };
+                    queued += 1;
+                    let tx = tx.clone();
+                    let provider = provider.clone();
+                    let cache = cache.clone();
+                    tokio::spawn(async move {
+                        let row = call_one(provider, cache, req).await;
+                        let _ = tx.send((row, permit));
+                    });
+                }
             }
+            Ok::<u64, datafusion::error::DataFusionError>(queued)
         })
     };
 
@@ -566,7 +650,7 @@ pub async fn run(
             last_commit = Instant::now();
         }
     }
-    let _ = producer.await;
+    let queued = producer.await.expect("the request producer does not panic");
     if !pending.is_empty() {
         writer.write(to_batch(model, &pending)).await?;
     }
@@ -580,6 +664,11 @@ pub async fn run(
         let _ = tokio::task::spawn_blocking(move || h.join()).await;
     }
     progress.finish(stats.errors);
+    // Committed rows are safe whatever the plan did; its failure is reported after them.
+    let queued = queued.map_err(crate::query::QueryError::df(
+        "call: listing the requests still to send",
+    ))?;
+    stats.skipped = suite.saturating_sub(queued).saturating_sub(stats.recovered);
     committed_totals(store, &mut stats).await?;
     Ok(stats)
 }

@@ -40,6 +40,14 @@ pub fn body(model: &ModelConfig, req: &CallRequest, max_tokens: Option<u32>) -> 
 /// `malformed JSON: ...` when the body is not JSON or has no `choices[0].message`.
 pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
     let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("malformed JSON: {e}"))?;
+    parse_value(&v)
+}
+
+/// [`parse`] of a body already parsed as JSON (an imported record's `response`).
+///
+/// # Errors
+/// As [`parse`], for a body with no `choices[0].message`.
+pub fn parse_value(v: &Value) -> Result<Parsed, String> {
     let choice = v
         .get("choices")
         .and_then(|c| c.get(0))

@@ -446,21 +446,12 @@ pub fn joined_schema() -> datafusion::arrow::datatypes::SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// One scored row before it becomes Arrow.
+/// A scorer's result on one joined row: its outcome, and the validity the row ends with
+/// when the scorer found a valid answer unscorable after all (`None`: the call's own).
 #[derive(Debug, Clone, Default)]
-struct Row {
-    call_id: String,
-    case_id: String,
-    model: String,
-    sample_idx: i32,
-    response_hash: Option<String>,
-    validity: String,
+struct Scored {
+    invalid: Option<&'static str>,
     out: Outcome,
-    test: String,
-    capability: String,
-    test_type: String,
-    role: String,
-    template_id: String,
 }
 
 /// Typed access to a joined batch (string columns already cast to plain Utf8).
@@ -528,22 +519,44 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
     let parts = store.list_parts("calls").await?;
     let progress =
         crate::progress::Progress::new(&format!("score {}", id.tag()), parts.len() as u64, "parts");
-    for part in parts {
-        let mut s = part_stream(&ctx, store, &part, "").await?;
-        while let Some(b) = s.next().await {
-            let b = crate::schema::plain_strings(
-                b.map_err(QueryError::df("score: reading joined rows"))?,
-            );
-            for out in score_parallel(&b, scorer, &bases, &id)? {
-                rows_written += out.num_rows() as u64;
-                writer.write(out).await?;
+    // Parts are joined and scored `--threads` at a time, and written in their order, so
+    // the scores table is the same whatever the thread count. Memory: that many parts.
+    let (ctx, bases, id) = (&ctx, &bases, &id);
+    let mut scored = futures::stream::iter(parts.into_iter().enumerate())
+        .map(|(k, part)| async move {
+            let mut s = part_stream(ctx, store, &part, "", k).await?;
+            let mut out = Vec::new();
+            while let Some(b) = s.next().await {
+                let b = crate::schema::plain_strings(
+                    b.map_err(QueryError::df("score: reading joined rows"))?,
+                );
+                // Scoring is CPU work on rayon: let tokio move its other tasks away.
+                out.extend(cpu_work(|| score_parallel(&b, scorer, bases, id))?);
             }
+            Ok::<_, QueryError>(out)
+        })
+        .buffered(crate::query::resources().threads.max(1));
+    while let Some(batches) = scored.next().await {
+        for out in batches? {
+            rows_written += out.num_rows() as u64;
+            writer.write(out).await?;
         }
         progress.inc(1, 0);
     }
     progress.finish();
     writer.finish().await?;
     Ok(rows_written)
+}
+
+/// Runs CPU-bound work from async code: on a multi-threaded runtime tokio first moves this
+/// worker's other tasks away (so the plans' own tasks keep running); a current-thread
+/// runtime (a unit test) just runs it.
+fn cpu_work<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 /// Scores one joined batch on every core: slices of the batch go to rayon's pool (sized by
@@ -561,7 +574,7 @@ fn score_parallel(
         .into_par_iter()
         .map(|k| {
             let part = b.slice(k * SLICE, SLICE.min(n - k * SLICE));
-            Ok(to_batch(id, &score_batch(&part, scorer, bases)?))
+            Ok(to_batch(id, &part, &score_batch(&part, scorer, bases)?))
         })
         .collect()
 }
@@ -575,6 +588,7 @@ async fn part_stream(
     store: &RunStore,
     part: &object_store::ObjectMeta,
     filter: &str,
+    k: usize,
 ) -> Result<datafusion::physical_plan::SendableRecordBatchStream, QueryError> {
     let name = part.location.filename().unwrap_or_default().to_string();
     let vrel = format!("validity/{name}");
@@ -585,9 +599,10 @@ async fn part_stream(
             stage: "validate".into(),
         })
     })?;
+    let (calls, validity) = (format!("part_calls_{k}"), format!("part_validity_{k}"));
     for (table, meta, t) in [
-        ("part_calls", part, Table::Calls),
-        ("part_validity", &vmeta, Table::Validity),
+        (calls.as_str(), part, Table::Calls),
+        (validity.as_str(), &vmeta, Table::Validity),
     ] {
         let batches: Vec<RecordBatch> = store.read_part(meta, t).await?.try_collect().await?;
         let schema = batches
@@ -603,9 +618,15 @@ async fn part_stream(
     }
     let sql = join_sql().replace(
         "FROM calls k JOIN validity v",
-        "FROM part_calls k JOIN part_validity v",
+        &format!("FROM {calls} k JOIN {validity} v"),
     );
-    stream(ctx, &format!("{sql} {filter}")).await
+    let s = stream(ctx, &format!("{sql} {filter}")).await;
+    // The plan holds the part's batches; the names are free for the next part.
+    for table in [&calls, &validity] {
+        ctx.deregister_table(table.as_str())
+            .map_err(QueryError::df("score"))?;
+    }
+    s
 }
 
 /// Scores the joined rows of the given call ids in memory (used by the holdout gate).
@@ -624,14 +645,20 @@ pub async fn score_calls(
     let wanted: std::collections::HashSet<&str> = call_ids.iter().map(String::as_str).collect();
     let mut out = HashMap::new();
     for part in store.list_parts("calls").await? {
-        let mut s = part_stream(&ctx, store, &part, "").await?;
+        let mut s = part_stream(&ctx, store, &part, "", 0).await?;
         while let Some(b) = s.next().await {
             let b = crate::schema::plain_strings(
                 b.map_err(QueryError::df("score: reading joined rows"))?,
             );
-            for r in score_batch(&b, scorer, &bases)? {
-                if wanted.contains(r.call_id.as_str()) {
-                    out.insert(r.call_id.clone(), (r.validity.clone(), r.out));
+            let c = Cols { b: &b };
+            for (i, r) in score_batch(&b, scorer, &bases)?.into_iter().enumerate() {
+                let call_id = c.s("call_id", i).unwrap_or_default();
+                if wanted.contains(call_id) {
+                    let validity = r
+                        .invalid
+                        .map(String::from)
+                        .unwrap_or_else(|| c.s("validity", i).unwrap_or_default().to_string());
+                    out.insert(call_id.to_string(), (validity, r.out));
                 }
             }
         }
@@ -639,14 +666,28 @@ pub async fn score_calls(
     Ok(out)
 }
 
-/// Base answers by (group, model, sample): memory grows with groups, not rows.
+/// Base answers by (group, model, sample) of the groups that have a perturbed case: memory
+/// grows with perturbation groups, never with rows (a run of base cases only, such as an
+/// imported corpus, loads nothing).
 async fn load_bases(
     ctx: &datafusion::prelude::SessionContext,
     store: &RunStore,
 ) -> Result<HashMap<BaseKey, BaseAnswer>, QueryError> {
     let mut bases = HashMap::new();
+    let perturbed = ctx
+        .sql("SELECT 1 FROM cases WHERE role = 'perturbed' LIMIT 1")
+        .await
+        .map_err(QueryError::df("score: looking for perturbed cases"))?
+        .count()
+        .await
+        .map_err(QueryError::df("score: looking for perturbed cases"))?;
+    if perturbed == 0 {
+        return Ok(bases);
+    }
+    let only = "WHERE c.role = 'base' AND c.group_id IN \
+                (SELECT group_id FROM cases WHERE role = 'perturbed')";
     for part in store.list_parts("calls").await? {
-        let mut s = part_stream(ctx, store, &part, "WHERE c.role = 'base'").await?;
+        let mut s = part_stream(ctx, store, &part, only, 0).await?;
         while let Some(b) = s.next().await {
             let b = crate::schema::plain_strings(
                 b.map_err(QueryError::df("score: reading base cases"))?,
@@ -705,46 +746,38 @@ fn score_batch(
     b: &RecordBatch,
     scorer: &dyn Scorer,
     bases: &HashMap<BaseKey, BaseAnswer>,
-) -> Result<Vec<Row>, QueryError> {
+) -> Result<Vec<Scored>, QueryError> {
     let c = Cols { b };
     let mut batch = batch_outcomes(b, scorer)?;
     Ok((0..b.num_rows())
         .map(|i| {
-            let s = |n: &str| c.s(n, i).unwrap_or_default().to_string();
-            let mut row = Row {
-                call_id: s("call_id"),
-                case_id: s("case_id"),
-                model: s("model"),
-                sample_idx: c.i("sample_idx", i).unwrap_or(0),
-                response_hash: c.s("response_hash", i).map(String::from),
-                validity: s("validity"),
-                test: s("test"),
-                capability: s("capability"),
-                test_type: s("test_type"),
-                role: s("role"),
-                template_id: s("template_id"),
-                ..Default::default()
-            };
-            if row.validity != "valid_answer" {
-                // Never scored: the validity and its reason are the whole story.
-                row.out.detail = serde_json::json!({ "unscored": row.validity });
-                return row;
+            if c.s("validity", i) != Some("valid_answer") {
+                // Never scored: the validity and its reason are the whole story (the
+                // detail says so, written by `to_batch`).
+                return Scored::default();
             }
+            let test_type = c.s("test_type", i).unwrap_or_default();
+            let role = c.s("role", i).unwrap_or_default();
             let input = ScoreInput {
                 call_id: c.s("call_id", i).unwrap_or_default(),
                 input: c.s("input", i).unwrap_or_default(),
                 response: c.s("response", i).unwrap_or_default(),
                 response_score: c.f("response_score", i),
                 language: c.s("language", i).unwrap_or_default(),
-                test_type: &row.test_type,
-                role: &row.role,
+                test_type,
+                role,
                 expected: c.s("expected", i),
                 expectation: c.s("expectation", i),
                 tolerance: c.f("tolerance", i),
             };
-            let base = (scorer.compares_to_base() && row.role == "perturbed").then(|| {
+            let base = (scorer.compares_to_base() && role == "perturbed").then(|| {
+                let key = (
+                    c.s("group_id", i).unwrap_or_default().to_string(),
+                    c.s("model", i).unwrap_or_default().to_string(),
+                    c.i("sample_idx", i).unwrap_or(0),
+                );
                 bases
-                    .get(&(s("group_id"), row.model.clone(), row.sample_idx))
+                    .get(&key)
                     .cloned()
                     .unwrap_or_else(|| Err("missing (the base case has no call)".into()))
             });
@@ -752,24 +785,49 @@ fn score_batch(
                 Some(o) => o,
                 None => scorer.score(&input, base.as_ref()),
             };
-            if let Some(v) = out.invalid {
-                row.validity = v.to_string();
+            if out.invalid.is_some() {
                 out.score = None;
                 out.passed = None;
             }
-            row.out = out;
-            row
+            Scored {
+                invalid: out.invalid,
+                out,
+            }
         })
         .collect())
 }
 
-fn to_batch(id: &ScorerId, rows: &[Row]) -> RecordBatch {
-    let s = |f: &dyn Fn(&Row) -> &str| -> ArrayRef {
-        Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
+/// The scores rows of a joined batch: the call's identity and its case's fields are the
+/// joined columns themselves (no copy per row); only the scorer's outputs are built.
+fn to_batch(id: &ScorerId, b: &RecordBatch, rows: &[Scored]) -> RecordBatch {
+    let c = Cols { b };
+    let n = rows.len();
+    let pass = |name: &str| -> ArrayRef {
+        let a = b
+            .column_by_name(name)
+            .unwrap_or_else(|| panic!("joined column `{name}`"));
+        if a.null_count() == 0 {
+            return a.clone();
+        }
+        // The run tables declare these columns non-null; a hand-made table may not hold to
+        // that, and scores keeps its own declaration.
+        match a.as_any().downcast_ref::<StringArray>() {
+            Some(s) => Arc::new(StringArray::from_iter_values(
+                s.iter().map(|v| v.unwrap_or_default()),
+            )),
+            None => Arc::new(Int32Array::from_iter_values(
+                c.col::<Int32Array>(name).iter().map(|v| v.unwrap_or(0)),
+            )),
+        }
     };
-    let os = |f: &dyn Fn(&Row) -> Option<&str>| -> ArrayRef {
-        Arc::new(rows.iter().map(f).collect::<StringArray>())
-    };
+    let validity: Vec<&str> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            r.invalid
+                .unwrap_or_else(|| c.s("validity", i).unwrap_or_default())
+        })
+        .collect();
     let mut answers = ListBuilder::new(BooleanBuilder::new());
     for r in rows {
         match &r.out.answers {
@@ -782,38 +840,50 @@ fn to_batch(id: &ScorerId, rows: &[Row]) -> RecordBatch {
             None => answers.append(false),
         }
     }
-    let details: Vec<Option<String>> = rows
+    let details: StringArray = rows
         .iter()
-        .map(|r| (!r.out.detail.is_null()).then(|| r.out.detail.to_string()))
+        .zip(&validity)
+        .enumerate()
+        .map(|(i, (r, v))| {
+            if c.s("validity", i) != Some("valid_answer") {
+                Some(format!("{{\"unscored\":{}}}", serde_json::Value::from(*v)))
+            } else {
+                (!r.out.detail.is_null()).then(|| r.out.detail.to_string())
+            }
+        })
         .collect();
     let cols: Vec<ArrayRef> = vec![
-        s(&|r| &r.call_id),
-        s(&|r| &r.case_id),
-        s(&|r| &r.model),
-        Arc::new(Int32Array::from_iter_values(
-            rows.iter().map(|r| r.sample_idx),
-        )),
+        pass("call_id"),
+        pass("case_id"),
+        pass("model"),
+        pass("sample_idx"),
         Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
             id.name.as_str(),
-            rows.len(),
+            n,
         ))),
         Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
             id.version.as_str(),
-            rows.len(),
+            n,
         ))),
-        os(&|r| r.response_hash.as_deref()),
-        s(&|r| &r.validity),
+        b.column_by_name("response_hash")
+            .expect("joined column `response_hash`")
+            .clone(),
+        Arc::new(StringArray::from_iter_values(validity.iter().copied())),
         Arc::new(rows.iter().map(|r| r.out.score).collect::<Float64Array>()),
-        os(&|r| r.out.label.as_deref()),
+        Arc::new(
+            rows.iter()
+                .map(|r| r.out.label.as_deref())
+                .collect::<StringArray>(),
+        ),
         Arc::new(rows.iter().map(|r| r.out.prob).collect::<Float64Array>()),
         Arc::new(rows.iter().map(|r| r.out.passed).collect::<BooleanArray>()),
-        Arc::new(details.into_iter().collect::<StringArray>()),
+        Arc::new(details),
         Arc::new(answers.finish()),
-        s(&|r| &r.test),
-        s(&|r| &r.capability),
-        s(&|r| &r.test_type),
-        s(&|r| &r.role),
-        s(&|r| &r.template_id),
+        pass("test"),
+        pass("capability"),
+        pass("test_type"),
+        pass("role"),
+        pass("template_id"),
     ];
     RecordBatch::try_new(Table::Scores.schema(), cols)
         .expect("scores batch matches schemas/scores.json")
