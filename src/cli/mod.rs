@@ -1,6 +1,8 @@
 //! The command line: one enum of verbs, dispatched in one `match`.
 
 mod check;
+#[cfg(feature = "ballista")]
+mod cluster;
 mod compare;
 pub mod holdout;
 mod import;
@@ -71,6 +73,11 @@ pub struct Cli {
     /// Cores to use: partitions of every plan and parts processed at once (default: all).
     #[arg(long, global = true, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
+    /// Run the verb's plans on a Ballista cluster (df://HOST:PORT) instead of this machine:
+    /// sql, validate, score, aggregate, rescore, compare and report. Needs evalflow built
+    /// with the `ballista` feature; a plan the cluster cannot run fails naming what it lacks.
+    #[arg(long, global = true, value_name = "df://HOST:PORT")]
+    pub cluster: Option<String>,
 }
 
 impl Cli {
@@ -90,6 +97,49 @@ impl Cli {
                 .build_global();
         }
         crate::query::set_resources(r);
+    }
+
+    /// Checks `--cluster` against the verb and the build, and sets where plans run.
+    ///
+    /// # Errors
+    /// [`CliError::BadInput`] for a verb that has no plans to submit, a bad URL, or a binary
+    /// built without the `ballista` feature.
+    pub fn apply_cluster(&self) -> Result<(), CliError> {
+        let Some(url) = &self.cluster else {
+            return Ok(());
+        };
+        let verb = match &self.command {
+            Command::Sql(_) => "sql",
+            Command::Validate(_) => "validate",
+            Command::Score(_) => "score",
+            Command::Aggregate(_) => "aggregate",
+            Command::Rescore(_) => "rescore",
+            Command::Compare(_) => "compare",
+            Command::Report(_) => "report",
+            _ => {
+                return Err(CliError::BadInput(format!(
+                    "--cluster {url}: only sql, validate, score, aggregate, rescore, compare and \
+                     report submit plans to a cluster"
+                )));
+            }
+        };
+        #[cfg(feature = "ballista")]
+        {
+            let u = crate::cluster::ClusterUrl::parse("--cluster", url)
+                .map_err(|e| CliError::BadInput(e.to_string()))?;
+            // Said up front, rather than as a gRPC transport error from the first query.
+            u.reachable(std::time::Duration::from_secs(10))
+                .map_err(|e| CliError::Internal(format!("{verb}: {e}")))?;
+            crate::query::set_cluster(Some(u));
+            Ok(())
+        }
+        #[cfg(not(feature = "ballista"))]
+        {
+            Err(CliError::BadInput(format!(
+                "{verb} --cluster {url}: this evalflow was built without the `ballista` cargo \
+                 feature (cargo build --features ballista)"
+            )))
+        }
     }
 }
 
@@ -142,6 +192,13 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Merge a run's small parts (the call stage's frequent commits) into large ones.
     Compact(CompactArgs),
+    /// Start a Ballista scheduler with every evalflow function (the `ballista` feature).
+    #[cfg(feature = "ballista")]
+    Scheduler(cluster::SchedulerArgs),
+    /// Start a Ballista executor with every evalflow function and object store (the
+    /// `ballista` feature).
+    #[cfg(feature = "ballista")]
+    Executor(cluster::ExecutorArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -162,7 +219,12 @@ pub struct StageArgs {
 /// Runs one parsed command.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     cli.apply_resources();
+    cli.apply_cluster()?;
     match cli.command {
+        #[cfg(feature = "ballista")]
+        Command::Scheduler(a) => cluster::scheduler(a).await,
+        #[cfg(feature = "ballista")]
+        Command::Executor(a) => cluster::executor(a).await,
         Command::Run(a) => {
             let mut r = Runner::open(&a.pipeline, a.out.as_deref()).await?;
             eprintln!("run root: {}", r.store.display());
