@@ -69,9 +69,7 @@ impl QueryError {
             QueryError::Storage(e) => e.is_bad_input(),
             QueryError::Memory { .. } => true,
             // A plan the cluster cannot run (a table or function it lacks) is the user's.
-            QueryError::DataFusion { source, .. } => {
-                source.to_string().contains(NOT_ON_CLUSTER)
-            }
+            QueryError::DataFusion { source, .. } => source.to_string().contains(NOT_ON_CLUSTER),
         }
     }
 }

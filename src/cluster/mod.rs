@@ -205,8 +205,8 @@ impl ObjectStoreRegistry for EnvObjectStores {
                 let store = RunStore::open(&base)
                     .map_err(|e| DataFusionError::Configuration(e.to_string()))?
                     .object_store();
-                let base_url = Url::parse(&base)
-                    .map_err(|e| DataFusionError::Configuration(e.to_string()))?;
+                let base_url =
+                    Url::parse(&base).map_err(|e| DataFusionError::Configuration(e.to_string()))?;
                 self.inner.register_store(&base_url, store.clone());
                 Ok(store)
             }
@@ -322,7 +322,8 @@ pub async fn run_executor(o: ExecutorOptions) -> Result<(), ClusterError> {
     let work_dir = match &o.work_dir {
         Some(d) => d.clone(),
         None => {
-            let d = std::env::temp_dir().join(format!("evalflow-executor-{}", uuid::Uuid::new_v4()));
+            let d =
+                std::env::temp_dir().join(format!("evalflow-executor-{}", uuid::Uuid::new_v4()));
             d
         }
     };
@@ -379,7 +380,11 @@ pub fn remote_context(url: &ClusterUrl, local: SessionContext) -> DfResult<Sessi
         .with_ballista_job_name("evalflow")
         // Results are fetched from the executors over Arrow Flight; the gRPC default of 16 MiB
         // is too small for one partition's result of a wide query.
-        .with_ballista_grpc_client_max_message_size(256 << 20);
+        .with_ballista_grpc_client_max_message_size(256 << 20)
+        // Ballista 55's adaptive planner hangs a job whose executor dies mid-stage (the
+        // rolled-back stage never takes the other executors' task updates: "Can't find active
+        // stage"); the static planner reruns the lost tasks on the other executors.
+        .with_ballista_adaptive_query_planner(false);
     let state = SessionStateBuilder::new_from_existing(state)
         .with_config(config)
         .build()
@@ -412,8 +417,9 @@ impl QueryPlanner for CheckedPlanner {
         logical_plan: &LogicalPlan,
         session_state: &dyn datafusion::catalog::Session,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        check_plan(logical_plan, &cluster_function_names())
-            .map_err(|m| DataFusionError::Plan(format!("{NOT_ON_CLUSTER} {}: {m}", self.scheduler)))?;
+        check_plan(logical_plan, &cluster_function_names()).map_err(|m| {
+            DataFusionError::Plan(format!("{NOT_ON_CLUSTER} {}: {m}", self.scheduler))
+        })?;
         self.inner
             .create_physical_plan(logical_plan, session_state)
             .await
@@ -463,7 +469,9 @@ pub fn check_plan(plan: &LogicalPlan, functions: &HashSet<String>) -> Result<(),
                     }
                 }
                 Err(_) => {
-                    problem = Some(format!("table `{name}` has no provider that can be shipped"));
+                    problem = Some(format!(
+                        "table `{name}` has no provider that can be shipped"
+                    ));
                     return Ok(TreeNodeRecursion::Stop);
                 }
             }
@@ -516,7 +524,10 @@ mod tests {
     fn cluster_urls() {
         let u = ClusterUrl::parse("--cluster", "df://127.0.0.1:50051").unwrap();
         assert_eq!((u.host.as_str(), u.port), ("127.0.0.1", 50051));
-        assert_eq!(ClusterUrl::parse("--cluster", "df://h").unwrap().port, 50050);
+        assert_eq!(
+            ClusterUrl::parse("--cluster", "df://h").unwrap().port,
+            50050
+        );
         let e = ClusterUrl::parse("--cluster", "http://h:1").unwrap_err();
         assert!(e.to_string().contains("df://HOST:PORT"), "{e}");
         assert!(e.is_bad_input());
@@ -527,7 +538,10 @@ mod tests {
     fn every_evalflow_function_is_on_the_executors() {
         let names = cluster_function_names();
         for f in crate::udaf::function_names() {
-            assert!(names.contains(f), "{f} missing from the executors' registry");
+            assert!(
+                names.contains(f),
+                "{f} missing from the executors' registry"
+            );
         }
         assert!(names.contains("sum") && names.contains("abs"));
     }
