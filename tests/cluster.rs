@@ -433,6 +433,24 @@ fn cluster_matches_local_for_every_function_and_stage() {
         assert_close(&la, &lb, table);
     }
 
+    // compare and report print the same figures through the cluster.
+    for (verb, args) in [
+        ("compare", vec!["compare", a.as_str(), b.as_str()]),
+        ("report", vec!["report", a.as_str()]),
+    ] {
+        let local = c.run(&args);
+        let remote = c.on_cluster(&args);
+        assert!(local.status.success(), "{verb} local: {}", text(&local));
+        assert!(
+            remote.status.success(),
+            "{verb} on the cluster: {}",
+            text(&remote)
+        );
+        let out = String::from_utf8_lossy(&local.stdout);
+        assert!(out.lines().count() > 5, "{verb} printed too little: {out}");
+        assert_eq!(out, String::from_utf8_lossy(&remote.stdout), "{verb}");
+    }
+
     // An executor killed mid-query: the query completes on the other one (same numbers) or
     // fails with an error; either way the cluster goes on answering.
     // A self-join on the group (250,000 joined rows per group, about 2 s on the cluster):

@@ -420,10 +420,80 @@ impl QueryPlanner for CheckedPlanner {
         check_plan(logical_plan, &cluster_function_names()).map_err(|m| {
             DataFusionError::Plan(format!("{NOT_ON_CLUSTER} {}: {m}", self.scheduler))
         })?;
-        self.inner
-            .create_physical_plan(logical_plan, session_state)
-            .await
+        let plan = inline_scalar_subqueries(logical_plan, session_state).await?;
+        self.inner.create_physical_plan(&plan, session_state).await
     }
+}
+
+/// Runs each uncorrelated scalar subquery of `plan` (`(SELECT max(v) FROM t)` used as a
+/// value) as its own job on the cluster and puts its value in the plan as a literal.
+///
+/// Ballista 55's executors cannot decode a plan that evaluates a scalar subquery inside a
+/// stage ("ScalarSubqueryExpr can only be deserialized as part of a surrounding
+/// ScalarSubqueryExec"); the report and comparison queries pick the newest scorer version
+/// that way. Correlated subqueries were turned into joins by the optimizer already.
+///
+/// # Errors
+/// The subquery's own failure, or a subquery returning more than one row.
+async fn inline_scalar_subqueries(
+    plan: &LogicalPlan,
+    session: &dyn datafusion::catalog::Session,
+) -> DfResult<LogicalPlan> {
+    use datafusion::common::ScalarValue;
+    use datafusion::common::tree_node::Transformed;
+    use datafusion::logical_expr::Subquery;
+    let mut found: Vec<Subquery> = Vec::new();
+    plan.apply(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|e| {
+                if let Expr::ScalarSubquery(sq) = e
+                    && sq.outer_ref_columns.is_empty()
+                    && !found.contains(sq)
+                {
+                    found.push(sq.clone());
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    })?;
+    if found.is_empty() {
+        return Ok(plan.clone());
+    }
+    let Some(state) = session.as_any().downcast_ref::<SessionState>() else {
+        return Ok(plan.clone());
+    };
+    let mut values = Vec::with_capacity(found.len());
+    for sq in &found {
+        let df = datafusion::dataframe::DataFrame::new(state.clone(), sq.subquery.as_ref().clone());
+        let field = sq.subquery.schema().field(0).clone();
+        let batches = df.collect().await?;
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let value = match batches.iter().find(|b| b.num_rows() > 0) {
+            None => ScalarValue::try_from(field.data_type())?,
+            Some(b) if rows == 1 => ScalarValue::try_from_array(b.column(0), 0)?,
+            Some(_) => {
+                return Err(DataFusionError::Execution(format!(
+                    "a scalar subquery returned {rows} rows (at most one is allowed)"
+                )));
+            }
+        };
+        values.push(value);
+    }
+    let out = plan.clone().transform_up(|node| {
+        node.map_expressions(|e| {
+            e.transform(|e| {
+                let i = match &e {
+                    Expr::ScalarSubquery(sq) => found.iter().position(|f| f == sq),
+                    _ => None,
+                };
+                Ok(match i {
+                    Some(i) => Transformed::yes(Expr::Literal(values[i].clone(), None)),
+                    None => Transformed::no(e),
+                })
+            })
+        })
+    })?;
+    Ok(out.data)
 }
 
 /// The names the executors resolve (see [`function_registry`]).
