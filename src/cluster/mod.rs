@@ -321,11 +321,9 @@ pub async fn run_executor(o: ExecutorOptions) -> Result<(), ClusterError> {
     });
     let work_dir = match &o.work_dir {
         Some(d) => d.clone(),
-        None => {
-            let d =
-                std::env::temp_dir().join(format!("evalflow-executor-{}", uuid::Uuid::new_v4()));
-            d
-        }
+        // Shuffle files of finished jobs are removed when the scheduler says so (5 minutes
+        // after a job ends); the folder itself outlives a killed executor.
+        None => std::env::temp_dir().join(format!("evalflow-executor-{}", uuid::Uuid::new_v4())),
     };
     std::fs::create_dir_all(&work_dir).map_err(|e| ClusterError::Process {
         role: "executor",
