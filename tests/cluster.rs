@@ -518,6 +518,48 @@ fn cluster_matches_local_for_every_function_and_stage() {
         serde_json::json!([{"n": 20000}]),
         "the other executor answers"
     );
+
+    // The last executor killed while `validate --cluster` works through many calls parts:
+    // the stage fails with an error, every part it committed is whole, and a rerun (here on
+    // this machine) completes the table with the same verdicts as the local run.
+    let r = format!("s3://{BUCKET}/runs/killed");
+    for verb in ["generate", "call"] {
+        let o = Cluster::cmd(&c.endpoint)
+            .args([verb, pipeline, "--out", &r])
+            .env("EVALFLOW_PART_ROWS", "150")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{verb}: {}", text(&o));
+    }
+    let child = Cluster::cmd(&c.endpoint)
+        .args(["validate", pipeline, "--out", &r, "--cluster", &c.url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(executors);
+    let o = wait_with_timeout(child, Duration::from_secs(180));
+    let committed = json(&c.run(&["sql", "SELECT count(*) AS n FROM validity", "--run", &r, "--format", "json"]));
+    eprintln!(
+        "validate with its last executor killed: exit {:?}, {committed} rows committed",
+        o.status.code()
+    );
+    if !o.status.success() {
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("error: "),
+            "{}",
+            text(&o)
+        );
+    }
+    let o = c.run(&["validate", pipeline, "--out", &r]);
+    assert!(o.status.success(), "validate rerun: {}", text(&o));
+    let q = "SELECT * FROM validity ORDER BY call_id";
+    assert_close(
+        &json(&c.run(&["sql", q, "--run", &a, "--format", "json"])),
+        &json(&c.run(&["sql", q, "--run", &r, "--format", "json"])),
+        "validity after a killed cluster validate and a rerun",
+    );
 }
 
 fn wait_with_timeout(mut child: Child, limit: Duration) -> Output {

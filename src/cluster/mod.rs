@@ -644,7 +644,7 @@ mod tests {
             Arc::new(|a: &[ColumnarValue]| Ok(a[0].clone())),
         ));
         let plan = ctx
-            .sql("SELECT only_here(1.0)")
+            .sql("SELECT only_here(x) FROM (VALUES (1.0)) t(x)")
             .await
             .unwrap()
             .into_optimized_plan()

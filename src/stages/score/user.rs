@@ -711,9 +711,7 @@ fn compile_exprs(
     sources: &[Option<String>; 3],
     schema: &SchemaRef,
 ) -> Result<Compiled, (usize, String)> {
-    // The expressions are evaluated in this process (score's scorer runs here even with
-    // --cluster), so they are compiled against a local session.
-    let ctx = crate::query::local_context();
+    let ctx = crate::query::new_context();
     let df_schema = DFSchema::try_from(schema.as_ref().clone()).map_err(|e| (0, e.to_string()))?;
     let mut logical = Vec::new();
     let mut used = std::collections::BTreeSet::new();
