@@ -141,6 +141,21 @@ impl Cluster {
         }
     }
 
+    /// How many objects moto holds under `prefix` of the bucket (one page of a listing).
+    fn keys(&self, prefix: &str) -> usize {
+        let addr = self.endpoint.trim_start_matches("http://");
+        let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+            return 0;
+        };
+        let _ = write!(
+            s,
+            "GET /{BUCKET}?list-type=2&prefix={prefix} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        );
+        let mut resp = String::new();
+        let _ = s.read_to_string(&mut resp);
+        resp.matches("<Key>").count()
+    }
+
     /// The binary with the S3 credentials of moto in its environment (and nowhere else).
     fn cmd(endpoint: &str) -> Command {
         let mut c = bin();
@@ -323,7 +338,7 @@ const STAT_QUERIES: &[(&str, &str)] = &[
 
 #[test]
 fn cluster_matches_local_for_every_function_and_stage() {
-    let c = Cluster::start();
+    let mut c = Cluster::start();
     // Four files on S3, written by the executors (COPY through the cluster): the scan has
     // several partitions and the aggregates are partial on each executor, merged after the
     // shuffle. The first statement may wait for the executors to register.
@@ -475,7 +490,7 @@ fn cluster_matches_local_for_every_function_and_stage() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(700));
-    let mut executors = c.executors;
+    let mut executors = std::mem::take(&mut c.executors);
     let mut victim = executors.remove(0);
     let _ = victim.0.kill();
     let _ = victim.0.wait();
@@ -519,39 +534,41 @@ fn cluster_matches_local_for_every_function_and_stage() {
         "the other executor answers"
     );
 
-    // The last executor killed while `validate --cluster` works through many calls parts:
-    // the stage fails with an error, every part it committed is whole, and a rerun (here on
-    // this machine) completes the table with the same verdicts as the local run.
+    // With its last executor gone, `validate --cluster` fails with an error instead of
+    // waiting forever or running locally, leaves no validity part behind, and a rerun (here
+    // on this machine) writes the same verdicts as the local run.
     let r = format!("s3://{BUCKET}/runs/killed");
     for verb in ["generate", "call"] {
-        let o = Cluster::cmd(&c.endpoint)
-            .args([verb, pipeline, "--out", &r])
-            .env("EVALFLOW_PART_ROWS", "150")
-            .output()
-            .unwrap();
+        let o = c.run(&[verb, pipeline, "--out", &r]);
         assert!(o.status.success(), "{verb}: {}", text(&o));
     }
+    drop(executors);
     let child = Cluster::cmd(&c.endpoint)
         .args(["validate", pipeline, "--out", &r, "--cluster", &c.url])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    drop(executors);
     let o = wait_with_timeout(child, Duration::from_secs(180));
-    let committed = json(&c.run(&["sql", "SELECT count(*) AS n FROM validity", "--run", &r, "--format", "json"]));
-    eprintln!(
-        "validate with its last executor killed: exit {:?}, {committed} rows committed",
-        o.status.code()
+    assert!(
+        !o.status.success(),
+        "validate with no executor: {}",
+        text(&o)
     );
-    if !o.status.success() {
-        assert!(
-            String::from_utf8_lossy(&o.stderr).contains("error: "),
-            "{}",
-            text(&o)
-        );
-    }
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("error: validate: ")
+            && String::from_utf8_lossy(&o.stderr).contains("executors"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(c.keys("runs/killed/validity/"), 0, "no validity part");
+    eprintln!(
+        "validate with no executor left: {}",
+        String::from_utf8_lossy(&o.stderr)
+            .lines()
+            .last()
+            .unwrap_or_default()
+    );
     let o = c.run(&["validate", pipeline, "--out", &r]);
     assert!(o.status.success(), "validate rerun: {}", text(&o));
     let q = "SELECT * FROM validity ORDER BY call_id";
