@@ -73,11 +73,17 @@ pub struct Cli {
     /// Cores to use: partitions of every plan and parts processed at once (default: all).
     #[arg(long, global = true, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
-    /// Run the verb's plans on a Ballista cluster (df://HOST:PORT) instead of this machine:
-    /// sql, validate, score, aggregate, rescore, compare and report. Needs evalflow built
-    /// with the `ballista` feature; a plan the cluster cannot run fails naming what it lacks.
-    #[arg(long, global = true, value_name = "df://HOST:PORT")]
-    pub cluster: Option<String>,
+}
+
+/// `--cluster df://HOST:PORT` of the query verbs (not global: `import --cluster` names the
+/// field holding each case's template).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClusterArg {
+    /// Run this verb's plans on a Ballista cluster (df://HOST:PORT) instead of this machine.
+    /// Needs evalflow built with the `ballista` feature; a plan the cluster cannot run fails
+    /// naming what it lacks, never falling back to running here.
+    #[arg(long = "cluster", value_name = "df://HOST:PORT")]
+    pub url: Option<String>,
 }
 
 impl Cli {
@@ -105,23 +111,27 @@ impl Cli {
     /// [`CliError::BadInput`] for a verb that has no plans to submit, a bad URL, or a binary
     /// built without the `ballista` feature.
     pub fn apply_cluster(&self) -> Result<(), CliError> {
-        let Some(url) = &self.cluster else {
-            return Ok(());
-        };
-        let verb = match &self.command {
-            Command::Sql(_) => "sql",
-            Command::Validate(_) => "validate",
-            Command::Score(_) => "score",
-            Command::Aggregate(_) => "aggregate",
-            Command::Rescore(_) => "rescore",
-            Command::Compare(_) => "compare",
-            Command::Report(_) => "report",
-            _ => {
-                return Err(CliError::BadInput(format!(
-                    "--cluster {url}: only sql, validate, score, aggregate, rescore, compare and \
-                     report submit plans to a cluster"
-                )));
+        let (verb, arg) = match &self.command {
+            Command::Sql(a) => ("sql", &a.cluster),
+            Command::Validate(a) => ("validate", &a.cluster),
+            Command::Score(a) => ("score", &a.cluster),
+            Command::Aggregate(a) => ("aggregate", &a.cluster),
+            Command::Rescore(a) => ("rescore", &a.cluster),
+            Command::Compare(a) => ("compare", &a.cluster),
+            Command::Report(a) => ("report", &a.cluster),
+            Command::Run(a) | Command::Generate(a) | Command::Call(a) => {
+                if let Some(url) = &a.cluster.url {
+                    return Err(CliError::BadInput(format!(
+                        "--cluster {url}: only sql, validate, score, aggregate, rescore, compare \
+                         and report submit plans to a cluster"
+                    )));
+                }
+                return Ok(());
             }
+            _ => return Ok(()),
+        };
+        let Some(url) = &arg.url else {
+            return Ok(());
         };
         #[cfg(feature = "ballista")]
         {
@@ -214,6 +224,8 @@ pub struct StageArgs {
     /// The run root: a local path, memory://NAME or s3://bucket/prefix (default runs/<run_id>).
     #[arg(long)]
     pub out: Option<String>,
+    #[command(flatten)]
+    pub cluster: ClusterArg,
 }
 
 /// Runs one parsed command.
