@@ -5,6 +5,8 @@
 //! so every table can be queried with SQL. See DESIGN.md for the contract.
 
 pub mod cli;
+#[cfg(feature = "ballista")]
+pub mod cluster;
 pub mod import;
 pub mod judge;
 pub mod mock;

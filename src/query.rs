@@ -20,6 +20,10 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use crate::schema::Table;
 use crate::storage::{RunStore, StorageError};
 
+/// The start of the message of a plan refused by `--cluster` (a table or function the
+/// cluster lacks): bad input, exit 2.
+pub const NOT_ON_CLUSTER: &str = "cannot run on the cluster";
+
 /// Errors while registering or running queries.
 #[derive(Debug, thiserror::Error)]
 pub enum QueryError {
@@ -64,7 +68,8 @@ impl QueryError {
         match self {
             QueryError::Storage(e) => e.is_bad_input(),
             QueryError::Memory { .. } => true,
-            QueryError::DataFusion { .. } => false,
+            // A plan the cluster cannot run (a table or function it lacks) is the user's.
+            QueryError::DataFusion { source, .. } => source.to_string().contains(NOT_ON_CLUSTER),
         }
     }
 }
@@ -147,16 +152,67 @@ pub fn format_bytes(n: usize) -> String {
     }
 }
 
+/// The cluster `--cluster df://HOST:PORT` names, if any: every later [`new_context`]
+/// submits its plans there.
+#[cfg(feature = "ballista")]
+static CLUSTER: std::sync::RwLock<Option<crate::cluster::ClusterUrl>> =
+    std::sync::RwLock::new(None);
+
+/// Makes every later [`new_context`] run its plans on the Ballista cluster at `url` (the
+/// CLI does, once, for `--cluster`).
+#[cfg(feature = "ballista")]
+pub fn set_cluster(url: Option<crate::cluster::ClusterUrl>) {
+    if let Ok(mut g) = CLUSTER.write() {
+        *g = url;
+    }
+}
+
+/// The cluster plans are submitted to, if any.
+#[cfg(feature = "ballista")]
+pub fn cluster() -> Option<crate::cluster::ClusterUrl> {
+    CLUSTER.read().ok().and_then(|c| c.clone())
+}
+
+/// Whether plans run on a cluster (always false without the `ballista` feature).
+pub fn on_cluster() -> bool {
+    #[cfg(feature = "ballista")]
+    {
+        cluster().is_some()
+    }
+    #[cfg(not(feature = "ballista"))]
+    {
+        false
+    }
+}
+
 /// A session with evalflow's functions registered, plain Utf8 strings (so stages can
 /// read string columns without view types), [`resources`]' partitions, and a fair spill
 /// pool of [`Resources::memory_limit`] with a disk manager: sorts and aggregations spill
 /// to the OS temp folder instead of growing past the limit.
+///
+/// With `--cluster` (the `ballista` feature), the same session submits its plans to the
+/// cluster ([`crate::cluster::remote_context`]); plans that cannot run there fail naming
+/// the table or function, they never fall back to running here.
 pub fn new_context() -> SessionContext {
+    let ctx = local_context();
+    #[cfg(feature = "ballista")]
+    if let Some(url) = cluster() {
+        // Upgrading a session for Ballista builds a planner and connects nothing: it
+        // cannot fail for a URL `ClusterUrl::parse` accepted.
+        return crate::cluster::remote_context(&url, ctx)
+            .expect("a Ballista session for a parsed df:// URL");
+    }
+    ctx
+}
+
+/// [`new_context`] on this machine, whatever `--cluster` says.
+pub fn local_context() -> SessionContext {
     context_with(resources().threads.max(1), true)
 }
 
-/// A context whose plans run in one partition in the order written (no statistics-driven
-/// join swaps): for a stream whose order matters, such as the call stage's requests.
+/// A local context whose plans run in one partition in the order written (no
+/// statistics-driven join swaps): for a stream whose order matters, such as the call
+/// stage's requests (the call stage never runs on a cluster).
 pub fn ordered_context() -> SessionContext {
     context_with(1, false)
 }
@@ -248,6 +304,12 @@ pub async fn register_run(
         let name = format!("{prefix}{}", t.name());
         let parts = store.list_parts(t.name()).await?;
         check_parts(store, &parts, t).await?;
+        if parts.is_empty() && on_cluster() {
+            // An in-memory table cannot be shipped: the cluster reads the table's (empty or
+            // missing) folder with its declared schema instead.
+            register_empty_listing(ctx, &name, &store.table_url(t.name()), t.schema())?;
+            continue;
+        }
         if parts.is_empty() {
             let empty = MemTable::try_new(t.schema(), vec![vec![]])
                 .map_err(QueryError::df(name.clone()))?;
@@ -270,6 +332,26 @@ pub async fn register_run(
         let urls: Vec<String> = dirs.iter().map(|d| store.table_url(d)).collect();
         register_parquet_paths(ctx, &name, &urls).await?;
     }
+    Ok(())
+}
+
+/// Registers `url` (a folder with no parts yet) as a Parquet table of `schema`.
+fn register_empty_listing(
+    ctx: &SessionContext,
+    name: &str,
+    url: &str,
+    schema: datafusion::arrow::datatypes::SchemaRef,
+) -> Result<(), QueryError> {
+    let what = format!("table `{name}` ({url})");
+    let table_url = ListingTableUrl::parse(url).map_err(QueryError::df(what.clone()))?;
+    let format = ParquetFormat::default().with_options(ctx.state().table_options().parquet.clone());
+    let options = ListingOptions::new(Arc::new(format)).with_file_extension(".parquet");
+    let config = ListingTableConfig::new(table_url)
+        .with_listing_options(options)
+        .with_schema(schema);
+    let table = ListingTable::try_new(config).map_err(QueryError::df(what.clone()))?;
+    ctx.register_table(name, Arc::new(table))
+        .map_err(QueryError::df(format!("registering {what}")))?;
     Ok(())
 }
 

@@ -28,6 +28,8 @@ pub struct CompareArgs {
     /// version each run's newest version of it).
     #[arg(long)]
     pub scorer: Option<String>,
+    #[command(flatten)]
+    pub cluster: super::ClusterArg,
 }
 
 /// Points a report query written for the checklist scorer at `spec` (NAME or NAME@VERSION):

@@ -1,6 +1,8 @@
 //! The command line: one enum of verbs, dispatched in one `match`.
 
 mod check;
+#[cfg(feature = "ballista")]
+mod cluster;
 mod compare;
 pub mod holdout;
 mod import;
@@ -73,6 +75,17 @@ pub struct Cli {
     pub threads: Option<u16>,
 }
 
+/// `--cluster df://HOST:PORT` of the query verbs (not global: `import --cluster` names the
+/// field holding each case's template).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClusterArg {
+    /// Run this verb's plans on a Ballista cluster (df://HOST:PORT) instead of this machine.
+    /// Needs evalflow built with the `ballista` feature; a plan the cluster cannot run fails
+    /// naming what it lacks, never falling back to running here.
+    #[arg(long = "cluster", value_name = "df://HOST:PORT")]
+    pub url: Option<String>,
+}
+
 impl Cli {
     /// Sets the process-wide [`crate::query::Resources`] from the flags.
     pub fn apply_resources(&self) {
@@ -90,6 +103,53 @@ impl Cli {
                 .build_global();
         }
         crate::query::set_resources(r);
+    }
+
+    /// Checks `--cluster` against the verb and the build, and sets where plans run.
+    ///
+    /// # Errors
+    /// [`CliError::BadInput`] for a verb that has no plans to submit, a bad URL, or a binary
+    /// built without the `ballista` feature.
+    pub fn apply_cluster(&self) -> Result<(), CliError> {
+        let (verb, arg) = match &self.command {
+            Command::Sql(a) => ("sql", &a.cluster),
+            Command::Validate(a) => ("validate", &a.cluster),
+            Command::Score(a) => ("score", &a.cluster),
+            Command::Aggregate(a) => ("aggregate", &a.cluster),
+            Command::Rescore(a) => ("rescore", &a.cluster),
+            Command::Compare(a) => ("compare", &a.cluster),
+            Command::Report(a) => ("report", &a.cluster),
+            Command::Run(a) | Command::Generate(a) | Command::Call(a) => {
+                if let Some(url) = &a.cluster.url {
+                    return Err(CliError::BadInput(format!(
+                        "--cluster {url}: only sql, validate, score, aggregate, rescore, compare \
+                         and report submit plans to a cluster"
+                    )));
+                }
+                return Ok(());
+            }
+            _ => return Ok(()),
+        };
+        let Some(url) = &arg.url else {
+            return Ok(());
+        };
+        #[cfg(feature = "ballista")]
+        {
+            let u = crate::cluster::ClusterUrl::parse("--cluster", url)
+                .map_err(|e| CliError::BadInput(e.to_string()))?;
+            // Said up front, rather than as a gRPC transport error from the first query.
+            u.reachable(std::time::Duration::from_secs(10))
+                .map_err(|e| CliError::Internal(format!("{verb}: {e}")))?;
+            crate::query::set_cluster(Some(u));
+            Ok(())
+        }
+        #[cfg(not(feature = "ballista"))]
+        {
+            Err(CliError::BadInput(format!(
+                "{verb} --cluster {url}: this evalflow was built without the `ballista` cargo \
+                 feature (cargo build --features ballista)"
+            )))
+        }
     }
 }
 
@@ -142,6 +202,13 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Merge a run's small parts (the call stage's frequent commits) into large ones.
     Compact(CompactArgs),
+    /// Start a Ballista scheduler with every evalflow function (the `ballista` feature).
+    #[cfg(feature = "ballista")]
+    Scheduler(cluster::SchedulerArgs),
+    /// Start a Ballista executor with every evalflow function and object store (the
+    /// `ballista` feature).
+    #[cfg(feature = "ballista")]
+    Executor(cluster::ExecutorArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -157,12 +224,19 @@ pub struct StageArgs {
     /// The run root: a local path, memory://NAME or s3://bucket/prefix (default runs/<run_id>).
     #[arg(long)]
     pub out: Option<String>,
+    #[command(flatten)]
+    pub cluster: ClusterArg,
 }
 
 /// Runs one parsed command.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     cli.apply_resources();
+    cli.apply_cluster()?;
     match cli.command {
+        #[cfg(feature = "ballista")]
+        Command::Scheduler(a) => cluster::scheduler(a).await,
+        #[cfg(feature = "ballista")]
+        Command::Executor(a) => cluster::executor(a).await,
         Command::Run(a) => {
             let mut r = Runner::open(&a.pipeline, a.out.as_deref()).await?;
             eprintln!("run root: {}", r.store.display());

@@ -55,6 +55,8 @@ pub struct ReportArgs {
     /// The unit whose waterfall is drawn (default: the first predicted unit).
     #[arg(long)]
     pub judge_unit: Option<String>,
+    #[command(flatten)]
+    pub cluster: super::ClusterArg,
 }
 
 /// One class's raw and corrected prevalence.

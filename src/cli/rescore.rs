@@ -34,6 +34,8 @@ pub struct RescoreArgs {
     /// none when it has no earlier version).
     #[arg(long)]
     pub against: Option<String>,
+    #[command(flatten)]
+    pub cluster: super::ClusterArg,
 }
 
 /// The user scorer of `--scorer-file` that `--scorer` names (or the file's only one).

@@ -27,6 +27,8 @@ pub struct SqlArgs {
     /// Output file for `--format parquet` (default: stdout is refused).
     #[arg(long)]
     pub output: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub cluster: super::ClusterArg,
 }
 
 fn bad(e: QueryError) -> CliError {

@@ -604,6 +604,15 @@ async fn part_stream(
         (calls.as_str(), part, Table::Calls),
         (validity.as_str(), &vmeta, Table::Validity),
     ] {
+        if crate::query::on_cluster() {
+            // On a cluster the executors read the two parts themselves (an in-memory table
+            // of this process cannot be shipped): the join runs there, the scorer here.
+            store.check_part(meta, t).await?;
+            ctx.deregister_table(table)
+                .map_err(QueryError::df("score"))?;
+            crate::query::register_parquet(ctx, table, &store.location(&meta.location)).await?;
+            continue;
+        }
         let batches: Vec<RecordBatch> = store.read_part(meta, t).await?.try_collect().await?;
         let schema = batches
             .first()
