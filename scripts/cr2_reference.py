@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import optimize, stats
 
 FIX = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "stats" / "scores.csv"
 
@@ -56,6 +56,32 @@ def wilson(p, neff, z):
     return max(0.0, c - h), min(1.0, c + h)
 
 
+def score(p, n, var, t, k=1.5):
+    """The clustered score interval: the hull of {p0 : (p - p0)^2 <= t^2 V(p0)} with
+    V(p0) = p0 (1 - p0) / n + B max(r, r^k), r = p0 (1 - p0) / (p (1 - p)), B = var - p (1 - p) / n;
+    Wilson at n when var <= p (1 - p) / n. Solved here by a fine grid and brentq (evalflow scans
+    512 points and bisects)."""
+    naive = p * (1 - p) / n
+    if not (naive > 0 and var > naive):
+        return wilson(p, n, t)
+    b = var - naive
+
+    def gap(p0):
+        w = p0 * (1 - p0)
+        r = w / (p * (1 - p))
+        return t * t * (w / n + b * max(r, r ** k)) - (p - p0) ** 2
+
+    def outer(edge):
+        if gap(edge) >= 0:
+            return edge
+        grid = np.linspace(edge, p, 200_001)
+        ok = np.array([gap(g) >= 0 for g in grid])
+        j = int(np.argmax(ok))  # first accepted point scanning from the edge
+        return optimize.brentq(gap, grid[j - 1], grid[j], xtol=1e-16, rtol=4 * np.finfo(float).eps)
+
+    return outer(0.0), outer(1.0)
+
+
 def report(name, x, cl, level=0.95):
     m, se, df = cr2(x, cl)
     t = stats.t.ppf(1 - (1 - level) / 2, df)
@@ -73,6 +99,7 @@ def report(name, x, cl, level=0.95):
         naive = m * (1 - m) / n
         deff = se ** 2 / naive if naive > 0 and se > 0 else 1.0
         out["wilson_lo"], out["wilson_hi"] = wilson(m, n / deff, t)
+        out["score_lo"], out["score_hi"] = score(m, n, se ** 2, t)
     print(f"// {name}")
     for k, v in out.items():
         print(f"    {k}: {v!r}")
@@ -91,6 +118,15 @@ def main():
     r = report("hand example", [1, 1, 1, 0, 0, 1], ["a", "a", "a", "b", "b", "c"])
     assert abs(r["cr2_se"] ** 2 - 2 / 15) < 1e-12 and abs(r["cr2_df"] - 5 / 3) < 1e-12
     print("t(5/3) 0.975 quantile", stats.t.ppf(0.975, 5 / 3))
+    # The score interval's hand example: clusters {1,0,0,0}, {0,0,0,0}, {1,1,0,0}, {0,0,0,0}:
+    # p = 3/16, V = 11/768, naive 39/4096, B = 59/12288, df = 3.
+    r = report("score hand example", [1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0],
+               list("aaaabbbbccccdddd"))
+    assert abs(r["cr2_se"] ** 2 - 11 / 768) < 1e-15 and abs(r["cr2_df"] - 3) < 1e-12
+    print("t(3) 0.975 quantile", stats.t.ppf(0.975, 3))
+    # Zero failures in 120 rows from 3 templates: Wilson at n = 120 with t(2), never zero width.
+    z = [0] * 120
+    print("0 of 120, 3 templates:", score(0.0, 120, 0.0, stats.t.ppf(0.975, 2)))
 
 
 if __name__ == "__main__":

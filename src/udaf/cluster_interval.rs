@@ -166,26 +166,30 @@ pub enum Method {
     Cr2,
     /// Wilson score interval at the CR2 effective sample size, t quantile (proportions).
     Cr2Wilson,
+    /// Clustered score interval (proportions): the CR2 variance split into a binomial and a
+    /// between-template part that grows toward 1/2, inverted with the CR2 t quantile.
+    Cr2Score,
     /// Wild cluster bootstrap-t, seeded.
     WildBootstrap,
-    /// The default: [`Method::Cr2Wilson`] when every row is 0 or 1 (a pass/fail score),
+    /// The default: [`Method::Cr2Score`] when every row is 0 or 1 (a pass/fail score),
     /// [`Method::Cr2`] otherwise. Results name the method that was used.
     Auto,
 }
 
 impl Method {
     /// Every method, in documentation order.
-    pub const ALL: [Method; 6] = [
+    pub const ALL: [Method; 7] = [
         Method::Auto,
         Method::Miller,
         Method::Cr1T,
         Method::Cr2,
         Method::Cr2Wilson,
+        Method::Cr2Score,
         Method::WildBootstrap,
     ];
 
     /// The method used when none is given: the one whose coverage holds best at few clusters
-    /// in `benches/coverage.rs` (cr2_wilson for pass/fail scores, cr2 for other scores and
+    /// in `benches/coverage.rs` (cr2_score for pass/fail scores, cr2 for other scores and
     /// for differences); see docs/functions.md.
     pub const DEFAULT: Method = Method::Auto;
 
@@ -196,6 +200,7 @@ impl Method {
             Method::Cr1T => "cr1_t",
             Method::Cr2 => "cr2",
             Method::Cr2Wilson => "cr2_wilson",
+            Method::Cr2Score => "cr2_score",
             Method::WildBootstrap => "wild_bootstrap",
             Method::Auto => "auto",
         }
@@ -340,7 +345,8 @@ impl IntervalSpec {
 /// `mean` is `None` when `n == 0`; `se`, `lo`, `hi`, `stat` and `p_value` are `None` with
 /// fewer than two rows or two clusters; `stat` and `p_value` also when `se` is 0. `df` is the
 /// t degrees of freedom, `None` for the normal ([`Method::Miller`]) and bootstrap methods.
-/// [`Method::Cr2Wilson`] gives no interval when the mean is outside [0, 1].
+/// [`Method::Cr2Wilson`] and [`Method::Cr2Score`] give no interval when the mean is outside
+/// [0, 1].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ClusterInterval {
     /// Rows.
@@ -497,6 +503,82 @@ pub fn clustered_wilson(p: f64, n: f64, var: f64, t: f64) -> (f64, f64) {
     wilson(p, n / deff, t)
 }
 
+/// How fast the between-template variance of a pass rate grows toward 1/2 in
+/// [`clustered_score`]: as `r^1.5` in `r = p0 (1 - p0) / (p (1 - p))`. A constant ICC on the
+/// observed scale (beta-binomial, Wilson) gives `r`; a constant template variance on the logit
+/// scale gives `r^2` (delta method). 1.5 is the value that held coverage at 94% or more from
+/// 20 templates in `benches/coverage.rs` while 2 made intervals at 10 templates 1.8x the oracle.
+pub const SCORE_EXPONENT: f64 = 1.5;
+
+/// Grid points per side scanned before bisection in [`clustered_score`].
+const SCORE_GRID: usize = 512;
+
+/// The clustered score interval for a proportion `p` of `n` rows with cluster-robust variance
+/// `var` and multiplier `t`: the hull of `{p0 : (p - p0)^2 <= t^2 V(p0)}` with
+/// `V(p0) = p0 (1 - p0) / n + B max(r, r^SCORE_EXPONENT)`, `r = p0 (1 - p0) / (p (1 - p))`,
+/// `B = var - p (1 - p) / n` the between-template part of `var`.
+///
+/// Why: the Wilson interval at `n / deff` assumes the design effect is the same at every
+/// candidate `p0`. For rare outcomes with strong template effects the between-template
+/// variance grows faster than `p0 (1 - p0)` toward 1/2 (it grows as its square on the logit
+/// scale), so samples with few failing templates gave upper bounds that were too low (92-93%
+/// coverage at 20-100 templates). Away from 1/2 (`r <= 1`) `V` is Wilson's, so that bound is
+/// the Wilson bound at `n / deff`. When `var` is at most the binomial variance (or `p` is 0 or
+/// 1) the design effect is taken as 1: template effects are not assumed to cancel noise, and a
+/// rate of 0 or 1 still gets Wilson's non-zero width.
+pub fn clustered_score(p: f64, n: f64, var: f64, t: f64) -> (f64, f64) {
+    let q = p * (1.0 - p);
+    let naive = q / n;
+    // Negated so that NaN goes to the fallback too.
+    if !(naive > 0.0 && var > naive) {
+        return wilson(p, n, t);
+    }
+    let between = var - naive;
+    let inside = |p0: f64| {
+        let w = p0 * (1.0 - p0);
+        let r = w / q;
+        let v = w / n + between * r.max(r.powf(SCORE_EXPONENT));
+        (p - p0) * (p - p0) <= t * t * v
+    };
+    (
+        outermost(p, 0.0, &inside),
+        outermost(p, 1.0, &inside),
+    )
+}
+
+/// The point of `[inside_pt, edge]` farthest from `inside_pt` that `inside` accepts: a scan
+/// of [`SCORE_GRID`] points from `edge` inward, then bisection between the first accepted
+/// point and its outer neighbour. `inside(inside_pt)` must hold.
+fn outermost(inside_pt: f64, edge: f64, inside: &impl Fn(f64) -> bool) -> f64 {
+    if inside(edge) {
+        return edge;
+    }
+    let step = (inside_pt - edge) / SCORE_GRID as f64;
+    let mut out = edge;
+    let mut inn = inside_pt;
+    for j in 1..SCORE_GRID {
+        let x = edge + step * j as f64;
+        if inside(x) {
+            inn = x;
+            break;
+        }
+        out = x;
+    }
+    // Bisection to the last representable point.
+    for _ in 0..200 {
+        let mid = 0.5 * (out + inn);
+        if mid == out || mid == inn {
+            break;
+        }
+        if inside(mid) {
+            inn = mid;
+        } else {
+            out = mid;
+        }
+    }
+    inn
+}
+
 /// The mean of per-cluster `cells` with its interval by `spec.method`.
 ///
 /// This is the plain-Rust entry point (the SQL functions and the aggregate stage call it).
@@ -550,7 +632,11 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
             finite((g / (g - 1.0) * r.score_sq()).sqrt() / n),
             Some(g - 1.0),
         ),
-        Method::Cr2 | Method::Cr2Wilson | Method::WildBootstrap | Method::Auto => {
+        Method::Cr2
+        | Method::Cr2Wilson
+        | Method::Cr2Score
+        | Method::WildBootstrap
+        | Method::Auto => {
             let se = finite(cr2_var(n, r.cells.iter().copied()).sqrt());
             let df = match spec.method {
                 Method::WildBootstrap => None,
@@ -572,12 +658,16 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
             out.hi = finite(mean + boot.crit * se);
             out.p_value = out.stat.and(boot.p_value);
         }
-        Method::Cr2Wilson => {
+        Method::Cr2Wilson | Method::Cr2Score => {
             let Some(t) = t_quantile(spec.level, df) else {
                 return out;
             };
             if (0.0..=1.0).contains(&mean) {
-                let (lo, hi) = clustered_wilson(mean, n, se * se, t);
+                let (lo, hi) = if spec.method == Method::Cr2Score {
+                    clustered_score(mean, n, se * se, t)
+                } else {
+                    clustered_wilson(mean, n, se * se, t)
+                };
                 out.lo = Some(lo);
                 out.hi = Some(hi);
             }
@@ -598,10 +688,10 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
 /// Relative tolerance under which a bootstrap statistic ties the observed one.
 const TIE_TOL: f64 = 1e-9;
 
-/// Resolves [`Method::Auto`]: Wilson for 0/1 data, CR2 otherwise.
+/// Resolves [`Method::Auto`]: the clustered score interval for 0/1 data, CR2 otherwise.
 pub fn resolve(method: Method, cells: &[Moments]) -> Method {
     match method {
-        Method::Auto if cells.iter().all(is_binary) => Method::Cr2Wilson,
+        Method::Auto if cells.iter().all(is_binary) => Method::Cr2Score,
         Method::Auto => Method::Cr2,
         m => m,
     }
@@ -757,18 +847,49 @@ mod tests {
     }
 
     #[test]
-    fn auto_is_wilson_for_pass_fail_and_cr2_otherwise() {
+    fn auto_is_score_for_pass_fail_and_cr2_otherwise() {
         let binary = [binary_cell(4, 1), binary_cell(3, 3), binary_cell(1, 0)];
-        assert_eq!(resolve(Method::Auto, &binary), Method::Cr2Wilson);
+        assert_eq!(resolve(Method::Auto, &binary), Method::Cr2Score);
         let pushed = [cell(&[1.0, 0.0, 0.0, 1.0]), cell(&[0.0]), cell(&[1.0, 1.0])];
-        assert_eq!(resolve(Method::Auto, &pushed), Method::Cr2Wilson);
+        assert_eq!(resolve(Method::Auto, &pushed), Method::Cr2Score);
         let graded = [cell(&[1.0, 0.5]), cell(&[0.0, 1.0])];
         assert_eq!(resolve(Method::Auto, &graded), Method::Cr2);
         let scale = [cell(&[3.0, 4.0]), cell(&[5.0])];
         assert_eq!(resolve(Method::Auto, &scale), Method::Cr2);
         assert_eq!(resolve(Method::Miller, &binary), Method::Miller);
         let ci = cluster_interval(&binary, &IntervalSpec::default());
-        assert_eq!(ci.method, Method::Cr2Wilson);
+        assert_eq!(ci.method, Method::Cr2Score);
+    }
+
+    #[test]
+    fn score_is_wilson_away_from_half_and_wider_toward_it() {
+        // p = 0.1 of 200 rows, design effect 3: below p (r < 1) the bound is Wilson's at
+        // n / deff; above it the between part grows as r^1.5, so the bound is higher.
+        let (p, n, t) = (0.1, 200.0, 2.1);
+        let var = 3.0 * p * (1.0 - p) / n;
+        let (lo, hi) = clustered_score(p, n, var, t);
+        let (wlo, whi) = clustered_wilson(p, n, var, t);
+        assert!((lo - wlo).abs() < 1e-14, "{lo} vs {wlo}");
+        assert!(hi > whi + 0.005, "{hi} vs {whi}");
+        // hi solves (hi - p)^2 = t^2 V(hi).
+        let b = var - p * (1.0 - p) / n;
+        let w = hi * (1.0 - hi);
+        let v = w / n + b * (w / (p * (1.0 - p))).powf(1.5);
+        assert!(((hi - p).powi(2) - t * t * v).abs() < 1e-15);
+        // Relabelling pass and fail mirrors the interval.
+        let (lo2, hi2) = clustered_score(1.0 - p, n, var, t);
+        assert!((lo2 - (1.0 - hi)).abs() < 1e-12 && (hi2 - (1.0 - lo)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn score_takes_design_effect_at_least_one() {
+        // A CR2 variance below the binomial one (or p at 0 or 1) gives Wilson at n, which
+        // at p = 0 still has width.
+        let t = 2.0;
+        assert_eq!(clustered_score(0.3, 50.0, 0.001, t), wilson(0.3, 50.0, t));
+        assert_eq!(clustered_score(0.0, 50.0, 0.0, t), wilson(0.0, 50.0, t));
+        assert!(clustered_score(0.0, 50.0, 0.0, t).1 > 0.05);
+        assert_eq!(clustered_score(1.0, 50.0, 0.0, t), wilson(1.0, 50.0, t));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use super::spec::{AggSpec, StatUdaf};
 #[derive(Debug, PartialEq, Eq, Hash, Default)]
 pub struct PairedDiffClustered;
 
-/// The methods that apply to a difference (`cr2_wilson` needs a proportion).
+/// The methods that apply to a difference (`cr2_wilson` and `cr2_score` need a proportion).
 pub const METHODS: [Method; 5] = [
     Method::Auto,
     Method::Miller,
@@ -97,8 +97,8 @@ impl AggSpec for PairedDiffClustered {
         behavior: "Only rows where `a`, `b` and `cluster` are non-NULL (and d is not NaN) are used. The \
                    struct is never NULL: `n` counts the pairs; `mean_diff` is NULL when n = 0; `se`, \
                    `lo`, `hi` are NULL with fewer than two rows or two clusters; `z` and `p_value` \
-                   are NULL when se is NULL or 0. `'cr2_wilson'` does not apply to a difference and \
-                   is an error, as is an unknown method.",
+                   are NULL when se is NULL or 0. `'cr2_wilson'` and `'cr2_score'` do not apply to a \
+                   difference and are errors, as is an unknown method.",
         arguments: &[
             ("a", "Score of version A (numeric or boolean)."),
             ("b", "Score of version B on the same case."),
