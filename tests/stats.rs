@@ -1080,11 +1080,7 @@ async fn cr2_hand_worked_example() {
     // The default for 0/1 scores is the clustered score interval; here the design effect is
     // so large that both bounds fall where it equals the clustered Wilson
     // (scripts/cr2_reference.py).
-    assert!(
-        close(v[5], 0.025579862777769746, 1e-8),
-        "score lo {}",
-        v[5]
-    );
+    assert!(close(v[5], 0.025579862777769746, 1e-8), "score lo {}", v[5]);
     assert!(close(v[6], 0.9934799477746361, 1e-8), "score hi {}", v[6]);
     let m = one(
         &ctx,
@@ -1155,8 +1151,16 @@ async fn cr2_score_zero_failures_keeps_width() {
     )
     .await;
     assert_eq!(f(&r[0][0]), Some(0.0));
-    assert!(close(f(&r[0][1]).unwrap(), 0.13365420214735274, 1e-9), "{:?}", r[0][1]);
-    assert!(close(f(&r[0][2]).unwrap(), 1.0 - 0.13365420214735274, 1e-9), "{:?}", r[0][2]);
+    assert!(
+        close(f(&r[0][1]).unwrap(), 0.13365420214735274, 1e-9),
+        "{:?}",
+        r[0][1]
+    );
+    assert!(
+        close(f(&r[0][2]).unwrap(), 1.0 - 0.13365420214735274, 1e-9),
+        "{:?}",
+        r[0][2]
+    );
     assert_eq!(r[0][3], ScalarValue::Utf8(Some("cr2_score".into())));
 }
 

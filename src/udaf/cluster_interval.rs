@@ -37,70 +37,77 @@ use super::common::{Moments, finite, normal_z, two_sided_p};
 /// under `clustered_mean_ci` in docs/functions.md.
 pub const METHOD_GUIDE: &str = r#"**Which method when**
 
-- `auto` (the default): `cr2_wilson` for pass/fail scores, `cr2` for any other score. Use it unless you must match another tool.
-- `cr2_wilson`: pass/fail rates, above all near 0 or 1 or with few templates: it stays in [0, 1] and leans away from the nearer bound. Not for differences.
+- `auto` (the default): `cr2_score` for pass/fail scores, `cr2` for any other score. Use it unless you must match another tool.
+- `cr2_score`: pass/fail rates. The clustered score interval: the CR2 variance V is split into the binomial part p (1 - p) / n and a between-template part B = V - p (1 - p) / n (at least 0: template effects are not assumed to cancel noise), and the interval is every rate p0 with (p - p0)^2 <= t^2 (p0 (1 - p0) / n + B max(r, r^1.5)), r = p0 (1 - p0) / (p (1 - p)), t the CR2 quantile. Toward the nearer bound (r <= 1) it is the Wilson interval at the effective size n / deff; toward 1/2 the template part grows faster than p0 (1 - p0), as it does when template effects act on the logit scale (there it grows as r^2), which the Wilson interval missed for rare outcomes. A rate of 0 or 1 gets Wilson at n, never a zero width. Not for differences.
+- `cr2_wilson`: Wilson at the CR2 effective size, the previous default: narrower for rare outcomes with strong template effects, where it covers only 92-93%.
 - `cr2`: means of graded scores (judge scores, averaged samples) and paired differences (the default of `paired_diff_clustered`); the bias reduction and the degrees of freedom account for few and unequal templates.
 - `wild_bootstrap`: a cross-check of `cr2` (its p-value imposes the null); no better than `cr2` in the simulation, and it costs `reps` x G work per group.
 - `cr1_t`: to match statsmodels and Inspect AI standard errors, with the t(G-1) quantile they omit; it undercovers when template sizes differ.
 - `miller`: evalflow's original interval, kept for comparison; it undercovers below about 40 templates.
 
-No method is honest for a rare outcome (rate near 0.05) with strong template effects (latent ICC 0.3): with 20 to 100 templates `cr2_wilson` covers 92 to 95%, the others 88 to 94%. There, add templates rather than cases per template.
+**Where the default still misses the target** (issue 16: 94-96% from 20 templates, at least 93% at 10, mean width at most 1.15x the oracle's), from the table below:
 
-**Coverage on simulated evals.** `benches/coverage.rs` (2,000 replications per design, bootstrap B = 99, the seed varying by replication; `EVALFLOW_COVERAGE_BOOT=99 cargo bench --profile dev --bench coverage`): G templates of 10 cases or of 1 to 50 cases (drawn per replication), a template effect on the logit scale with intra-template correlation rho (latent scale), population pass rate 0.5 or 0.05 (known exactly). Each cell is the coverage of the nominal 95% interval and, in parentheses, its mean width over the oracle width (2 x 1.96 x the estimator's true SD across replications). `auto` equals `cr2_wilson` here, as every score is 0 or 1.
+- Rare failures (rate 0.05) with strong template effects (latent ICC 0.3) and template sizes 1 to 50: `cr2_score` covers 94.1% at 20 templates but 93.2% at 40 and 93.5% at 100 (`cr2_wilson` 92.6-93.0%, every other method 85-92%). There, add templates rather than cases per template.
+- Rare failures with weak template effects (ICC 0.05) at 20 templates: 96.3% and 96.2%, slightly conservative (the design effect is never taken below 1).
+- Width: at most 1.17x the oracle from 20 templates (rare failures only; 1.10 or less at rate 0.5), and 1.33-1.40x at 10 templates for rare failures, where the interval has to reach up to cover a skewed estimate (the t(9) quantile alone is 1.15x the normal one).
+- Paired differences (`cr2`, unchanged) cover 92.5-95.6% from 20 templates and 92.0% at 10: short for rate 0.1 with strong template effects and unequal sizes.
+
+**Coverage on simulated evals.** `benches/coverage.rs` (2,000 replications per design, bootstrap B = 99, the seed varying by replication; `EVALFLOW_COVERAGE_REPS=2000 EVALFLOW_COVERAGE_BOOT=99 cargo bench --profile dev --bench coverage`): G templates of 10 cases or of 1 to 50 cases (drawn per replication), a template effect on the logit scale with intra-template correlation rho (latent scale), population pass rate 0.5 or 0.05 (known exactly). Each cell is the coverage of the nominal 95% interval and, in parentheses, its mean width over the oracle width (2 x 1.96 x the estimator's true SD across replications). `auto` equals `cr2_score` here, as every score is 0 or 1.
 
 Mean of a pass/fail score:
 
-| G, sizes, rho, mean | auto | miller | cr1_t | cr2 | cr2_wilson | wild_bootstrap | oracle width |
-|---|---|---|---|---|---|---|---|
-| 5, 10, 0.05, 0.5 | 96.0% (1.21) | 85.8% (0.86) | 95.5% (1.35) | 95.5% (1.35) | 96.0% (1.21) | 95.0% (1.49) | 0.3192 |
-| 10, 10, 0.05, 0.5 | 95.2% (1.08) | 89.7% (0.92) | 94.7% (1.12) | 94.7% (1.12) | 95.2% (1.08) | 94.2% (1.15) | 0.2310 |
-| 20, 10, 0.05, 0.5 | 95.0% (1.03) | 92.2% (0.95) | 94.7% (1.04) | 94.7% (1.04) | 95.0% (1.03) | 95.0% (1.07) | 0.1635 |
-| 40, 10, 0.05, 0.5 | 94.8% (1.01) | 93.9% (0.98) | 94.7% (1.02) | 94.7% (1.02) | 94.8% (1.01) | 94.5% (1.04) | 0.1146 |
-| 100, 10, 0.05, 0.5 | 95.1% (1.02) | 94.8% (1.00) | 95.0% (1.02) | 95.0% (1.02) | 95.1% (1.02) | 95.0% (1.04) | 0.0715 |
-| 5, 10, 0.3, 0.5 | 95.7% (1.12) | 84.3% (0.87) | 94.5% (1.37) | 94.5% (1.37) | 95.7% (1.12) | 94.0% (1.59) | 0.4733 |
-| 10, 10, 0.3, 0.5 | 95.5% (1.04) | 90.5% (0.92) | 94.3% (1.12) | 94.3% (1.12) | 95.5% (1.04) | 94.4% (1.16) | 0.3450 |
-| 20, 10, 0.3, 0.5 | 95.4% (1.02) | 93.1% (0.96) | 95.0% (1.06) | 95.0% (1.06) | 95.4% (1.02) | 94.8% (1.09) | 0.2384 |
-| 40, 10, 0.3, 0.5 | 95.8% (1.03) | 94.6% (1.00) | 95.5% (1.04) | 95.5% (1.04) | 95.8% (1.03) | 96.0% (1.07) | 0.1664 |
-| 100, 10, 0.3, 0.5 | 95.3% (1.00) | 94.7% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.3% (1.00) | 95.2% (1.03) | 0.1076 |
-| 5, 1-50, 0.05, 0.5 | 95.7% (1.33) | 79.8% (0.76) | 91.9% (1.20) | 95.0% (1.50) | 95.7% (1.33) | 90.2% (1.54) | 0.2720 |
-| 10, 1-50, 0.05, 0.5 | 95.1% (1.16) | 88.7% (0.90) | 93.8% (1.10) | 95.0% (1.19) | 95.1% (1.16) | 94.2% (1.26) | 0.1862 |
-| 20, 1-50, 0.05, 0.5 | 95.5% (1.10) | 92.8% (0.98) | 94.7% (1.07) | 95.3% (1.11) | 95.5% (1.10) | 95.6% (1.16) | 0.1272 |
-| 40, 1-50, 0.05, 0.5 | 94.8% (1.02) | 92.9% (0.96) | 94.5% (1.01) | 94.7% (1.02) | 94.8% (1.02) | 94.8% (1.05) | 0.0940 |
-| 100, 1-50, 0.05, 0.5 | 94.8% (1.01) | 94.2% (0.99) | 94.5% (1.01) | 94.8% (1.01) | 94.8% (1.01) | 95.2% (1.04) | 0.0588 |
-| 5, 1-50, 0.3, 0.5 | 95.3% (1.16) | 78.6% (0.78) | 90.8% (1.23) | 94.3% (1.56) | 95.3% (1.16) | 90.0% (1.77) | 0.4872 |
-| 10, 1-50, 0.3, 0.5 | 94.2% (1.06) | 86.6% (0.88) | 91.7% (1.07) | 93.0% (1.16) | 94.2% (1.06) | 93.0% (1.28) | 0.3538 |
-| 20, 1-50, 0.3, 0.5 | 94.8% (1.02) | 90.3% (0.93) | 93.1% (1.02) | 94.2% (1.06) | 94.8% (1.02) | 93.8% (1.12) | 0.2523 |
-| 40, 1-50, 0.3, 0.5 | 95.0% (1.03) | 93.3% (0.99) | 94.2% (1.03) | 94.7% (1.05) | 95.0% (1.03) | 94.7% (1.08) | 0.1741 |
-| 100, 1-50, 0.3, 0.5 | 95.0% (0.99) | 93.9% (0.98) | 94.4% (0.99) | 94.6% (1.00) | 95.0% (0.99) | 94.7% (1.03) | 0.1127 |
-| 5, 10, 0.05, 0.05 | 98.0% (1.61) | 90.2% (0.83) | 91.8% (1.30) | 91.8% (1.30) | 98.0% (1.61) | 91.8% (1.67) | 0.1246 |
-| 10, 10, 0.05, 0.05 | 96.4% (1.19) | 86.8% (0.90) | 95.2% (1.09) | 95.2% (1.09) | 96.4% (1.19) | 90.0% (1.08) | 0.0894 |
-| 20, 10, 0.05, 0.05 | 93.8% (1.09) | 91.9% (0.96) | 94.0% (1.04) | 94.0% (1.04) | 93.8% (1.09) | 92.9% (1.05) | 0.0630 |
-| 40, 10, 0.05, 0.05 | 94.3% (1.02) | 92.7% (0.96) | 93.3% (1.00) | 93.3% (1.00) | 94.3% (1.02) | 93.8% (1.01) | 0.0453 |
-| 100, 10, 0.05, 0.05 | 95.5% (1.01) | 94.0% (0.99) | 94.3% (1.00) | 94.3% (1.00) | 95.5% (1.01) | 94.3% (1.02) | 0.0281 |
-| 5, 10, 0.3, 0.05 | 98.3% (1.38) | 83.8% (0.70) | 85.0% (1.10) | 85.0% (1.10) | 98.3% (1.38) | 85.0% (1.29) | 0.1632 |
-| 10, 10, 0.3, 0.05 | 95.8% (1.14) | 81.7% (0.85) | 90.5% (1.03) | 90.5% (1.03) | 95.8% (1.14) | 85.0% (0.96) | 0.1147 |
-| 20, 10, 0.3, 0.05 | 92.0% (1.06) | 87.4% (0.92) | 90.7% (1.00) | 90.7% (1.00) | 92.0% (1.06) | 88.4% (0.97) | 0.0795 |
-| 40, 10, 0.3, 0.05 | 93.7% (1.02) | 90.8% (0.95) | 91.5% (1.00) | 91.5% (1.00) | 93.7% (1.02) | 91.2% (0.98) | 0.0568 |
-| 100, 10, 0.3, 0.05 | 94.5% (1.04) | 93.9% (1.01) | 94.3% (1.02) | 94.3% (1.02) | 94.5% (1.04) | 94.2% (1.03) | 0.0349 |
-| 5, 1-50, 0.05, 0.05 | 97.6% (1.74) | 79.4% (0.76) | 91.2% (1.20) | 93.8% (1.49) | 97.6% (1.74) | 89.8% (1.53) | 0.0887 |
-| 10, 1-50, 0.05, 0.05 | 96.1% (1.23) | 87.5% (0.89) | 92.8% (1.08) | 94.0% (1.17) | 96.1% (1.23) | 93.2% (1.19) | 0.0605 |
-| 20, 1-50, 0.05, 0.05 | 94.6% (1.09) | 90.8% (0.94) | 93.2% (1.03) | 94.0% (1.06) | 94.6% (1.09) | 93.6% (1.09) | 0.0427 |
-| 40, 1-50, 0.05, 0.05 | 95.3% (1.05) | 93.8% (0.98) | 95.0% (1.03) | 95.2% (1.04) | 95.3% (1.05) | 94.8% (1.06) | 0.0301 |
-| 100, 1-50, 0.05, 0.05 | 94.5% (0.99) | 93.3% (0.97) | 94.0% (0.98) | 94.2% (0.99) | 94.5% (0.99) | 94.4% (1.01) | 0.0195 |
-| 5, 1-50, 0.3, 0.05 | 98.0% (1.49) | 72.6% (0.65) | 83.0% (1.03) | 86.0% (1.28) | 98.0% (1.49) | 84.0% (1.40) | 0.1438 |
-| 10, 1-50, 0.3, 0.05 | 92.0% (1.10) | 79.4% (0.77) | 84.8% (0.94) | 86.2% (1.02) | 92.0% (1.10) | 85.2% (1.00) | 0.1047 |
-| 20, 1-50, 0.3, 0.05 | 93.0% (1.02) | 85.0% (0.87) | 87.4% (0.95) | 88.3% (0.98) | 93.0% (1.02) | 87.5% (0.94) | 0.0739 |
-| 40, 1-50, 0.3, 0.05 | 92.6% (1.00) | 89.0% (0.92) | 90.0% (0.96) | 90.3% (0.98) | 92.6% (1.00) | 90.0% (0.96) | 0.0524 |
-| 100, 1-50, 0.3, 0.05 | 92.8% (1.00) | 91.0% (0.97) | 91.4% (0.98) | 91.5% (0.99) | 92.8% (1.00) | 91.8% (0.99) | 0.0326 |
+| G, sizes, rho, mean | auto | miller | cr1_t | cr2 | cr2_wilson | cr2_score | wild_bootstrap | oracle width |
+|---|---|---|---|---|---|---|---|---|
+| 5, 10, 0.05, 0.5 | 98.8% (1.32) | 85.8% (0.86) | 95.5% (1.35) | 95.5% (1.35) | 96.0% (1.21) | 98.8% (1.32) | 95.0% (1.49) | 0.3192 |
+| 10, 10, 0.05, 0.5 | 97.2% (1.12) | 89.7% (0.92) | 94.7% (1.12) | 94.7% (1.12) | 95.2% (1.08) | 97.2% (1.12) | 94.2% (1.15) | 0.2310 |
+| 20, 10, 0.05, 0.5 | 95.6% (1.04) | 92.2% (0.95) | 94.7% (1.04) | 94.7% (1.04) | 95.0% (1.03) | 95.6% (1.04) | 95.0% (1.07) | 0.1635 |
+| 40, 10, 0.05, 0.5 | 95.2% (1.02) | 93.9% (0.98) | 94.7% (1.02) | 94.7% (1.02) | 94.8% (1.01) | 95.2% (1.02) | 94.5% (1.04) | 0.1146 |
+| 100, 10, 0.05, 0.5 | 95.1% (1.02) | 94.8% (1.00) | 95.0% (1.02) | 95.0% (1.02) | 95.1% (1.02) | 95.1% (1.02) | 95.0% (1.04) | 0.0715 |
+| 5, 10, 0.3, 0.5 | 96.8% (1.13) | 84.3% (0.87) | 94.5% (1.37) | 94.5% (1.37) | 95.7% (1.12) | 96.8% (1.13) | 94.0% (1.59) | 0.4733 |
+| 10, 10, 0.3, 0.5 | 96.0% (1.04) | 90.5% (0.92) | 94.3% (1.12) | 94.3% (1.12) | 95.5% (1.04) | 96.0% (1.04) | 94.4% (1.16) | 0.3450 |
+| 20, 10, 0.3, 0.5 | 95.6% (1.02) | 93.1% (0.96) | 95.0% (1.06) | 95.0% (1.06) | 95.4% (1.02) | 95.6% (1.02) | 94.8% (1.09) | 0.2384 |
+| 40, 10, 0.3, 0.5 | 95.9% (1.03) | 94.6% (1.00) | 95.5% (1.04) | 95.5% (1.04) | 95.8% (1.03) | 95.9% (1.03) | 96.0% (1.07) | 0.1664 |
+| 100, 10, 0.3, 0.5 | 95.3% (1.00) | 94.7% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.3% (1.00) | 95.3% (1.00) | 95.2% (1.03) | 0.1076 |
+| 5, 1-50, 0.05, 0.5 | 98.3% (1.41) | 79.8% (0.76) | 91.9% (1.20) | 95.0% (1.50) | 95.7% (1.33) | 98.3% (1.41) | 90.2% (1.54) | 0.2720 |
+| 10, 1-50, 0.05, 0.5 | 96.0% (1.17) | 88.7% (0.90) | 93.8% (1.10) | 95.0% (1.19) | 95.1% (1.16) | 96.0% (1.17) | 94.2% (1.26) | 0.1862 |
+| 20, 1-50, 0.05, 0.5 | 95.7% (1.10) | 92.8% (0.98) | 94.7% (1.07) | 95.3% (1.11) | 95.5% (1.10) | 95.7% (1.10) | 95.6% (1.16) | 0.1272 |
+| 40, 1-50, 0.05, 0.5 | 94.8% (1.02) | 92.9% (0.96) | 94.5% (1.01) | 94.7% (1.02) | 94.8% (1.02) | 94.8% (1.02) | 94.8% (1.05) | 0.0940 |
+| 100, 1-50, 0.05, 0.5 | 94.8% (1.01) | 94.2% (0.99) | 94.5% (1.01) | 94.8% (1.01) | 94.8% (1.01) | 94.8% (1.01) | 95.2% (1.04) | 0.0588 |
+| 5, 1-50, 0.3, 0.5 | 96.0% (1.17) | 78.6% (0.78) | 90.8% (1.23) | 94.3% (1.56) | 95.3% (1.16) | 96.0% (1.17) | 90.0% (1.77) | 0.4872 |
+| 10, 1-50, 0.3, 0.5 | 94.9% (1.06) | 86.6% (0.88) | 91.7% (1.07) | 93.0% (1.16) | 94.2% (1.06) | 94.9% (1.06) | 93.0% (1.28) | 0.3538 |
+| 20, 1-50, 0.3, 0.5 | 95.0% (1.02) | 90.3% (0.93) | 93.1% (1.02) | 94.2% (1.06) | 94.8% (1.02) | 95.0% (1.02) | 93.8% (1.12) | 0.2523 |
+| 40, 1-50, 0.3, 0.5 | 95.1% (1.03) | 93.3% (0.99) | 94.2% (1.03) | 94.7% (1.05) | 95.0% (1.03) | 95.1% (1.03) | 94.7% (1.08) | 0.1741 |
+| 100, 1-50, 0.3, 0.5 | 95.2% (0.99) | 93.9% (0.98) | 94.4% (0.99) | 94.6% (1.00) | 95.0% (0.99) | 95.2% (0.99) | 94.7% (1.03) | 0.1127 |
+| 5, 10, 0.05, 0.05 | 99.0% (1.87) | 90.2% (0.83) | 91.8% (1.30) | 91.8% (1.30) | 98.0% (1.61) | 99.0% (1.87) | 91.8% (1.67) | 0.1246 |
+| 10, 10, 0.05, 0.05 | 96.8% (1.35) | 86.8% (0.90) | 95.2% (1.09) | 95.2% (1.09) | 96.4% (1.19) | 96.8% (1.35) | 90.0% (1.08) | 0.0894 |
+| 20, 10, 0.05, 0.05 | 96.3% (1.17) | 91.9% (0.96) | 94.0% (1.04) | 94.0% (1.04) | 93.8% (1.09) | 96.3% (1.17) | 92.9% (1.05) | 0.0630 |
+| 40, 10, 0.05, 0.05 | 95.2% (1.06) | 92.7% (0.96) | 93.3% (1.00) | 93.3% (1.00) | 94.3% (1.02) | 95.2% (1.06) | 93.8% (1.01) | 0.0453 |
+| 100, 10, 0.05, 0.05 | 95.6% (1.03) | 94.0% (0.99) | 94.3% (1.00) | 94.3% (1.00) | 95.5% (1.01) | 95.6% (1.03) | 94.3% (1.02) | 0.0281 |
+| 5, 10, 0.3, 0.05 | 98.8% (1.58) | 83.8% (0.70) | 85.0% (1.10) | 85.0% (1.10) | 98.3% (1.38) | 98.8% (1.58) | 85.0% (1.29) | 0.1632 |
+| 10, 10, 0.3, 0.05 | 95.8% (1.33) | 81.7% (0.85) | 90.5% (1.03) | 90.5% (1.03) | 95.8% (1.14) | 95.8% (1.33) | 85.0% (0.96) | 0.1147 |
+| 20, 10, 0.3, 0.05 | 94.5% (1.17) | 87.4% (0.92) | 90.7% (1.00) | 90.7% (1.00) | 92.0% (1.06) | 94.5% (1.17) | 88.4% (0.97) | 0.0795 |
+| 40, 10, 0.3, 0.05 | 94.2% (1.08) | 90.8% (0.95) | 91.5% (1.00) | 91.5% (1.00) | 93.7% (1.02) | 94.2% (1.08) | 91.2% (0.98) | 0.0568 |
+| 100, 10, 0.3, 0.05 | 94.8% (1.06) | 93.9% (1.01) | 94.3% (1.02) | 94.3% (1.02) | 94.5% (1.04) | 94.8% (1.06) | 94.2% (1.03) | 0.0349 |
+| 5, 1-50, 0.05, 0.05 | 99.8% (2.26) | 79.4% (0.76) | 91.2% (1.20) | 93.8% (1.49) | 97.6% (1.74) | 99.8% (2.26) | 89.8% (1.53) | 0.0887 |
+| 10, 1-50, 0.05, 0.05 | 98.1% (1.40) | 87.5% (0.89) | 92.8% (1.08) | 94.0% (1.17) | 96.1% (1.23) | 98.1% (1.40) | 93.2% (1.19) | 0.0605 |
+| 20, 1-50, 0.05, 0.05 | 96.2% (1.15) | 90.8% (0.94) | 93.2% (1.03) | 94.0% (1.06) | 94.6% (1.09) | 96.2% (1.15) | 93.6% (1.09) | 0.0427 |
+| 40, 1-50, 0.05, 0.05 | 96.0% (1.08) | 93.8% (0.98) | 95.0% (1.03) | 95.2% (1.04) | 95.3% (1.05) | 96.0% (1.08) | 94.8% (1.06) | 0.0301 |
+| 100, 1-50, 0.05, 0.05 | 95.0% (1.00) | 93.3% (0.97) | 94.0% (0.98) | 94.2% (0.99) | 94.5% (0.99) | 95.0% (1.00) | 94.4% (1.01) | 0.0195 |
+| 5, 1-50, 0.3, 0.05 | 98.8% (1.90) | 72.6% (0.65) | 83.0% (1.03) | 86.0% (1.28) | 98.0% (1.49) | 98.8% (1.90) | 84.0% (1.40) | 0.1438 |
+| 10, 1-50, 0.3, 0.05 | 94.0% (1.35) | 79.4% (0.77) | 84.8% (0.94) | 86.2% (1.02) | 92.0% (1.10) | 94.0% (1.35) | 85.2% (1.00) | 0.1047 |
+| 20, 1-50, 0.3, 0.05 | 94.1% (1.16) | 85.0% (0.87) | 87.4% (0.95) | 88.3% (0.98) | 93.0% (1.02) | 94.1% (1.16) | 87.5% (0.94) | 0.0739 |
+| 40, 1-50, 0.3, 0.05 | 93.2% (1.08) | 89.0% (0.92) | 90.0% (0.96) | 90.3% (0.98) | 92.6% (1.00) | 93.2% (1.08) | 90.0% (0.96) | 0.0524 |
+| 100, 1-50, 0.3, 0.05 | 93.5% (1.04) | 91.0% (0.97) | 91.4% (0.98) | 91.5% (0.99) | 92.8% (1.00) | 93.5% (1.04) | 91.8% (0.99) | 0.0326 |
 
-| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 10 |
-|---|---|---|---|
-| auto | 92.0% to 95.8% | 92.0% | 1.23 |
-| miller | 85.0% to 94.8% | 79.4% | 1.01 |
-| cr1_t | 87.4% to 95.5% | 84.8% | 1.12 |
-| cr2 | 88.3% to 95.5% | 86.2% | 1.19 |
-| cr2_wilson | 92.0% to 95.8% | 92.0% | 1.23 |
-| wild_bootstrap | 87.5% to 96.0% | 85.0% | 1.28 |
+| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 20 | worst width / oracle, G = 10 |
+|---|---|---|---|---|
+| auto | 93.2% to 96.3% | 94.0% | 1.17 | 1.40 |
+| miller | 85.0% to 94.8% | 79.4% | 1.01 | 0.92 |
+| cr1_t | 87.4% to 95.5% | 84.8% | 1.07 | 1.12 |
+| cr2 | 88.3% to 95.5% | 86.2% | 1.11 | 1.19 |
+| cr2_wilson | 92.0% to 95.8% | 92.0% | 1.10 | 1.23 |
+| cr2_score | 93.2% to 96.3% | 94.0% | 1.17 | 1.40 |
+| wild_bootstrap | 87.5% to 96.0% | 85.0% | 1.16 | 1.28 |
 
 Paired difference d = b - a (B's logit shifted by 0.5 plus a template-specific shift, A's rate near the given mean):
 
@@ -147,12 +154,12 @@ Paired difference d = b - a (B's logit shifted by 0.5 plus a template-specific s
 | 40, 1-50, 0.3, 0.1 | 92.4% (0.98) | 93.3% (1.02) | 93.7% (1.04) | 94.0% (1.05) | 0.0717 |
 | 100, 1-50, 0.3, 0.1 | 94.5% (0.99) | 94.8% (1.01) | 94.8% (1.01) | 95.0% (1.03) | 0.0459 |
 
-| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 10 |
-|---|---|---|---|
-| miller | 89.5% to 95.2% | 85.0% | 1.02 |
-| cr1_t | 91.8% to 95.6% | 89.9% | 1.14 |
-| cr2 | 92.5% to 95.6% | 92.0% | 1.16 |
-| wild_bootstrap | 92.5% to 95.7% | 90.3% | 1.19 |
+| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 20 | worst width / oracle, G = 10 |
+|---|---|---|---|---|
+| miller | 89.5% to 95.2% | 85.0% | 1.02 | 0.94 |
+| cr1_t | 91.8% to 95.6% | 89.9% | 1.08 | 1.14 |
+| cr2 | 92.5% to 95.6% | 92.0% | 1.09 | 1.16 |
+| wild_bootstrap | 92.5% to 95.7% | 90.3% | 1.11 | 1.19 |
 "#;
 
 /// An interval method for a clustered mean.
@@ -523,9 +530,9 @@ const SCORE_GRID: usize = 512;
 /// variance grows faster than `p0 (1 - p0)` toward 1/2 (it grows as its square on the logit
 /// scale), so samples with few failing templates gave upper bounds that were too low (92-93%
 /// coverage at 20-100 templates). Away from 1/2 (`r <= 1`) `V` is Wilson's, so that bound is
-/// the Wilson bound at `n / deff`. When `var` is at most the binomial variance (or `p` is 0 or
-/// 1) the design effect is taken as 1: template effects are not assumed to cancel noise, and a
-/// rate of 0 or 1 still gets Wilson's non-zero width.
+/// the Wilson bound at `n / deff`. When `var` is at most the binomial variance, or `p` is at
+/// 0 or 1, the design effect is taken as 1: template effects are not assumed to cancel noise,
+/// and a rate of 0 or 1 still gets Wilson's non-zero width.
 pub fn clustered_score(p: f64, n: f64, var: f64, t: f64) -> (f64, f64) {
     let q = p * (1.0 - p);
     let naive = q / n;
@@ -540,10 +547,7 @@ pub fn clustered_score(p: f64, n: f64, var: f64, t: f64) -> (f64, f64) {
         let v = w / n + between * r.max(r.powf(SCORE_EXPONENT));
         (p - p0) * (p - p0) <= t * t * v
     };
-    (
-        outermost(p, 0.0, &inside),
-        outermost(p, 1.0, &inside),
-    )
+    (outermost(p, 0.0, &inside), outermost(p, 1.0, &inside))
 }
 
 /// The point of `[inside_pt, edge]` farthest from `inside_pt` that `inside` accepts: a scan
