@@ -533,6 +533,16 @@ const SCORE_GRID: usize = 512;
 /// the Wilson bound at `n / deff`. When `var` is at most the binomial variance, or `p` is at
 /// 0 or 1, the design effect is taken as 1: template effects are not assumed to cancel noise,
 /// and a rate of 0 or 1 still gets Wilson's non-zero width.
+///
+/// # Example
+/// ```
+/// use evalflow::udaf::cluster_interval::{clustered_score, clustered_wilson};
+/// // 20 failures in 200 rows, a CR2 variance 3x the binomial one, t = 2.1.
+/// let var = 3.0 * 0.1 * 0.9 / 200.0;
+/// let (lo, hi) = clustered_score(0.1, 200.0, var, 2.1);
+/// let (wlo, whi) = clustered_wilson(0.1, 200.0, var, 2.1);
+/// assert!((lo - wlo).abs() < 1e-12 && hi > whi + 0.005);
+/// ```
 pub fn clustered_score(p: f64, n: f64, var: f64, t: f64) -> (f64, f64) {
     let q = p * (1.0 - p);
     let naive = q / n;
