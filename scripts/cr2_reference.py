@@ -6,7 +6,9 @@ CR2 and its Satterthwaite degrees of freedom are computed the way clubSandwich d
 Phi = I): A_g = (I - H_gg)^(-1/2) by eigendecomposition, V = M sum_g X_g' A_g e_g e_g' A_g X_g M,
 p_g = (I - H)_g' A_g X_g M, df = (sum_g p_g'p_g)^2 / sum_{g,h} (p_g'p_h)^2. Nothing here uses
 evalflow's closed forms, which these numbers check. Also the closed form of the working-model
-df against the matrices, and the t quantiles.
+df against the matrices, the t quantiles, and the clustered score interval (`cr2_score`, the
+default for 0/1 scores) solved by a fine grid and brentq rather than evalflow's scan and
+bisection, with its hand example and the zero-failure case.
 
     python3 scripts/cr2_reference.py
 """
