@@ -7,7 +7,7 @@ Phi = I): A_g = (I - H_gg)^(-1/2) by eigendecomposition, V = M sum_g X_g' A_g e_
 p_g = (I - H)_g' A_g X_g M, df = (sum_g p_g'p_g)^2 / sum_{g,h} (p_g'p_h)^2. Nothing here uses
 evalflow's closed forms, which these numbers check. Also the closed form of the working-model
 df against the matrices, the t quantiles, and the clustered score interval (`cr2_score`, the
-default for 0/1 scores) solved by a fine grid and brentq rather than evalflow's scan and
+default for 0/1 scores, with the one-way ANOVA between variance on the side toward 1/2) solved by a fine grid and brentq rather than evalflow's scan and
 bisection, with its hand example and the zero-failure case.
 
     python3 scripts/cr2_reference.py
@@ -58,22 +58,42 @@ def wilson(p, neff, z):
     return max(0.0, c - h), min(1.0, c + h)
 
 
-def score(p, n, var, t, k=1.5):
-    """The clustered score interval: the hull of {p0 : (p - p0)^2 <= t^2 V(p0)} with
-    V(p0) = p0 (1 - p0) / n + B max(r, r^k), r = p0 (1 - p0) / (p (1 - p)), B = var - p (1 - p) / n;
-    Wilson at n when var <= p (1 - p) / n. Solved here by a fine grid and brentq (evalflow scans
-    512 points and bisects)."""
+def anova_between(x, cl):
+    """The random-intercept (one-way ANOVA) between-template part of the variance of the pooled
+    mean, by its textbook definition with pandas group sums: (MSB - MSW) / n0 * (sum n_g^2 / N^2
+    - 1 / N). None without a cluster of 2 rows."""
+    d = pd.DataFrame({"x": np.asarray(x, float), "c": np.asarray(cl)})
+    g = d.groupby("c")["x"]
+    ng, mg = g.size().to_numpy(float), g.mean().to_numpy()
+    N, G, m = float(len(d)), len(ng), d.x.mean()
+    if G < 2 or N <= G:
+        return None
+    msb = np.sum(ng * (mg - m) ** 2) / (G - 1)
+    msw = np.sum((d.x - g.transform("mean")) ** 2) / (N - G)
+    n0 = (N - np.sum(ng ** 2) / N) / (G - 1)
+    return float((msb - msw) / n0 * (np.sum(ng ** 2) / N ** 2 - 1 / N))
+
+
+def score(p, n, var, t, k=1.25, var_half=None):
+    """The clustered score interval: each bound is the outermost p0 on its side of p with
+    (p - p0)^2 <= t^2 V(p0), V(p0) = p0 (1 - p0) / n + B max(r, r^k), r = p0 (1 - p0) / (p (1 - p)),
+    B = var - p (1 - p) / n away from 1/2 and var_half - p (1 - p) / n toward 1/2 (the upper side
+    when p <= 1/2); a side with B <= 0 gets Wilson's bound at n. Solved here by a fine grid and
+    brentq (evalflow scans 512 points and bisects)."""
     naive = p * (1 - p) / n
-    if not (naive > 0 and var > naive):
-        return wilson(p, n, t)
-    b = var - naive
+    var_half = var if var_half is None else var_half
+    b_lo, b_hi = (var - naive, var_half - naive) if p <= 0.5 else (var_half - naive, var - naive)
+    wl, wh = wilson(p, n, t)
 
-    def gap(p0):
-        w = p0 * (1 - p0)
-        r = w / (p * (1 - p))
-        return t * t * (w / n + b * max(r, r ** k)) - (p - p0) ** 2
+    def outer(edge, b, fallback):
+        if not (naive > 0 and b > 0):
+            return fallback
 
-    def outer(edge):
+        def gap(p0):
+            w = p0 * (1 - p0)
+            r = w / (p * (1 - p))
+            return t * t * (w / n + b * max(r, r ** k)) - (p - p0) ** 2
+
         if gap(edge) >= 0:
             return edge
         grid = np.linspace(edge, p, 200_001)
@@ -81,7 +101,16 @@ def score(p, n, var, t, k=1.5):
         j = int(np.argmax(ok))  # first accepted point scanning from the edge
         return optimize.brentq(gap, grid[j - 1], grid[j], xtol=1e-16, rtol=4 * np.finfo(float).eps)
 
-    return outer(0.0), outer(1.0)
+    return outer(0.0, b_lo, wl), outer(1.0, b_hi, wh)
+
+
+def score_sql(x, cl, var, t):
+    """`cr2_score` as clustered_mean_ci computes it: var_half = max(var, naive + B_anova)."""
+    x = np.asarray(x, float)
+    p, n = float(x.mean()), len(x)
+    b = anova_between(x, cl)
+    var_half = var if b is None else max(var, p * (1 - p) / n + b)
+    return score(p, n, var, t, var_half=var_half)
 
 
 def report(name, x, cl, level=0.95):
@@ -101,7 +130,8 @@ def report(name, x, cl, level=0.95):
         naive = m * (1 - m) / n
         deff = se ** 2 / naive if naive > 0 and se > 0 else 1.0
         out["wilson_lo"], out["wilson_hi"] = wilson(m, n / deff, t)
-        out["score_lo"], out["score_hi"] = score(m, n, se ** 2, t)
+        out["anova_between"] = anova_between(x, cl)
+        out["score_lo"], out["score_hi"] = score_sql(x, cl, se ** 2, t)
     print(f"// {name}")
     for k, v in out.items():
         print(f"    {k}: {v!r}")
@@ -126,6 +156,16 @@ def main():
                list("aaaabbbbccccdddd"))
     assert abs(r["cr2_se"] ** 2 - 11 / 768) < 1e-15 and abs(r["cr2_df"] - 3) < 1e-12
     print("t(3) 0.975 quantile", stats.t.ppf(0.975, 3))
+    # Unequal sizes, where the size-weighted (ANOVA) between variance sets the upper side:
+    # clusters of 12, 2 and 2 zeros and {1, 0}: p = 1/18, V = 1/144, naive 17/5832,
+    # B_anova = 85/2352 * 23/54 = 1955/127008.
+    x = [0] * 16 + [1, 0]
+    cl = ["a"] * 12 + ["b"] * 2 + ["c"] * 2 + ["d"] * 2
+    r = report("score unequal-size example", x, cl)
+    assert abs(r["cr2_se"] ** 2 - 1 / 144) < 1e-15
+    assert abs(r["anova_between"] - 1955 / 127008) < 1e-15
+    t = stats.t.ppf(0.975, r["cr2_df"])
+    print("    t:", repr(float(t)), " symmetric score:", score(1 / 18, 18, 1 / 144, t))
     # Zero failures in 120 rows from 3 templates: Wilson at n = 120 with t(2), never zero width.
     z = [0] * 120
     print("0 of 120, 3 templates:", score(0.0, 120, 0.0, stats.t.ppf(0.975, 2)))

@@ -935,7 +935,7 @@ mod cr2_reference {
     pub const X_CR1T_HI: f64 = 0.7226883614342715;
     pub const X_WILSON_LO: f64 = 0.6033728320520222;
     pub const X_WILSON_HI: f64 = 0.720155619506456;
-    pub const X_SCORE_LO: f64 = 0.6025452054394864;
+    pub const X_SCORE_LO: f64 = 0.6026155148001983;
     pub const X_SCORE_HI: f64 = 0.720155619506456;
     // Group B at level 0.9.
     pub const B_SE: f64 = 0.04161752614085535;
@@ -944,7 +944,7 @@ mod cr2_reference {
     pub const B_HI: f64 = 0.7161950374093446;
     pub const B_WILSON_LO: f64 = 0.5712226634873907;
     pub const B_WILSON_HI: f64 = 0.7123430148081813;
-    pub const B_SCORE_LO: f64 = 0.5703443046470341;
+    pub const B_SCORE_LO: f64 = 0.5704327751311024;
     pub const B_SCORE_HI: f64 = 0.7123430148081813;
     // d = a - b.
     pub const D_SE: f64 = 0.006619946691420038;
@@ -1097,8 +1097,9 @@ async fn cr2_hand_worked_example() {
 /// V = (11/4) / (3/4) / 256 = 11/768 and df = 3; binomial part p(1-p)/N = 39/4096, so
 /// deff = 176/117 and B = 11/768 - 39/4096 = 59/12288. Below p (r < 1) V(p0) is Wilson's at
 /// N / deff = 1872/176, so lo is that Wilson bound in closed form; hi solves
-/// (p0 - 3/16)^2 = t^2 (p0 (1 - p0) / 16 + B (p0 (1 - p0) / (39/256))^1.5).
-/// scripts/cr2_reference.py gives lo 0.027610324457366595, hi 0.6642621171519617.
+/// (p0 - 3/16)^2 = t^2 (p0 (1 - p0) / 16 + B (p0 (1 - p0) / (39/256))^1.25). Equal sizes: the
+/// ANOVA between variance (1/256) is below B, so both sides use B.
+/// scripts/cr2_reference.py gives lo 0.027610324457366595, hi 0.658209522151033.
 #[tokio::test]
 async fn cr2_score_hand_worked_example() {
     let ctx = ctx_with(2);
@@ -1130,12 +1131,49 @@ async fn cr2_score_hand_worked_example() {
     // hi solves the score equation and is above the Wilson bound.
     let v = |p0: f64| {
         let w = p0 * (1.0 - p0);
-        w / 16.0 + 59.0 / 12288.0 * (w / (39.0 / 256.0)).powf(1.5)
+        w / 16.0 + 59.0 / 12288.0 * (w / (39.0 / 256.0)).powf(1.25)
     };
     let gap = (hi - p).powi(2) - t2 * v(hi);
     assert!(gap.abs() < 1e-12, "score equation at hi: {gap}");
-    assert!(close(hi, 0.6642621171519617, 1e-9), "hi {hi}");
-    assert!(hi > f(&r[0][4]).unwrap() + 0.01);
+    assert!(close(hi, 0.658209522151033, 1e-9), "hi {hi}");
+    assert!(hi > f(&r[0][4]).unwrap() + 0.005);
+}
+
+/// The side toward 1/2 uses the size-weighted between variance when it is larger: clusters of
+/// 12, 2 and 2 zeros and {1, 0}; N = 18, p = 1/18, S = (-2/3, -1/9, -1/9, 8/9), sizes
+/// (12, 2, 2, 2) so V = (4/3 + 1/72 + 1/72 + 8/9) / 324 = 1/144; naive 17/5832. One-way ANOVA:
+/// MSB = (4/9) / 3 = 4/27, MSW = (1/2) / 14 = 1/28, n0 = (18 - 156/18) / 3 = 28/9, so the template
+/// variance is 85/2352 and B_anova = 85/2352 x (156/324 - 1/18) = 1955/127008 (> B = 47/11664).
+/// lo is Wilson's at N / deff (deff = 81/34); hi solves the score equation with B_anova, above
+/// the symmetric score bound 0.8261738757246146. scripts/cr2_reference.py: lo
+/// 0.0008447954029038598, hi 0.9193215223886381, t 5.176231628546525.
+#[tokio::test]
+async fn cr2_score_unequal_sizes_use_anova_between_toward_half() {
+    let ctx = ctx_with(2);
+    let t = "(VALUES (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), \
+             (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'b'), \
+             (0.0, 'b'), (0.0, 'c'), (0.0, 'c'), (1.0, 'd'), (0.0, 'd')) AS t(x, c)";
+    let r = rows(
+        &ctx,
+        &format!(
+            "SELECT clustered_mean_ci(x, c)['lo'], clustered_mean_ci(x, c)['hi'], \
+             clustered_mean_ci(x, c)['se'] FROM {t}"
+        ),
+    )
+    .await;
+    let (lo, hi) = (f(&r[0][0]).unwrap(), f(&r[0][1]).unwrap());
+    assert!(close(f(&r[0][2]).unwrap().powi(2), 1.0 / 144.0, 1e-12));
+    let (p, tq) = (1.0 / 18.0, 5.176231628546525);
+    assert!(close(lo, 0.0008447954029038598, 1e-9), "lo {lo}");
+    assert!(close(hi, 0.9193215223886381, 1e-9), "hi {hi}");
+    let v = |p0: f64| {
+        let w = p0 * (1.0 - p0);
+        let r = w / (p * (1.0 - p));
+        w / 18.0 + 1955.0 / 127008.0 * r.max(r.powf(1.25))
+    };
+    let gap = (hi - p).powi(2) - tq * tq * v(hi);
+    assert!(gap.abs() < 1e-9, "score equation at hi: {gap}");
+    assert!(hi > 0.8261738757246146 + 0.05);
 }
 
 /// No failures at all is never a zero-width interval: 0 of 120 from 3 templates of 40 gives

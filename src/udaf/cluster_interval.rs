@@ -511,28 +511,19 @@ pub fn clustered_wilson(p: f64, n: f64, var: f64, t: f64) -> (f64, f64) {
 }
 
 /// How fast the between-template variance of a pass rate grows toward 1/2 in
-/// [`clustered_score`]: as `r^1.5` in `r = p0 (1 - p0) / (p (1 - p))`. A constant ICC on the
+/// [`clustered_score`]: as `r^1.25` in `r = p0 (1 - p0) / (p (1 - p))`. A constant ICC on the
 /// observed scale (beta-binomial, Wilson) gives `r`; a constant template variance on the logit
-/// scale gives `r^2` (delta method). 1.5 is the value that held coverage at 94% or more from
-/// 20 templates in `benches/coverage.rs` while 2 made intervals at 10 templates 1.8x the oracle.
-pub const SCORE_EXPONENT: f64 = 1.5;
+/// scale gives about `r^2` (delta method; `r^1.7` at latent ICC 0.3). With the size-weighted
+/// between variance on that side (see [`clustered_score_sided`]), 1.25 held coverage at 94% or
+/// more from 20 templates in a 12,000-replication simulation of `benches/coverage.rs`'s
+/// designs, at the width 1.5 gave without it; 1.5 with it was 1.25x the oracle at 20 templates.
+pub const SCORE_EXPONENT: f64 = 1.25;
 
 /// Grid points per side scanned before bisection in [`clustered_score`].
 const SCORE_GRID: usize = 512;
 
 /// The clustered score interval for a proportion `p` of `n` rows with cluster-robust variance
-/// `var` and multiplier `t`: the hull of `{p0 : (p - p0)^2 <= t^2 V(p0)}` with
-/// `V(p0) = p0 (1 - p0) / n + B max(r, r^SCORE_EXPONENT)`, `r = p0 (1 - p0) / (p (1 - p))`,
-/// `B = var - p (1 - p) / n` the between-template part of `var`.
-///
-/// Why: the Wilson interval at `n / deff` assumes the design effect is the same at every
-/// candidate `p0`. For rare outcomes with strong template effects the between-template
-/// variance grows faster than `p0 (1 - p0)` toward 1/2 (it grows as its square on the logit
-/// scale), so samples with few failing templates gave upper bounds that were too low (92-93%
-/// coverage at 20-100 templates). Away from 1/2 (`r <= 1`) `V` is Wilson's, so that bound is
-/// the Wilson bound at `n / deff`. When `var` is at most the binomial variance, or `p` is at
-/// 0 or 1, the design effect is taken as 1: template effects are not assumed to cancel noise,
-/// and a rate of 0 or 1 still gets Wilson's non-zero width.
+/// `var` and multiplier `t`, the same variance on both sides: see [`clustered_score_sided`].
 ///
 /// # Example
 /// ```
@@ -544,20 +535,86 @@ const SCORE_GRID: usize = 512;
 /// assert!((lo - wlo).abs() < 1e-12 && hi > whi + 0.005);
 /// ```
 pub fn clustered_score(p: f64, n: f64, var: f64, t: f64) -> (f64, f64) {
+    clustered_score_sided(p, n, var, var, t)
+}
+
+/// The clustered score interval: each bound is the outermost `p0` on its side of `p` with
+/// `(p - p0)^2 <= t^2 V(p0)`, `V(p0) = p0 (1 - p0) / n + B max(r, r^SCORE_EXPONENT)`,
+/// `r = p0 (1 - p0) / (p (1 - p))`, where `B = var - p (1 - p) / n` (the between-template part
+/// of the cluster-robust variance `var`) for the bound away from 1/2, and
+/// `B = var_half - p (1 - p) / n` for the bound toward 1/2 (the upper bound when `p <= 1/2`).
+///
+/// Why: the Wilson interval at `n / deff` assumes the design effect is the same at every
+/// candidate `p0`. For rare outcomes with strong template effects the between-template
+/// variance grows faster than `p0 (1 - p0)` toward 1/2 (as its square on the logit scale),
+/// and the samples whose rate came out low are those that drew few failing templates, so
+/// their variance came out low too: upper bounds were too low (92-93% coverage at 20-100
+/// templates). Away from 1/2 (`r <= 1`) `V` is Wilson's, so that bound is the Wilson bound at
+/// `n / deff`. A side whose `B` is not positive (or `p` at 0 or 1) gets Wilson's bound at `n`:
+/// template effects are not assumed to cancel noise, and a rate of 0 or 1 keeps a width.
+///
+/// [`cluster_interval`] passes `var_half = max(var, p (1 - p) / n + B_anova)`, with `B_anova`
+/// from [`anova_between_var`]: CR2 weighs a template's deviation by `n_g^2`, so with unequal
+/// sizes a few large templates set both the rate and its variance; the one-way ANOVA
+/// estimate weighs by `n_g`. The maximum keeps CR2's robustness when rates vary with size.
+///
+/// # Example
+/// ```
+/// use evalflow::udaf::cluster_interval::{clustered_score, clustered_score_sided};
+/// let var = 3.0 * 0.1 * 0.9 / 200.0;
+/// let (lo, hi) = clustered_score(0.1, 200.0, var, 2.1);
+/// let (lo2, hi2) = clustered_score_sided(0.1, 200.0, var, 2.0 * var, 2.1);
+/// assert!(lo2 == lo && hi2 > hi);
+/// ```
+pub fn clustered_score_sided(p: f64, n: f64, var: f64, var_half: f64, t: f64) -> (f64, f64) {
     let q = p * (1.0 - p);
     let naive = q / n;
-    // Negated so that NaN goes to the fallback too.
-    if !(naive > 0.0 && var > naive) {
-        return wilson(p, n, t);
-    }
-    let between = var - naive;
-    let inside = |p0: f64| {
-        let w = p0 * (1.0 - p0);
-        let r = w / q;
-        let v = w / n + between * r.max(r.powf(SCORE_EXPONENT));
-        (p - p0) * (p - p0) <= t * t * v
+    let (wlo, whi) = wilson(p, n, t);
+    let (b_lo, b_hi) = if p <= 0.5 {
+        (var - naive, var_half - naive)
+    } else {
+        (var_half - naive, var - naive)
     };
-    (outermost(p, 0.0, &inside), outermost(p, 1.0, &inside))
+    let bound = |between: f64, edge: f64, fallback: f64| {
+        // Negated so that NaN goes to the fallback too.
+        if !(naive > 0.0 && between > 0.0) {
+            return fallback;
+        }
+        let inside = |p0: f64| {
+            let w = p0 * (1.0 - p0);
+            let r = w / q;
+            let v = w / n + between * r.max(r.powf(SCORE_EXPONENT));
+            (p - p0) * (p - p0) <= t * t * v
+        };
+        outermost(p, edge, &inside)
+    };
+    (bound(b_lo, 0.0, wlo), bound(b_hi, 1.0, whi))
+}
+
+/// The between-template part of the variance of the pooled mean under the random-intercept
+/// model, from the one-way ANOVA estimate of the template variance:
+/// `(MSB - MSW) / n0 * (sum_g n_g^2 / N^2 - 1 / N)` with `MSB = sum_g n_g (mean_g - mean)^2 /
+/// (G - 1)`, `MSW = sum_g m2_g / (N - G)`, `n0 = (N - sum_g n_g^2 / N) / (G - 1)`. May be
+/// negative; `None` with fewer than 2 clusters or no cluster of 2 rows. Used on the side toward
+/// 1/2 in [`clustered_score_sided`].
+pub fn anova_between_var(cells: &[Moments]) -> Option<f64> {
+    let total = merged(cells);
+    let cells: Vec<&Moments> = cells.iter().filter(|c| c.n > 0).collect();
+    let g = cells.len() as f64;
+    let n = total.n as f64;
+    if cells.len() < 2 || n <= g {
+        return None;
+    }
+    let (mut ssb, mut ssw, mut sq) = (0.0, 0.0, 0.0);
+    for c in &cells {
+        let ng = c.n as f64;
+        ssb += ng * (c.mean - total.mean).powi(2);
+        ssw += c.m2.max(0.0);
+        sq += ng * ng;
+    }
+    let n0 = (n - sq / n) / (g - 1.0);
+    let sigma2 = (ssb / (g - 1.0) - ssw / (n - g)) / n0;
+    finite(sigma2 * (sq / (n * n) - 1.0 / n))
 }
 
 /// The point of `[inside_pt, edge]` farthest from `inside_pt` that `inside` accepts: a scan
@@ -678,7 +735,10 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
             };
             if (0.0..=1.0).contains(&mean) {
                 let (lo, hi) = if spec.method == Method::Cr2Score {
-                    clustered_score(mean, n, se * se, t)
+                    let var = se * se;
+                    let naive = mean * (1.0 - mean) / n;
+                    let var_half = anova_between_var(cells).map_or(var, |b| var.max(naive + b));
+                    clustered_score_sided(mean, n, var, var_half, t)
                 } else {
                     clustered_wilson(mean, n, se * se, t)
                 };
@@ -878,7 +938,7 @@ mod tests {
     #[test]
     fn score_is_wilson_away_from_half_and_wider_toward_it() {
         // p = 0.1 of 200 rows, design effect 3: below p (r < 1) the bound is Wilson's at
-        // n / deff; above it the between part grows as r^1.5, so the bound is higher.
+        // n / deff; above it the between part grows as r^1.25, so the bound is higher.
         let (p, n, t) = (0.1, 200.0, 2.1);
         let var = 3.0 * p * (1.0 - p) / n;
         let (lo, hi) = clustered_score(p, n, var, t);
@@ -888,7 +948,7 @@ mod tests {
         // hi solves (hi - p)^2 = t^2 V(hi).
         let b = var - p * (1.0 - p) / n;
         let w = hi * (1.0 - hi);
-        let v = w / n + b * (w / (p * (1.0 - p))).powf(1.5);
+        let v = w / n + b * (w / (p * (1.0 - p))).powf(SCORE_EXPONENT);
         assert!(((hi - p).powi(2) - t * t * v).abs() < 1e-15);
         // Relabelling pass and fail mirrors the interval.
         let (lo2, hi2) = clustered_score(1.0 - p, n, var, t);
@@ -904,6 +964,53 @@ mod tests {
         assert_eq!(clustered_score(0.0, 50.0, 0.0, t), wilson(0.0, 50.0, t));
         assert!(clustered_score(0.0, 50.0, 0.0, t).1 > 0.05);
         assert_eq!(clustered_score(1.0, 50.0, 0.0, t), wilson(1.0, 50.0, t));
+    }
+
+    #[test]
+    fn anova_between_matches_hand_values_and_needs_replication() {
+        // {1,0,0,0}, {0,0,0,0}, {1,1,0,0}, {0,0,0,0}: template variance 1/48, times 3/16.
+        let eq = [
+            binary_cell(4, 1),
+            binary_cell(4, 0),
+            binary_cell(4, 2),
+            binary_cell(4, 0),
+        ];
+        assert!((anova_between_var(&eq).unwrap() - 1.0 / 256.0).abs() < 1e-15);
+        // 12, 2, 2 zeros and {1, 0}: 85/2352 x 23/54.
+        let uneq = [
+            binary_cell(12, 0),
+            binary_cell(2, 0),
+            binary_cell(2, 0),
+            binary_cell(2, 1),
+        ];
+        let b = anova_between_var(&uneq).unwrap();
+        assert!((b - 1955.0 / 127008.0).abs() < 1e-15, "{b}");
+        // Singletons only, or one cluster: no within-template variance to subtract.
+        assert_eq!(
+            anova_between_var(&[binary_cell(1, 1), binary_cell(1, 0)]),
+            None
+        );
+        assert_eq!(anova_between_var(&[binary_cell(5, 1)]), None);
+    }
+
+    #[test]
+    fn score_sided_widens_only_the_side_toward_half() {
+        let (n, t) = (200.0, 2.1);
+        for p in [0.1, 0.9] {
+            let var = 2.0 * p * (1.0 - p) / n;
+            let (lo, hi) = clustered_score(p, n, var, t);
+            let (lo2, hi2) = clustered_score_sided(p, n, var, 1.5 * var, t);
+            if p < 0.5 {
+                assert!(lo2 == lo && hi2 > hi);
+            } else {
+                assert!(hi2 == hi && lo2 < lo);
+            }
+        }
+        // A non-positive between part on one side only: Wilson at n on that side.
+        let (p, var) = (0.1, 0.9 * 0.1 * 0.9 / n);
+        let (lo, hi) = clustered_score_sided(p, n, var, 3.0 * var, t);
+        assert_eq!(lo, wilson(p, n, t).0);
+        assert!(hi > wilson(p, n, t).1);
     }
 
     #[test]
