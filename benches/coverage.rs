@@ -294,7 +294,7 @@ fn main() {
     summary.print(&methods);
 
     // Paired differences.
-    // `auto` is cr2 for differences.
+    // `auto` is cr2_ri for differences.
     let methods: Vec<Method> = evalflow::udaf::paired_diff_clustered::METHODS
         .into_iter()
         .filter(|m| *m != Method::Auto)

@@ -74,6 +74,22 @@ def anova_between(x, cl):
     return float((msb - msw) / n0 * (np.sum(ng ** 2) / N ** 2 - 1 / N))
 
 
+def random_intercept_var(x, cl):
+    """The variance of the mean under the random-intercept model, one-way ANOVA estimates:
+    MSW / N + sigma_b^2 sum n_g^2 / N^2, sigma_b^2 = (MSB - MSW) / n0 (`cr2_ri` takes the larger
+    of this and CR2's)."""
+    d = pd.DataFrame({"x": np.asarray(x, float), "c": np.asarray(cl)})
+    g = d.groupby("c")["x"]
+    ng, mg = g.size().to_numpy(float), g.mean().to_numpy()
+    N, G, m = float(len(d)), len(ng), d.x.mean()
+    if G < 2 or N <= G:
+        return None
+    msb = np.sum(ng * (mg - m) ** 2) / (G - 1)
+    msw = np.sum((d.x - g.transform("mean")) ** 2) / (N - G)
+    n0 = (N - np.sum(ng ** 2) / N) / (G - 1)
+    return float(msw / N + (msb - msw) / n0 * np.sum(ng ** 2) / N ** 2)
+
+
 def score(p, n, var, t, k=1.25, var_half=None):
     """The clustered score interval: each bound is the outermost p0 on its side of p with
     (p - p0)^2 <= t^2 V(p0), V(p0) = p0 (1 - p0) / n + B max(r, r^k), r = p0 (1 - p0) / (p (1 - p)),
@@ -126,6 +142,12 @@ def report(name, x, cl, level=0.95):
     out = dict(n=n, g=g, mean=m, cr2_se=se, cr2_df=df, cr2_lo=m - t * se, cr2_hi=m + t * se,
                cr2_p=float(2 * stats.t.sf(abs(m / se), df)),
                cr1t_lo=m - t1 * cr1, cr1t_hi=m + t1 * cr1)
+    ri = random_intercept_var(x, cl)
+    v_ri = se ** 2 if ri is None else max(se ** 2, ri)
+    out["ri_var"] = ri
+    out["cr2ri_se"] = math.sqrt(v_ri)
+    out["cr2ri_lo"], out["cr2ri_hi"] = m - t * math.sqrt(v_ri), m + t * math.sqrt(v_ri)
+    out["cr2ri_p"] = float(2 * stats.t.sf(abs(m / math.sqrt(v_ri)), df))
     if 0 <= m <= 1:
         naive = m * (1 - m) / n
         deff = se ** 2 / naive if naive > 0 and se > 0 else 1.0

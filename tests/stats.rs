@@ -952,6 +952,11 @@ mod cr2_reference {
     pub const D_P: f64 = 1.6936130664107775e-11;
     pub const D_LO: f64 = 0.04214895219051329;
     pub const D_HI: f64 = 0.06866207947445095;
+    // d = a - b with the variance floored at the random-intercept model's (`cr2_ri`).
+    pub const D_RI_SE: f64 = 0.006931062890541567;
+    pub const D_RI_P: f64 = 7.094356742672743e-11;
+    pub const D_RI_LO: f64 = 0.0415259363437169;
+    pub const D_RI_HI: f64 = 0.06928509532124734;
 }
 
 #[tokio::test]
@@ -975,7 +980,11 @@ async fn cr2_matches_matrix_reference() {
              clustered_mean_ci(x, cluster_str)['lo'], clustered_mean_ci(x, cluster_str)['hi'], \
              paired_diff_clustered(a, b, cluster_str, 0.95, 'auto')['lo'], \
              clustered_mean_ci(x, cluster_int, 0.95, 'cr2_score')['lo'], \
-             clustered_mean_ci(x, cluster_str, 0.95, 'CR2_SCORE')['hi'] \
+             clustered_mean_ci(x, cluster_str, 0.95, 'CR2_SCORE')['hi'], \
+             paired_diff_clustered(a, b, cluster_str, 0.95, 'cr2')['se'], \
+             paired_diff_clustered(a, b, cluster_str, 0.95, 'cr2')['p_value'], \
+             paired_diff_clustered(a, b, cluster_str, 0.95, 'cr2')['lo'], \
+             paired_diff_clustered(a, b, cluster_str)['hi'] \
              FROM s",
         )
         .await;
@@ -989,21 +998,26 @@ async fn cr2_matches_matrix_reference() {
             X_CR1T_HI,
             X_WILSON_LO,
             X_WILSON_HI,
-            D_SE,
+            D_RI_SE,
             D_DF,
-            D_P,
-            D_LO,
+            D_RI_P,
+            D_RI_LO,
             D_HI,
             70.0,
             X_SCORE_LO,
             X_SCORE_HI,
-            D_LO,
+            D_RI_LO,
             X_SCORE_LO,
             X_SCORE_HI,
+            D_SE,
+            D_P,
+            D_LO,
+            D_RI_HI,
         ];
+        assert_eq!(r[0].len(), want.len());
         for (i, (got, w)) in r[0].iter().zip(want).enumerate() {
             // p-values through the t tail are good to ~1e-7 relative in statrs.
-            let tol = if i == 11 { 1e-6 } else { 1e-9 };
+            let tol = if i == 11 || i == 21 { 1e-6 } else { 1e-9 };
             let g = f(got).unwrap_or_else(|| panic!("column {i} NULL"));
             assert!(close(g, w, tol), "{p} partitions, column {i}: {g} vs {w}");
         }
@@ -1174,6 +1188,47 @@ async fn cr2_score_unequal_sizes_use_anova_between_toward_half() {
     let gap = (hi - p).powi(2) - tq * tq * v(hi);
     assert!(gap.abs() < 1e-9, "score equation at hi: {gap}");
     assert!(hi > 0.8261738757246146 + 0.05);
+}
+
+/// `cr2_ri` by hand: clusters {1,1,1}, {0,0}, {1}: no variance within clusters (MSW = 0),
+/// MSB = (1/3 + 8/9 + 1/9) / 2 = 2/3, n0 = (6 - 14/6) / 2 = 11/6, so sigma_b^2 = 4/11 and the
+/// random-intercept variance of the mean is 4/11 x 14/36 = 14/99, above CR2's 2/15; the df is
+/// CR2's (5/3). With equal sizes both variances are MSB / N.
+#[tokio::test]
+async fn cr2_ri_takes_the_larger_variance() {
+    let ctx = ctx_with(2);
+    let t = "(VALUES (1.0, 1.0, 'a'), (1.0, 0.0, 'a'), (1.0, 0.0, 'a'), (0.0, 0.0, 'b'), \
+             (0.0, 0.0, 'b'), (1.0, 0.0, 'c')) AS t(a, b, c)";
+    let r = rows(
+        &ctx,
+        &format!(
+            "SELECT clustered_mean_ci(a, c, 0.95, 'cr2_ri')['se'], \
+             clustered_mean_ci(a, c, 0.95, 'cr2_ri')['df'], \
+             clustered_mean_ci(a, c, 0.95, 'cr2_ri')['method'], \
+             paired_diff_clustered(a, b, c)['method'], paired_diff_clustered(a, b, c, 0.95, 'auto')['method'] \
+             FROM {t}"
+        ),
+    )
+    .await;
+    assert!(
+        close(f(&r[0][0]).unwrap().powi(2), 14.0 / 99.0, 1e-12),
+        "{:?}",
+        r[0][0]
+    );
+    assert_close(f(&r[0][1]), 5.0 / 3.0, "df");
+    assert_eq!(r[0][2], ScalarValue::Utf8(Some("cr2_ri".into())));
+    assert_eq!(r[0][3], ScalarValue::Utf8(Some("cr2_ri".into())));
+    assert_eq!(r[0][4], ScalarValue::Utf8(Some("cr2_ri".into())));
+    let eq = "(VALUES (1.0, 'a'), (0.0, 'a'), (0.0, 'b'), (0.0, 'b'), (1.0, 'c'), (1.0, 'c')) AS t(x, c)";
+    let r = rows(
+        &ctx,
+        &format!(
+            "SELECT clustered_mean_ci(x, c, 0.95, 'cr2_ri')['se'], clustered_mean_ci(x, c, 0.95, 'cr2')['se'] FROM {eq}"
+        ),
+    )
+    .await;
+    // Equal sizes: the random-intercept variance is MSB / N, which is CR2's.
+    assert!(close(f(&r[0][0]).unwrap(), f(&r[0][1]).unwrap(), 1e-12));
 }
 
 /// No failures at all is never a zero-width interval: 0 of 120 from 3 templates of 40 gives

@@ -178,6 +178,9 @@ pub enum Method {
     Cr2Score,
     /// Wild cluster bootstrap-t, seeded.
     WildBootstrap,
+    /// CR2 with its variance floored at the random-intercept model's (the larger of the two),
+    /// Satterthwaite df, t quantile: the default for paired differences.
+    Cr2Ri,
     /// The default: [`Method::Cr2Score`] when every row is 0 or 1 (a pass/fail score),
     /// [`Method::Cr2`] otherwise. Results name the method that was used.
     Auto,
@@ -185,7 +188,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in documentation order.
-    pub const ALL: [Method; 7] = [
+    pub const ALL: [Method; 8] = [
         Method::Auto,
         Method::Miller,
         Method::Cr1T,
@@ -193,11 +196,12 @@ impl Method {
         Method::Cr2Wilson,
         Method::Cr2Score,
         Method::WildBootstrap,
+        Method::Cr2Ri,
     ];
 
     /// The method used when none is given: the one whose coverage holds best at few clusters
-    /// in `benches/coverage.rs` (cr2_score for pass/fail scores, cr2 for other scores and
-    /// for differences); see docs/functions.md.
+    /// in `benches/coverage.rs` (cr2_score for pass/fail scores, cr2 for other scores;
+    /// `paired_diff_clustered` uses cr2_ri); see docs/functions.md.
     pub const DEFAULT: Method = Method::Auto;
 
     /// The SQL name.
@@ -209,6 +213,7 @@ impl Method {
             Method::Cr2Wilson => "cr2_wilson",
             Method::Cr2Score => "cr2_score",
             Method::WildBootstrap => "wild_bootstrap",
+            Method::Cr2Ri => "cr2_ri",
             Method::Auto => "auto",
         }
     }
@@ -598,23 +603,59 @@ pub fn clustered_score_sided(p: f64, n: f64, var: f64, var_half: f64, t: f64) ->
 /// negative; `None` with fewer than 2 clusters or no cluster of 2 rows. Used on the side toward
 /// 1/2 in [`clustered_score_sided`].
 pub fn anova_between_var(cells: &[Moments]) -> Option<f64> {
-    let total = merged(cells);
-    let cells: Vec<&Moments> = cells.iter().filter(|c| c.n > 0).collect();
-    let g = cells.len() as f64;
-    let n = total.n as f64;
-    if cells.len() < 2 || n <= g {
-        return None;
+    let a = Anova::new(cells)?;
+    finite(a.between * (a.sq / (a.n * a.n) - 1.0 / a.n))
+}
+
+/// The variance of the pooled mean under the random-intercept model with one-way ANOVA
+/// estimates of its two variances: `MSW / N + sigma_b^2 sum_g n_g^2 / N^2`,
+/// `sigma_b^2 = (MSB - MSW) / n0` (see [`anova_between_var`]). `None` as there.
+///
+/// [`Method::Cr2Ri`] takes the larger of this and the CR2 variance, in the spirit of
+/// Morel, Bokossa and Neerchal's floor on the sandwich: with unequal template sizes CR2 leans
+/// on the few largest templates and comes out low in the samples whose mean is off.
+pub fn random_intercept_var(cells: &[Moments]) -> Option<f64> {
+    let a = Anova::new(cells)?;
+    finite(a.within / a.n + a.between * a.sq / (a.n * a.n))
+}
+
+/// One-way ANOVA of per-cluster moments.
+struct Anova {
+    /// Rows.
+    n: f64,
+    /// `sum_g n_g^2`.
+    sq: f64,
+    /// MSW, the pooled within-cluster variance.
+    within: f64,
+    /// `(MSB - MSW) / n0`, the between-cluster variance (may be negative).
+    between: f64,
+}
+
+impl Anova {
+    fn new(cells: &[Moments]) -> Option<Anova> {
+        let total = merged(cells);
+        let cells: Vec<&Moments> = cells.iter().filter(|c| c.n > 0).collect();
+        let g = cells.len() as f64;
+        let n = total.n as f64;
+        if cells.len() < 2 || n <= g {
+            return None;
+        }
+        let (mut ssb, mut ssw, mut sq) = (0.0, 0.0, 0.0);
+        for c in &cells {
+            let ng = c.n as f64;
+            ssb += ng * (c.mean - total.mean).powi(2);
+            ssw += c.m2.max(0.0);
+            sq += ng * ng;
+        }
+        let n0 = (n - sq / n) / (g - 1.0);
+        let within = ssw / (n - g);
+        Some(Anova {
+            n,
+            sq,
+            within,
+            between: (ssb / (g - 1.0) - within) / n0,
+        })
     }
-    let (mut ssb, mut ssw, mut sq) = (0.0, 0.0, 0.0);
-    for c in &cells {
-        let ng = c.n as f64;
-        ssb += ng * (c.mean - total.mean).powi(2);
-        ssw += c.m2.max(0.0);
-        sq += ng * ng;
-    }
-    let n0 = (n - sq / n) / (g - 1.0);
-    let sigma2 = (ssb / (g - 1.0) - ssw / (n - g)) / n0;
-    finite(sigma2 * (sq / (n * n) - 1.0 / n))
 }
 
 /// The point of `[inside_pt, edge]` farthest from `inside_pt` that `inside` accepts: a scan
@@ -706,9 +747,14 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
         Method::Cr2
         | Method::Cr2Wilson
         | Method::Cr2Score
+        | Method::Cr2Ri
         | Method::WildBootstrap
         | Method::Auto => {
-            let se = finite(cr2_var(n, r.cells.iter().copied()).sqrt());
+            let mut var = cr2_var(n, r.cells.iter().copied());
+            if spec.method == Method::Cr2Ri {
+                var = random_intercept_var(cells).map_or(var, |v| var.max(v));
+            }
+            let se = finite(var.sqrt());
             let df = match spec.method {
                 Method::WildBootstrap => None,
                 _ => cr2_df(r.cells.iter().map(|c| c.0)),

@@ -95,10 +95,12 @@ impl AggSpec for ClusteredMeanCi {
                   effective size mean (1 - mean) / se_cr2^2 with the same t quantile, which stays \
                   in [0, 1] and widens towards 0.5 when the rate is near 0 or 1; \
                   `'cr2_score'`: for proportions, the clustered score interval: the p0 with \
-                  (mean - p0)^2 <= t^2 V(p0), V(p0) = p0 (1 - p0) / n + B max(r, r^1.5), \
+                  (mean - p0)^2 <= t^2 V(p0), V(p0) = p0 (1 - p0) / n + B max(r, r^1.25), \
                   r = p0 (1 - p0) / (mean (1 - mean)), B = se_cr2^2 - mean (1 - mean) / n the \
                   between-template part (design effect at least 1), so the template variance \
-                  grows toward 0.5 as it does for rare outcomes; towards the nearer bound it is \
+                  grows toward 0.5 as it does for rare outcomes; for the bound toward 0.5, B is \
+                  the larger of that and the one-way ANOVA (random-intercept) estimate, which \
+                  weighs templates by size n_g rather than n_g^2; towards the nearer bound it is \
                   the Wilson interval at the effective size, and at a rate of 0 or 1 Wilson at n; \
                   `'wild_bootstrap'`: the symmetric wild cluster bootstrap-t interval studentized \
                   by the CR2 SE, with `reps` replications (default 999) drawn from `seed` \
