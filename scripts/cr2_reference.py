@@ -7,7 +7,7 @@ Phi = I): A_g = (I - H_gg)^(-1/2) by eigendecomposition, V = M sum_g X_g' A_g e_
 p_g = (I - H)_g' A_g X_g M, df = (sum_g p_g'p_g)^2 / sum_{g,h} (p_g'p_h)^2. Nothing here uses
 evalflow's closed forms, which these numbers check. Also the closed form of the working-model
 df against the matrices, the t quantiles, and the clustered score interval (`cr2_score`, the
-default for 0/1 scores, with the one-way ANOVA between variance on the side toward 1/2) solved by a fine grid and brentq rather than evalflow's scan and
+default for 0/1 scores, with the one-way ANOVA between variance weighted in on the side toward 1/2) solved by a fine grid and brentq rather than evalflow's scan and
 bisection, with its hand example and the zero-failure case.
 
     python3 scripts/cr2_reference.py
@@ -121,11 +121,12 @@ def score(p, n, var, t, k=1.25, var_half=None):
 
 
 def score_sql(x, cl, var, t):
-    """`cr2_score` as clustered_mean_ci computes it: var_half = max(var, naive + B_anova)."""
+    """`cr2_score` as clustered_mean_ci computes it:
+    var_half = var + |1 - 2p| max(0, naive + B_anova - var)."""
     x = np.asarray(x, float)
     p, n = float(x.mean()), len(x)
     b = anova_between(x, cl)
-    var_half = var if b is None else max(var, p * (1 - p) / n + b)
+    var_half = var if b is None else var + abs(1 - 2 * p) * max(0.0, p * (1 - p) / n + b - var)
     return score(p, n, var, t, var_half=var_half)
 
 

@@ -19,6 +19,10 @@
 //! - [`Method::Cr2Wilson`]: for proportions (x in [0, 1]): a Wilson score interval at the
 //!   effective size `p (1 - p) / V_CR2` with the CR2 t quantile; it stays inside [0, 1] and is
 //!   skewed the right way near 0 and 1.
+//! - [`Method::Cr2Score`]: for pass/fail rates, the clustered score interval
+//!   ([`clustered_score_sided`]).
+//! - [`Method::Cr2Ri`]: CR2 with its variance floored at the random-intercept model's
+//!   ([`random_intercept_var`]), for paired differences.
 //! - [`Method::WildBootstrap`]: the wild cluster bootstrap-t (Rademacher weights, Webb's
 //!   six-point weights below 12 clusters), studentized by the CR2 SE; the interval is the
 //!   symmetric percentile-t one, the p-value imposes the null (WCR).
@@ -37,122 +41,124 @@ use super::common::{Moments, finite, normal_z, two_sided_p};
 /// under `clustered_mean_ci` in docs/functions.md.
 pub const METHOD_GUIDE: &str = r#"**Which method when**
 
-- `auto` (the default): `cr2_score` for pass/fail scores, `cr2` for any other score. Use it unless you must match another tool.
-- `cr2_score`: pass/fail rates. The clustered score interval: the CR2 variance V is split into the binomial part p (1 - p) / n and a between-template part B = V - p (1 - p) / n (at least 0: template effects are not assumed to cancel noise), and the interval is every rate p0 with (p - p0)^2 <= t^2 (p0 (1 - p0) / n + B max(r, r^1.5)), r = p0 (1 - p0) / (p (1 - p)), t the CR2 quantile. Toward the nearer bound (r <= 1) it is the Wilson interval at the effective size n / deff; toward 1/2 the template part grows faster than p0 (1 - p0), as it does when template effects act on the logit scale (there it grows as r^2), which the Wilson interval missed for rare outcomes. A rate of 0 or 1 gets Wilson at n, never a zero width. Not for differences.
-- `cr2_wilson`: Wilson at the CR2 effective size, the previous default: narrower for rare outcomes with strong template effects, where it covers only 92-93%.
-- `cr2`: means of graded scores (judge scores, averaged samples) and paired differences (the default of `paired_diff_clustered`); the bias reduction and the degrees of freedom account for few and unequal templates.
+- `auto` (the default): `cr2_score` for pass/fail scores, `cr2` for any other score; `paired_diff_clustered` defaults to `cr2_ri`. Use it unless you must match another tool.
+- `cr2_score`: pass/fail rates. The clustered score interval: the CR2 variance V is split into the binomial part p (1 - p) / n and a between-template part B = V - p (1 - p) / n, and each bound is the outermost rate p0 on its side of p with (p - p0)^2 <= t^2 (p0 (1 - p0) / n + B max(r, r^1.25)), r = p0 (1 - p0) / (p (1 - p)), t the CR2 quantile. For the bound toward 1/2, B becomes B + |1 - 2p| max(0, B_anova - B), B_anova the one-way ANOVA (random-intercept) estimate of the between-template part, which weighs a template by its size n_g where CR2 weighs it by n_g^2: with unequal sizes a few large templates otherwise set both the rate and its variance, and a rate that came out low came with a variance that came out low. The weight |1 - 2p| follows the skewness of a rate's estimate: nothing at 1/2, nearly all of it for rare outcomes. Toward the nearer bound (r <= 1) it is the Wilson interval at the effective size n / deff; toward 1/2 the template part grows faster than p0 (1 - p0), as it does when template effects act on the logit scale (there as about r^1.7 to r^2), which the Wilson interval missed for rare outcomes. A side whose B is not positive (template effects are not assumed to cancel noise), or a rate of 0 or 1, gets Wilson at n, never a zero width. Not for differences.
+- `cr2_ri`: paired differences (the default of `paired_diff_clustered`): `cr2` with the variance at least the random-intercept model's, MSW / n + sigma_b^2 sum n_g^2 / n^2 from the one-way ANOVA, in the spirit of Morel, Bokossa and Neerchal's floor on the sandwich. It equals `cr2` for equal template sizes; with unequal sizes it keeps the few largest templates from setting the variance alone.
+- `cr2_wilson`: Wilson at the CR2 effective size, an earlier default: narrower for rare outcomes with strong template effects, where it covers only 92-93%.
+- `cr2`: means of graded scores (judge scores, averaged samples); the bias reduction and the degrees of freedom account for few and unequal templates.
 - `wild_bootstrap`: a cross-check of `cr2` (its p-value imposes the null); no better than `cr2` in the simulation, and it costs `reps` x G work per group.
 - `cr1_t`: to match statsmodels and Inspect AI standard errors, with the t(G-1) quantile they omit; it undercovers when template sizes differ.
 - `miller`: evalflow's original interval, kept for comparison; it undercovers below about 40 templates.
 
-**Where the default still misses the target** (issue 16: 94-96% from 20 templates, at least 93% at 10, mean width at most 1.15x the oracle's), from the table below:
+**Where the defaults still miss the target** (issue 16: 94-96% from 20 templates, at least 93% at 10, mean width at most 1.15x the oracle's). The table below has 2,000 replications per cell, so each coverage has a Monte Carlo SE of about 0.5 points, and among 24 cells a method at exactly 95% would show a range of about 94-96%; the figures in parentheses are from a 10,000-replication numpy re-simulation of the same designs with a fresh seed.
 
-- Rare failures (rate 0.05) with strong template effects (latent ICC 0.3) and template sizes 1 to 50: `cr2_score` covers 94.1% at 20 templates but 93.2% at 40 and 93.5% at 100 (`cr2_wilson` 92.6-93.0%, every other method 85-92%). There, add templates rather than cases per template.
-- Rare failures with weak template effects (ICC 0.05) at 20 templates: 96.3% and 96.2%, slightly conservative (the design effect is never taken below 1).
-- Width: at most 1.17x the oracle from 20 templates (rare failures only; 1.10 or less at rate 0.5), and 1.33-1.40x at 10 templates for rare failures, where the interval has to reach up to cover a skewed estimate (the t(9) quantile alone is 1.15x the normal one).
-- Paired differences (`cr2`, unchanged) cover 92.5-95.6% from 20 templates and 92.0% at 10: short for rate 0.1 with strong template effects and unequal sizes.
+- Rare failures (rate 0.05), strong template effects (latent ICC 0.3), sizes 1 to 50: `cr2_score` covers 95.0% at 20 templates, 93.7% at 40 and 95.0% at 100 (94.3%, 94.5%, 94.9%; the previous `cr2_score`, without the size-weighted variance and with r^1.5, had 93.5%, 93.9%, 94.4%). The misses are on the upper side: a low rate comes with a low variance estimate.
+- Rare failures with weak template effects (ICC 0.05) at 20 templates: 96.6% with 10 cases per template and 96.4% with 1 to 50 (96.6%, 96.8%): slightly conservative. With equal sizes this is the lattice of the counts: with 200 cases and no template effect at all, the plain Wilson interval covers a rate of 0.05 exactly 96.7% of the time.
+- Width: at most 1.18x the oracle from 20 templates (rare failures only; 1.10 or less at rate 0.5), 1.45x at 10 templates for rare failures, where the interval has to reach up to cover a skewed estimate (the t(9) quantile alone is 1.15x the normal one).
+- Paired differences (`cr2_ri`) cover 93.3-96.0% from 20 templates and 92.3% at 10 (`cr2`: 92.5-95.6% and 92.0%): short for rate 0.1 with strong template effects, with equal sizes (93.3% at 20 templates, 92.3% at 10, where `cr2_ri` is `cr2`) and with unequal sizes at 20 templates (93.8%, against `cr2`'s 92.5%).
 
-**Coverage on simulated evals.** `benches/coverage.rs` (2,000 replications per design, bootstrap B = 99, the seed varying by replication; `EVALFLOW_COVERAGE_REPS=2000 EVALFLOW_COVERAGE_BOOT=99 cargo bench --profile dev --bench coverage`): G templates of 10 cases or of 1 to 50 cases (drawn per replication), a template effect on the logit scale with intra-template correlation rho (latent scale), population pass rate 0.5 or 0.05 (known exactly). Each cell is the coverage of the nominal 95% interval and, in parentheses, its mean width over the oracle width (2 x 1.96 x the estimator's true SD across replications). `auto` equals `cr2_score` here, as every score is 0 or 1.
+**Coverage on simulated evals.** `benches/coverage.rs` (2,000 replications per design, bootstrap B = 99, the seed varying by replication; `EVALFLOW_COVERAGE_REPS=2000 EVALFLOW_COVERAGE_BOOT=99 cargo bench --profile dev --bench coverage`): G templates of 10 cases or of 1 to 50 cases (drawn per replication), a template effect on the logit scale with intra-template correlation rho (latent scale), population pass rate 0.5 or 0.05 (known exactly). Each cell is the coverage of the nominal 95% interval and, in parentheses, its mean width over the oracle width (2 x 1.96 x the estimator's true SD across replications). `auto` equals `cr2_score` here, as every score is 0 or 1; `cr2_ri` is listed for the comparison, it is meant for differences.
 
 Mean of a pass/fail score:
 
-| G, sizes, rho, mean | auto | miller | cr1_t | cr2 | cr2_wilson | cr2_score | wild_bootstrap | oracle width |
-|---|---|---|---|---|---|---|---|---|
-| 5, 10, 0.05, 0.5 | 98.8% (1.32) | 85.8% (0.86) | 95.5% (1.35) | 95.5% (1.35) | 96.0% (1.21) | 98.8% (1.32) | 95.0% (1.49) | 0.3192 |
-| 10, 10, 0.05, 0.5 | 97.2% (1.12) | 89.7% (0.92) | 94.7% (1.12) | 94.7% (1.12) | 95.2% (1.08) | 97.2% (1.12) | 94.2% (1.15) | 0.2310 |
-| 20, 10, 0.05, 0.5 | 95.6% (1.04) | 92.2% (0.95) | 94.7% (1.04) | 94.7% (1.04) | 95.0% (1.03) | 95.6% (1.04) | 95.0% (1.07) | 0.1635 |
-| 40, 10, 0.05, 0.5 | 95.2% (1.02) | 93.9% (0.98) | 94.7% (1.02) | 94.7% (1.02) | 94.8% (1.01) | 95.2% (1.02) | 94.5% (1.04) | 0.1146 |
-| 100, 10, 0.05, 0.5 | 95.1% (1.02) | 94.8% (1.00) | 95.0% (1.02) | 95.0% (1.02) | 95.1% (1.02) | 95.1% (1.02) | 95.0% (1.04) | 0.0715 |
-| 5, 10, 0.3, 0.5 | 96.8% (1.13) | 84.3% (0.87) | 94.5% (1.37) | 94.5% (1.37) | 95.7% (1.12) | 96.8% (1.13) | 94.0% (1.59) | 0.4733 |
-| 10, 10, 0.3, 0.5 | 96.0% (1.04) | 90.5% (0.92) | 94.3% (1.12) | 94.3% (1.12) | 95.5% (1.04) | 96.0% (1.04) | 94.4% (1.16) | 0.3450 |
-| 20, 10, 0.3, 0.5 | 95.6% (1.02) | 93.1% (0.96) | 95.0% (1.06) | 95.0% (1.06) | 95.4% (1.02) | 95.6% (1.02) | 94.8% (1.09) | 0.2384 |
-| 40, 10, 0.3, 0.5 | 95.9% (1.03) | 94.6% (1.00) | 95.5% (1.04) | 95.5% (1.04) | 95.8% (1.03) | 95.9% (1.03) | 96.0% (1.07) | 0.1664 |
-| 100, 10, 0.3, 0.5 | 95.3% (1.00) | 94.7% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.3% (1.00) | 95.3% (1.00) | 95.2% (1.03) | 0.1076 |
-| 5, 1-50, 0.05, 0.5 | 98.3% (1.41) | 79.8% (0.76) | 91.9% (1.20) | 95.0% (1.50) | 95.7% (1.33) | 98.3% (1.41) | 90.2% (1.54) | 0.2720 |
-| 10, 1-50, 0.05, 0.5 | 96.0% (1.17) | 88.7% (0.90) | 93.8% (1.10) | 95.0% (1.19) | 95.1% (1.16) | 96.0% (1.17) | 94.2% (1.26) | 0.1862 |
-| 20, 1-50, 0.05, 0.5 | 95.7% (1.10) | 92.8% (0.98) | 94.7% (1.07) | 95.3% (1.11) | 95.5% (1.10) | 95.7% (1.10) | 95.6% (1.16) | 0.1272 |
-| 40, 1-50, 0.05, 0.5 | 94.8% (1.02) | 92.9% (0.96) | 94.5% (1.01) | 94.7% (1.02) | 94.8% (1.02) | 94.8% (1.02) | 94.8% (1.05) | 0.0940 |
-| 100, 1-50, 0.05, 0.5 | 94.8% (1.01) | 94.2% (0.99) | 94.5% (1.01) | 94.8% (1.01) | 94.8% (1.01) | 94.8% (1.01) | 95.2% (1.04) | 0.0588 |
-| 5, 1-50, 0.3, 0.5 | 96.0% (1.17) | 78.6% (0.78) | 90.8% (1.23) | 94.3% (1.56) | 95.3% (1.16) | 96.0% (1.17) | 90.0% (1.77) | 0.4872 |
-| 10, 1-50, 0.3, 0.5 | 94.9% (1.06) | 86.6% (0.88) | 91.7% (1.07) | 93.0% (1.16) | 94.2% (1.06) | 94.9% (1.06) | 93.0% (1.28) | 0.3538 |
-| 20, 1-50, 0.3, 0.5 | 95.0% (1.02) | 90.3% (0.93) | 93.1% (1.02) | 94.2% (1.06) | 94.8% (1.02) | 95.0% (1.02) | 93.8% (1.12) | 0.2523 |
-| 40, 1-50, 0.3, 0.5 | 95.1% (1.03) | 93.3% (0.99) | 94.2% (1.03) | 94.7% (1.05) | 95.0% (1.03) | 95.1% (1.03) | 94.7% (1.08) | 0.1741 |
-| 100, 1-50, 0.3, 0.5 | 95.2% (0.99) | 93.9% (0.98) | 94.4% (0.99) | 94.6% (1.00) | 95.0% (0.99) | 95.2% (0.99) | 94.7% (1.03) | 0.1127 |
-| 5, 10, 0.05, 0.05 | 99.0% (1.87) | 90.2% (0.83) | 91.8% (1.30) | 91.8% (1.30) | 98.0% (1.61) | 99.0% (1.87) | 91.8% (1.67) | 0.1246 |
-| 10, 10, 0.05, 0.05 | 96.8% (1.35) | 86.8% (0.90) | 95.2% (1.09) | 95.2% (1.09) | 96.4% (1.19) | 96.8% (1.35) | 90.0% (1.08) | 0.0894 |
-| 20, 10, 0.05, 0.05 | 96.3% (1.17) | 91.9% (0.96) | 94.0% (1.04) | 94.0% (1.04) | 93.8% (1.09) | 96.3% (1.17) | 92.9% (1.05) | 0.0630 |
-| 40, 10, 0.05, 0.05 | 95.2% (1.06) | 92.7% (0.96) | 93.3% (1.00) | 93.3% (1.00) | 94.3% (1.02) | 95.2% (1.06) | 93.8% (1.01) | 0.0453 |
-| 100, 10, 0.05, 0.05 | 95.6% (1.03) | 94.0% (0.99) | 94.3% (1.00) | 94.3% (1.00) | 95.5% (1.01) | 95.6% (1.03) | 94.3% (1.02) | 0.0281 |
-| 5, 10, 0.3, 0.05 | 98.8% (1.58) | 83.8% (0.70) | 85.0% (1.10) | 85.0% (1.10) | 98.3% (1.38) | 98.8% (1.58) | 85.0% (1.29) | 0.1632 |
-| 10, 10, 0.3, 0.05 | 95.8% (1.33) | 81.7% (0.85) | 90.5% (1.03) | 90.5% (1.03) | 95.8% (1.14) | 95.8% (1.33) | 85.0% (0.96) | 0.1147 |
-| 20, 10, 0.3, 0.05 | 94.5% (1.17) | 87.4% (0.92) | 90.7% (1.00) | 90.7% (1.00) | 92.0% (1.06) | 94.5% (1.17) | 88.4% (0.97) | 0.0795 |
-| 40, 10, 0.3, 0.05 | 94.2% (1.08) | 90.8% (0.95) | 91.5% (1.00) | 91.5% (1.00) | 93.7% (1.02) | 94.2% (1.08) | 91.2% (0.98) | 0.0568 |
-| 100, 10, 0.3, 0.05 | 94.8% (1.06) | 93.9% (1.01) | 94.3% (1.02) | 94.3% (1.02) | 94.5% (1.04) | 94.8% (1.06) | 94.2% (1.03) | 0.0349 |
-| 5, 1-50, 0.05, 0.05 | 99.8% (2.26) | 79.4% (0.76) | 91.2% (1.20) | 93.8% (1.49) | 97.6% (1.74) | 99.8% (2.26) | 89.8% (1.53) | 0.0887 |
-| 10, 1-50, 0.05, 0.05 | 98.1% (1.40) | 87.5% (0.89) | 92.8% (1.08) | 94.0% (1.17) | 96.1% (1.23) | 98.1% (1.40) | 93.2% (1.19) | 0.0605 |
-| 20, 1-50, 0.05, 0.05 | 96.2% (1.15) | 90.8% (0.94) | 93.2% (1.03) | 94.0% (1.06) | 94.6% (1.09) | 96.2% (1.15) | 93.6% (1.09) | 0.0427 |
-| 40, 1-50, 0.05, 0.05 | 96.0% (1.08) | 93.8% (0.98) | 95.0% (1.03) | 95.2% (1.04) | 95.3% (1.05) | 96.0% (1.08) | 94.8% (1.06) | 0.0301 |
-| 100, 1-50, 0.05, 0.05 | 95.0% (1.00) | 93.3% (0.97) | 94.0% (0.98) | 94.2% (0.99) | 94.5% (0.99) | 95.0% (1.00) | 94.4% (1.01) | 0.0195 |
-| 5, 1-50, 0.3, 0.05 | 98.8% (1.90) | 72.6% (0.65) | 83.0% (1.03) | 86.0% (1.28) | 98.0% (1.49) | 98.8% (1.90) | 84.0% (1.40) | 0.1438 |
-| 10, 1-50, 0.3, 0.05 | 94.0% (1.35) | 79.4% (0.77) | 84.8% (0.94) | 86.2% (1.02) | 92.0% (1.10) | 94.0% (1.35) | 85.2% (1.00) | 0.1047 |
-| 20, 1-50, 0.3, 0.05 | 94.1% (1.16) | 85.0% (0.87) | 87.4% (0.95) | 88.3% (0.98) | 93.0% (1.02) | 94.1% (1.16) | 87.5% (0.94) | 0.0739 |
-| 40, 1-50, 0.3, 0.05 | 93.2% (1.08) | 89.0% (0.92) | 90.0% (0.96) | 90.3% (0.98) | 92.6% (1.00) | 93.2% (1.08) | 90.0% (0.96) | 0.0524 |
-| 100, 1-50, 0.3, 0.05 | 93.5% (1.04) | 91.0% (0.97) | 91.4% (0.98) | 91.5% (0.99) | 92.8% (1.00) | 93.5% (1.04) | 91.8% (0.99) | 0.0326 |
+| G, sizes, rho, mean | auto | miller | cr1_t | cr2 | cr2_wilson | cr2_score | wild_bootstrap | cr2_ri | oracle width |
+|---|---|---|---|---|---|---|---|---|---|
+| 5, 10, 0.05, 0.5 | 98.8% (1.32) | 85.8% (0.86) | 95.5% (1.35) | 95.5% (1.35) | 96.0% (1.21) | 98.8% (1.32) | 95.0% (1.49) | 95.5% (1.35) | 0.3192 |
+| 10, 10, 0.05, 0.5 | 97.2% (1.12) | 89.7% (0.92) | 94.7% (1.12) | 94.7% (1.12) | 95.2% (1.08) | 97.2% (1.12) | 94.2% (1.15) | 94.7% (1.12) | 0.2310 |
+| 20, 10, 0.05, 0.5 | 95.5% (1.04) | 92.2% (0.95) | 94.7% (1.04) | 94.7% (1.04) | 95.0% (1.03) | 95.5% (1.04) | 95.0% (1.07) | 94.7% (1.04) | 0.1635 |
+| 40, 10, 0.05, 0.5 | 95.2% (1.02) | 93.9% (0.98) | 94.7% (1.02) | 94.7% (1.02) | 94.8% (1.01) | 95.2% (1.02) | 94.5% (1.04) | 94.7% (1.02) | 0.1146 |
+| 100, 10, 0.05, 0.5 | 95.1% (1.02) | 94.8% (1.00) | 95.0% (1.02) | 95.0% (1.02) | 95.1% (1.02) | 95.1% (1.02) | 95.0% (1.04) | 95.0% (1.02) | 0.0715 |
+| 5, 10, 0.3, 0.5 | 96.5% (1.13) | 84.3% (0.87) | 94.5% (1.37) | 94.5% (1.37) | 95.7% (1.12) | 96.5% (1.13) | 94.0% (1.59) | 94.5% (1.37) | 0.4733 |
+| 10, 10, 0.3, 0.5 | 95.7% (1.04) | 90.5% (0.92) | 94.3% (1.12) | 94.3% (1.12) | 95.5% (1.04) | 95.7% (1.04) | 94.4% (1.16) | 94.3% (1.12) | 0.3450 |
+| 20, 10, 0.3, 0.5 | 95.6% (1.02) | 93.1% (0.96) | 95.0% (1.06) | 95.0% (1.06) | 95.4% (1.02) | 95.6% (1.02) | 94.8% (1.09) | 95.0% (1.06) | 0.2384 |
+| 40, 10, 0.3, 0.5 | 95.8% (1.03) | 94.6% (1.00) | 95.5% (1.04) | 95.5% (1.04) | 95.8% (1.03) | 95.8% (1.03) | 96.0% (1.07) | 95.5% (1.04) | 0.1664 |
+| 100, 10, 0.3, 0.5 | 95.3% (1.00) | 94.7% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.3% (1.00) | 95.3% (1.00) | 95.2% (1.03) | 95.2% (1.01) | 0.1076 |
+| 5, 1-50, 0.05, 0.5 | 98.8% (1.45) | 79.8% (0.76) | 91.9% (1.20) | 95.0% (1.50) | 95.7% (1.33) | 98.8% (1.45) | 90.2% (1.54) | 95.9% (1.62) | 0.2720 |
+| 10, 1-50, 0.05, 0.5 | 96.8% (1.20) | 88.7% (0.90) | 93.8% (1.10) | 95.0% (1.19) | 95.1% (1.16) | 96.8% (1.20) | 94.2% (1.26) | 96.0% (1.25) | 0.1862 |
+| 20, 1-50, 0.05, 0.5 | 96.6% (1.12) | 92.8% (0.98) | 94.7% (1.07) | 95.3% (1.11) | 95.5% (1.10) | 96.6% (1.12) | 95.6% (1.16) | 96.3% (1.14) | 0.1272 |
+| 40, 1-50, 0.05, 0.5 | 95.4% (1.03) | 92.9% (0.96) | 94.5% (1.01) | 94.7% (1.02) | 94.8% (1.02) | 95.4% (1.03) | 94.8% (1.05) | 95.2% (1.04) | 0.0940 |
+| 100, 1-50, 0.05, 0.5 | 95.0% (1.02) | 94.2% (0.99) | 94.5% (1.01) | 94.8% (1.01) | 94.8% (1.01) | 95.0% (1.02) | 95.2% (1.04) | 95.0% (1.03) | 0.0588 |
+| 5, 1-50, 0.3, 0.5 | 97.2% (1.21) | 78.6% (0.78) | 90.8% (1.23) | 94.3% (1.56) | 95.3% (1.16) | 97.2% (1.21) | 90.0% (1.77) | 95.8% (1.69) | 0.4872 |
+| 10, 1-50, 0.3, 0.5 | 95.7% (1.08) | 86.6% (0.88) | 91.7% (1.07) | 93.0% (1.16) | 94.2% (1.06) | 95.7% (1.08) | 93.0% (1.28) | 94.2% (1.21) | 0.3538 |
+| 20, 1-50, 0.3, 0.5 | 95.8% (1.03) | 90.3% (0.93) | 93.1% (1.02) | 94.2% (1.06) | 94.8% (1.02) | 95.8% (1.03) | 93.8% (1.12) | 95.1% (1.08) | 0.2523 |
+| 40, 1-50, 0.3, 0.5 | 95.3% (1.04) | 93.3% (0.99) | 94.2% (1.03) | 94.7% (1.05) | 95.0% (1.03) | 95.3% (1.04) | 94.7% (1.08) | 95.0% (1.06) | 0.1741 |
+| 100, 1-50, 0.3, 0.5 | 95.2% (1.00) | 93.9% (0.98) | 94.4% (0.99) | 94.6% (1.00) | 95.0% (0.99) | 95.2% (1.00) | 94.7% (1.03) | 94.8% (1.01) | 0.1127 |
+| 5, 10, 0.05, 0.05 | 99.0% (1.80) | 90.2% (0.83) | 91.8% (1.30) | 91.8% (1.30) | 98.0% (1.61) | 99.0% (1.80) | 91.8% (1.67) | 91.8% (1.30) | 0.1246 |
+| 10, 10, 0.05, 0.05 | 96.8% (1.31) | 86.8% (0.90) | 95.2% (1.09) | 95.2% (1.09) | 96.4% (1.19) | 96.8% (1.31) | 90.0% (1.08) | 95.2% (1.09) | 0.0894 |
+| 20, 10, 0.05, 0.05 | 96.3% (1.15) | 91.9% (0.96) | 94.0% (1.04) | 94.0% (1.04) | 93.8% (1.09) | 96.3% (1.15) | 92.9% (1.05) | 94.0% (1.04) | 0.0630 |
+| 40, 10, 0.05, 0.05 | 95.1% (1.05) | 92.7% (0.96) | 93.3% (1.00) | 93.3% (1.00) | 94.3% (1.02) | 95.1% (1.05) | 93.8% (1.01) | 93.3% (1.00) | 0.0453 |
+| 100, 10, 0.05, 0.05 | 95.6% (1.03) | 94.0% (0.99) | 94.3% (1.00) | 94.3% (1.00) | 95.5% (1.01) | 95.6% (1.03) | 94.3% (1.02) | 94.3% (1.00) | 0.0281 |
+| 5, 10, 0.3, 0.05 | 98.8% (1.50) | 83.8% (0.70) | 85.0% (1.10) | 85.0% (1.10) | 98.3% (1.38) | 98.8% (1.50) | 85.0% (1.29) | 85.0% (1.10) | 0.1632 |
+| 10, 10, 0.3, 0.05 | 95.8% (1.24) | 81.7% (0.85) | 90.5% (1.03) | 90.5% (1.03) | 95.8% (1.14) | 95.8% (1.24) | 85.0% (0.96) | 90.5% (1.03) | 0.1147 |
+| 20, 10, 0.3, 0.05 | 94.5% (1.11) | 87.4% (0.92) | 90.7% (1.00) | 90.7% (1.00) | 92.0% (1.06) | 94.5% (1.11) | 88.4% (0.97) | 90.7% (1.00) | 0.0795 |
+| 40, 10, 0.3, 0.05 | 94.0% (1.05) | 90.8% (0.95) | 91.5% (1.00) | 91.5% (1.00) | 93.7% (1.02) | 94.0% (1.05) | 91.2% (0.98) | 91.5% (1.00) | 0.0568 |
+| 100, 10, 0.3, 0.05 | 94.7% (1.05) | 93.9% (1.01) | 94.3% (1.02) | 94.3% (1.02) | 94.5% (1.04) | 94.7% (1.05) | 94.2% (1.03) | 94.3% (1.02) | 0.0349 |
+| 5, 1-50, 0.05, 0.05 | 99.8% (2.32) | 79.4% (0.76) | 91.2% (1.20) | 93.8% (1.49) | 97.6% (1.74) | 99.8% (2.32) | 89.8% (1.53) | 94.1% (1.65) | 0.0887 |
+| 10, 1-50, 0.05, 0.05 | 98.2% (1.45) | 87.5% (0.89) | 92.8% (1.08) | 94.0% (1.17) | 96.1% (1.23) | 98.2% (1.45) | 93.2% (1.19) | 94.7% (1.26) | 0.0605 |
+| 20, 1-50, 0.05, 0.05 | 96.3% (1.18) | 90.8% (0.94) | 93.2% (1.03) | 94.0% (1.06) | 94.6% (1.09) | 96.3% (1.18) | 93.6% (1.09) | 94.5% (1.12) | 0.0427 |
+| 40, 1-50, 0.05, 0.05 | 96.5% (1.10) | 93.8% (0.98) | 95.0% (1.03) | 95.2% (1.04) | 95.3% (1.05) | 96.5% (1.10) | 94.8% (1.06) | 96.0% (1.09) | 0.0301 |
+| 100, 1-50, 0.05, 0.05 | 95.0% (1.01) | 93.3% (0.97) | 94.0% (0.98) | 94.2% (0.99) | 94.5% (0.99) | 95.0% (1.01) | 94.4% (1.01) | 94.8% (1.01) | 0.0195 |
+| 5, 1-50, 0.3, 0.05 | 98.8% (1.90) | 72.6% (0.65) | 83.0% (1.03) | 86.0% (1.28) | 98.0% (1.49) | 98.8% (1.90) | 84.0% (1.40) | 87.0% (1.42) | 0.1438 |
+| 10, 1-50, 0.3, 0.05 | 95.0% (1.35) | 79.4% (0.77) | 84.8% (0.94) | 86.2% (1.02) | 92.0% (1.10) | 95.0% (1.35) | 85.2% (1.00) | 88.2% (1.10) | 0.1047 |
+| 20, 1-50, 0.3, 0.05 | 95.0% (1.15) | 85.0% (0.87) | 87.4% (0.95) | 88.3% (0.98) | 93.0% (1.02) | 95.0% (1.15) | 87.5% (0.94) | 90.0% (1.04) | 0.0739 |
+| 40, 1-50, 0.3, 0.05 | 93.7% (1.07) | 89.0% (0.92) | 90.0% (0.96) | 90.3% (0.98) | 92.6% (1.00) | 93.7% (1.07) | 90.0% (0.96) | 91.7% (1.02) | 0.0524 |
+| 100, 1-50, 0.3, 0.05 | 94.2% (1.04) | 91.0% (0.97) | 91.4% (0.98) | 91.5% (0.99) | 92.8% (1.00) | 94.2% (1.04) | 91.8% (0.99) | 92.5% (1.02) | 0.0326 |
 
 | method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 20 | worst width / oracle, G = 10 |
 |---|---|---|---|---|
-| auto | 93.2% to 96.3% | 94.0% | 1.17 | 1.40 |
+| auto | 93.7% to 96.6% | 95.0% | 1.18 | 1.45 |
 | miller | 85.0% to 94.8% | 79.4% | 1.01 | 0.92 |
 | cr1_t | 87.4% to 95.5% | 84.8% | 1.07 | 1.12 |
 | cr2 | 88.3% to 95.5% | 86.2% | 1.11 | 1.19 |
 | cr2_wilson | 92.0% to 95.8% | 92.0% | 1.10 | 1.23 |
-| cr2_score | 93.2% to 96.3% | 94.0% | 1.17 | 1.40 |
+| cr2_score | 93.7% to 96.6% | 95.0% | 1.18 | 1.45 |
 | wild_bootstrap | 87.5% to 96.0% | 85.0% | 1.16 | 1.28 |
+| cr2_ri | 90.0% to 96.3% | 88.2% | 1.14 | 1.26 |
 
 Paired difference d = b - a (B's logit shifted by 0.5 plus a template-specific shift, A's rate near the given mean):
 
-| G, sizes, rho, mean A | miller | cr1_t | cr2 | wild_bootstrap | oracle width |
-|---|---|---|---|---|---|
-| 5, 10, 0.05, 0.5 | 84.2% (0.85) | 95.5% (1.33) | 95.5% (1.33) | 94.4% (1.46) | 0.3056 |
-| 10, 10, 0.05, 0.5 | 91.5% (0.93) | 95.7% (1.13) | 95.7% (1.13) | 95.8% (1.15) | 0.2146 |
-| 20, 10, 0.05, 0.5 | 93.1% (0.97) | 95.3% (1.06) | 95.3% (1.06) | 95.0% (1.08) | 0.1534 |
-| 40, 10, 0.05, 0.5 | 94.3% (1.02) | 95.5% (1.06) | 95.5% (1.06) | 95.2% (1.08) | 0.1058 |
-| 100, 10, 0.05, 0.5 | 94.8% (0.98) | 94.9% (1.00) | 94.9% (1.00) | 94.8% (1.02) | 0.0691 |
-| 5, 10, 0.3, 0.5 | 85.1% (0.84) | 94.7% (1.32) | 94.7% (1.32) | 94.8% (1.42) | 0.3409 |
-| 10, 10, 0.3, 0.5 | 90.7% (0.94) | 95.0% (1.14) | 95.0% (1.14) | 95.2% (1.16) | 0.2313 |
-| 20, 10, 0.3, 0.5 | 93.4% (0.99) | 95.6% (1.08) | 95.6% (1.08) | 95.2% (1.10) | 0.1645 |
-| 40, 10, 0.3, 0.5 | 93.7% (0.98) | 94.8% (1.02) | 94.8% (1.02) | 94.8% (1.04) | 0.1194 |
-| 100, 10, 0.3, 0.5 | 94.8% (0.99) | 95.2% (1.00) | 95.2% (1.00) | 95.0% (1.02) | 0.0762 |
-| 5, 1-50, 0.05, 0.5 | 81.7% (0.78) | 93.3% (1.23) | 96.3% (1.53) | 91.0% (1.48) | 0.2156 |
-| 10, 1-50, 0.05, 0.5 | 89.3% (0.89) | 94.0% (1.08) | 95.3% (1.16) | 94.0% (1.19) | 0.1493 |
-| 20, 1-50, 0.05, 0.5 | 92.7% (0.95) | 94.8% (1.05) | 95.2% (1.08) | 95.3% (1.11) | 0.1045 |
-| 40, 1-50, 0.05, 0.5 | 93.3% (0.94) | 94.5% (0.98) | 94.8% (1.00) | 94.4% (1.02) | 0.0762 |
-| 100, 1-50, 0.05, 0.5 | 94.9% (1.00) | 95.2% (1.02) | 95.3% (1.03) | 95.5% (1.05) | 0.0460 |
-| 5, 1-50, 0.3, 0.5 | 80.8% (0.76) | 93.0% (1.20) | 96.0% (1.51) | 91.2% (1.56) | 0.2893 |
-| 10, 1-50, 0.3, 0.5 | 87.7% (0.87) | 93.0% (1.06) | 94.8% (1.15) | 94.2% (1.19) | 0.2064 |
-| 20, 1-50, 0.3, 0.5 | 92.5% (0.95) | 94.3% (1.04) | 95.0% (1.08) | 95.0% (1.11) | 0.1426 |
-| 40, 1-50, 0.3, 0.5 | 92.7% (0.95) | 93.6% (0.99) | 94.1% (1.01) | 94.0% (1.03) | 0.1036 |
-| 100, 1-50, 0.3, 0.5 | 94.5% (1.00) | 94.8% (1.02) | 95.0% (1.03) | 95.7% (1.05) | 0.0638 |
-| 5, 10, 0.05, 0.1 | 88.0% (0.84) | 94.5% (1.31) | 94.5% (1.31) | 92.7% (1.43) | 0.2144 |
-| 10, 10, 0.05, 0.1 | 90.0% (0.91) | 95.1% (1.11) | 95.1% (1.11) | 94.2% (1.13) | 0.1499 |
-| 20, 10, 0.05, 0.1 | 93.2% (0.98) | 94.8% (1.07) | 94.8% (1.07) | 94.6% (1.08) | 0.1036 |
-| 40, 10, 0.05, 0.1 | 94.0% (0.96) | 95.2% (1.01) | 95.2% (1.01) | 95.2% (1.03) | 0.0756 |
-| 100, 10, 0.05, 0.1 | 95.2% (1.01) | 95.5% (1.03) | 95.5% (1.03) | 95.2% (1.05) | 0.0461 |
-| 5, 10, 0.3, 0.1 | 83.5% (0.79) | 92.5% (1.24) | 92.5% (1.24) | 89.4% (1.30) | 0.2477 |
-| 10, 10, 0.3, 0.1 | 88.0% (0.87) | 92.3% (1.05) | 92.3% (1.05) | 90.3% (1.04) | 0.1758 |
-| 20, 10, 0.3, 0.1 | 91.0% (0.94) | 93.3% (1.03) | 93.3% (1.03) | 93.6% (1.03) | 0.1208 |
-| 40, 10, 0.3, 0.1 | 92.9% (0.96) | 94.0% (1.00) | 94.0% (1.00) | 93.7% (1.01) | 0.0865 |
-| 100, 10, 0.3, 0.1 | 94.8% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.5% (1.03) | 0.0537 |
-| 5, 1-50, 0.05, 0.1 | 83.2% (0.80) | 94.5% (1.26) | 96.8% (1.56) | 92.8% (1.55) | 0.1450 |
-| 10, 1-50, 0.05, 0.1 | 88.4% (0.86) | 93.6% (1.05) | 95.2% (1.14) | 93.8% (1.15) | 0.1048 |
-| 20, 1-50, 0.05, 0.1 | 92.5% (0.96) | 94.5% (1.05) | 95.5% (1.09) | 94.6% (1.11) | 0.0713 |
-| 40, 1-50, 0.05, 0.1 | 93.5% (0.99) | 94.5% (1.03) | 94.9% (1.05) | 94.4% (1.07) | 0.0496 |
-| 100, 1-50, 0.05, 0.1 | 94.2% (0.98) | 94.7% (0.99) | 94.7% (1.00) | 94.7% (1.02) | 0.0323 |
-| 5, 1-50, 0.3, 0.1 | 75.2% (0.71) | 88.3% (1.11) | 91.7% (1.40) | 86.8% (1.43) | 0.2093 |
-| 10, 1-50, 0.3, 0.1 | 85.0% (0.82) | 89.9% (1.00) | 92.0% (1.09) | 90.7% (1.10) | 0.1496 |
-| 20, 1-50, 0.3, 0.1 | 89.5% (0.92) | 91.8% (1.01) | 92.5% (1.04) | 92.5% (1.05) | 0.1045 |
-| 40, 1-50, 0.3, 0.1 | 92.4% (0.98) | 93.3% (1.02) | 93.7% (1.04) | 94.0% (1.05) | 0.0717 |
-| 100, 1-50, 0.3, 0.1 | 94.5% (0.99) | 94.8% (1.01) | 94.8% (1.01) | 95.0% (1.03) | 0.0459 |
+| G, sizes, rho, mean A | miller | cr1_t | cr2 | wild_bootstrap | cr2_ri | oracle width |
+|---|---|---|---|---|---|---|
+| 5, 10, 0.05, 0.5 | 84.2% (0.85) | 95.5% (1.33) | 95.5% (1.33) | 94.4% (1.46) | 95.5% (1.33) | 0.3056 |
+| 10, 10, 0.05, 0.5 | 91.5% (0.93) | 95.7% (1.13) | 95.7% (1.13) | 95.8% (1.15) | 95.7% (1.13) | 0.2146 |
+| 20, 10, 0.05, 0.5 | 93.1% (0.97) | 95.3% (1.06) | 95.3% (1.06) | 95.0% (1.08) | 95.3% (1.06) | 0.1534 |
+| 40, 10, 0.05, 0.5 | 94.3% (1.02) | 95.5% (1.06) | 95.5% (1.06) | 95.2% (1.08) | 95.5% (1.06) | 0.1058 |
+| 100, 10, 0.05, 0.5 | 94.8% (0.98) | 94.9% (1.00) | 94.9% (1.00) | 94.8% (1.02) | 94.9% (1.00) | 0.0691 |
+| 5, 10, 0.3, 0.5 | 85.1% (0.84) | 94.7% (1.32) | 94.7% (1.32) | 94.8% (1.42) | 94.7% (1.32) | 0.3409 |
+| 10, 10, 0.3, 0.5 | 90.7% (0.94) | 95.0% (1.14) | 95.0% (1.14) | 95.2% (1.16) | 95.0% (1.14) | 0.2313 |
+| 20, 10, 0.3, 0.5 | 93.4% (0.99) | 95.6% (1.08) | 95.6% (1.08) | 95.2% (1.10) | 95.6% (1.08) | 0.1645 |
+| 40, 10, 0.3, 0.5 | 93.7% (0.98) | 94.8% (1.02) | 94.8% (1.02) | 94.8% (1.04) | 94.8% (1.02) | 0.1194 |
+| 100, 10, 0.3, 0.5 | 94.8% (0.99) | 95.2% (1.00) | 95.2% (1.00) | 95.0% (1.02) | 95.2% (1.00) | 0.0762 |
+| 5, 1-50, 0.05, 0.5 | 81.7% (0.78) | 93.3% (1.23) | 96.3% (1.53) | 91.0% (1.48) | 96.5% (1.67) | 0.2156 |
+| 10, 1-50, 0.05, 0.5 | 89.3% (0.89) | 94.0% (1.08) | 95.3% (1.16) | 94.0% (1.19) | 96.2% (1.23) | 0.1493 |
+| 20, 1-50, 0.05, 0.5 | 92.7% (0.95) | 94.8% (1.05) | 95.2% (1.08) | 95.3% (1.11) | 95.8% (1.12) | 0.1045 |
+| 40, 1-50, 0.05, 0.5 | 93.3% (0.94) | 94.5% (0.98) | 94.8% (1.00) | 94.4% (1.02) | 95.5% (1.02) | 0.0762 |
+| 100, 1-50, 0.05, 0.5 | 94.9% (1.00) | 95.2% (1.02) | 95.3% (1.03) | 95.5% (1.05) | 95.7% (1.04) | 0.0460 |
+| 5, 1-50, 0.3, 0.5 | 80.8% (0.76) | 93.0% (1.20) | 96.0% (1.51) | 91.2% (1.56) | 96.6% (1.65) | 0.2893 |
+| 10, 1-50, 0.3, 0.5 | 87.7% (0.87) | 93.0% (1.06) | 94.8% (1.15) | 94.2% (1.19) | 95.5% (1.20) | 0.2064 |
+| 20, 1-50, 0.3, 0.5 | 92.5% (0.95) | 94.3% (1.04) | 95.0% (1.08) | 95.0% (1.11) | 95.8% (1.11) | 0.1426 |
+| 40, 1-50, 0.3, 0.5 | 92.7% (0.95) | 93.6% (0.99) | 94.1% (1.01) | 94.0% (1.03) | 94.7% (1.03) | 0.1036 |
+| 100, 1-50, 0.3, 0.5 | 94.5% (1.00) | 94.8% (1.02) | 95.0% (1.03) | 95.7% (1.05) | 95.5% (1.04) | 0.0638 |
+| 5, 10, 0.05, 0.1 | 88.0% (0.84) | 94.5% (1.31) | 94.5% (1.31) | 92.7% (1.43) | 94.5% (1.31) | 0.2144 |
+| 10, 10, 0.05, 0.1 | 90.0% (0.91) | 95.1% (1.11) | 95.1% (1.11) | 94.2% (1.13) | 95.1% (1.11) | 0.1499 |
+| 20, 10, 0.05, 0.1 | 93.2% (0.98) | 94.8% (1.07) | 94.8% (1.07) | 94.6% (1.08) | 94.8% (1.07) | 0.1036 |
+| 40, 10, 0.05, 0.1 | 94.0% (0.96) | 95.2% (1.01) | 95.2% (1.01) | 95.2% (1.03) | 95.2% (1.01) | 0.0756 |
+| 100, 10, 0.05, 0.1 | 95.2% (1.01) | 95.5% (1.03) | 95.5% (1.03) | 95.2% (1.05) | 95.5% (1.03) | 0.0461 |
+| 5, 10, 0.3, 0.1 | 83.5% (0.79) | 92.5% (1.24) | 92.5% (1.24) | 89.4% (1.30) | 92.5% (1.24) | 0.2477 |
+| 10, 10, 0.3, 0.1 | 88.0% (0.87) | 92.3% (1.05) | 92.3% (1.05) | 90.3% (1.04) | 92.3% (1.05) | 0.1758 |
+| 20, 10, 0.3, 0.1 | 91.0% (0.94) | 93.3% (1.03) | 93.3% (1.03) | 93.6% (1.03) | 93.3% (1.03) | 0.1208 |
+| 40, 10, 0.3, 0.1 | 92.9% (0.96) | 94.0% (1.00) | 94.0% (1.00) | 93.7% (1.01) | 94.0% (1.00) | 0.0865 |
+| 100, 10, 0.3, 0.1 | 94.8% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.5% (1.03) | 95.2% (1.01) | 0.0537 |
+| 5, 1-50, 0.05, 0.1 | 83.2% (0.80) | 94.5% (1.26) | 96.8% (1.56) | 92.8% (1.55) | 97.2% (1.72) | 0.1450 |
+| 10, 1-50, 0.05, 0.1 | 88.4% (0.86) | 93.6% (1.05) | 95.2% (1.14) | 93.8% (1.15) | 95.8% (1.20) | 0.1048 |
+| 20, 1-50, 0.05, 0.1 | 92.5% (0.96) | 94.5% (1.05) | 95.5% (1.09) | 94.6% (1.11) | 96.0% (1.13) | 0.0713 |
+| 40, 1-50, 0.05, 0.1 | 93.5% (0.99) | 94.5% (1.03) | 94.9% (1.05) | 94.4% (1.07) | 95.4% (1.08) | 0.0496 |
+| 100, 1-50, 0.05, 0.1 | 94.2% (0.98) | 94.7% (0.99) | 94.7% (1.00) | 94.7% (1.02) | 95.1% (1.02) | 0.0323 |
+| 5, 1-50, 0.3, 0.1 | 75.2% (0.71) | 88.3% (1.11) | 91.7% (1.40) | 86.8% (1.43) | 92.8% (1.56) | 0.2093 |
+| 10, 1-50, 0.3, 0.1 | 85.0% (0.82) | 89.9% (1.00) | 92.0% (1.09) | 90.7% (1.10) | 93.7% (1.16) | 0.1496 |
+| 20, 1-50, 0.3, 0.1 | 89.5% (0.92) | 91.8% (1.01) | 92.5% (1.04) | 92.5% (1.05) | 93.8% (1.09) | 0.1045 |
+| 40, 1-50, 0.3, 0.1 | 92.4% (0.98) | 93.3% (1.02) | 93.7% (1.04) | 94.0% (1.05) | 94.2% (1.07) | 0.0717 |
+| 100, 1-50, 0.3, 0.1 | 94.5% (0.99) | 94.8% (1.01) | 94.8% (1.01) | 95.0% (1.03) | 95.4% (1.03) | 0.0459 |
 
 | method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 20 | worst width / oracle, G = 10 |
 |---|---|---|---|---|
@@ -160,6 +166,7 @@ Paired difference d = b - a (B's logit shifted by 0.5 plus a template-specific s
 | cr1_t | 91.8% to 95.6% | 89.9% | 1.08 | 1.14 |
 | cr2 | 92.5% to 95.6% | 92.0% | 1.09 | 1.16 |
 | wild_bootstrap | 92.5% to 95.7% | 90.3% | 1.11 | 1.19 |
+| cr2_ri | 93.3% to 96.0% | 92.3% | 1.13 | 1.23 |
 "#;
 
 /// An interval method for a clustered mean.
@@ -558,10 +565,12 @@ pub fn clustered_score(p: f64, n: f64, var: f64, t: f64) -> (f64, f64) {
 /// `n / deff`. A side whose `B` is not positive (or `p` at 0 or 1) gets Wilson's bound at `n`:
 /// template effects are not assumed to cancel noise, and a rate of 0 or 1 keeps a width.
 ///
-/// [`cluster_interval`] passes `var_half = max(var, p (1 - p) / n + B_anova)`, with `B_anova`
+/// [`cluster_interval`] passes `var_half = var + |1 - 2p| max(0, B_anova - B)`, with `B_anova`
 /// from [`anova_between_var`]: CR2 weighs a template's deviation by `n_g^2`, so with unequal
-/// sizes a few large templates set both the rate and its variance; the one-way ANOVA
-/// estimate weighs by `n_g`. The maximum keeps CR2's robustness when rates vary with size.
+/// sizes a few large templates set both the rate and its variance, and a rate that came out
+/// low came with a variance that came out low; the one-way ANOVA estimate weighs by `n_g`.
+/// It counts in proportion to the skewness of a rate's estimate, `|1 - 2p|` (nothing at 1/2),
+/// and only upward, which keeps CR2's robustness when rates vary with size.
 ///
 /// # Example
 /// ```
@@ -783,7 +792,11 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
                 let (lo, hi) = if spec.method == Method::Cr2Score {
                     let var = se * se;
                     let naive = mean * (1.0 - mean) / n;
-                    let var_half = anova_between_var(cells).map_or(var, |b| var.max(naive + b));
+                    // The size-weighted variance counts in proportion to the skewness of
+                    // a rate's estimate, |1 - 2p|: not at 1/2, almost fully for rare rates.
+                    let var_half = anova_between_var(cells).map_or(var, |b| {
+                        var + (1.0 - 2.0 * mean).abs() * (naive + b - var).max(0.0)
+                    });
                     clustered_score_sided(mean, n, var, var_half, t)
                 } else {
                     clustered_wilson(mean, n, se * se, t)

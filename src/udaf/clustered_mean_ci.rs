@@ -98,10 +98,14 @@ impl AggSpec for ClusteredMeanCi {
                   (mean - p0)^2 <= t^2 V(p0), V(p0) = p0 (1 - p0) / n + B max(r, r^1.25), \
                   r = p0 (1 - p0) / (mean (1 - mean)), B = se_cr2^2 - mean (1 - mean) / n the \
                   between-template part (design effect at least 1), so the template variance \
-                  grows toward 0.5 as it does for rare outcomes; for the bound toward 0.5, B is \
-                  the larger of that and the one-way ANOVA (random-intercept) estimate, which \
-                  weighs templates by size n_g rather than n_g^2; towards the nearer bound it is \
+                  grows toward 0.5 as it does for rare outcomes; for the bound toward 0.5, B \
+                  becomes B + |1 - 2 mean| max(0, B_anova - B), B_anova the one-way ANOVA \
+                  (random-intercept) estimate, which weighs templates by size n_g rather than \
+                  n_g^2; towards the nearer bound it is \
                   the Wilson interval at the effective size, and at a rate of 0 or 1 Wilson at n; \
+                  `'cr2_ri'`: as `'cr2'` with the variance at least the random-intercept \
+                  model's, MSW / n + sigma_b^2 sum n_g^2 / n^2 from the one-way ANOVA (the \
+                  default of `paired_diff_clustered`); \
                   `'wild_bootstrap'`: the symmetric wild cluster bootstrap-t interval studentized \
                   by the CR2 SE, with `reps` replications (default 999) drawn from `seed` \
                   (default 20160101): Rademacher weights, Webb's six-point weights below 12 \
@@ -123,7 +127,7 @@ impl AggSpec for ClusteredMeanCi {
             ("level", "Optional constant confidence level, default 0.95."),
             (
                 "method",
-                "Optional constant string: 'auto' (default), 'miller', 'cr1_t', 'cr2', 'cr2_wilson', 'cr2_score' or 'wild_bootstrap'. The result's `method` field names the method used ('auto' resolved).",
+                "Optional constant string: 'auto' (default), 'miller', 'cr1_t', 'cr2', 'cr2_wilson', 'cr2_score', 'cr2_ri' or 'wild_bootstrap'. The result's `method` field names the method used ('auto' resolved).",
             ),
             (
                 "reps",
