@@ -6,7 +6,9 @@ CR2 and its Satterthwaite degrees of freedom are computed the way clubSandwich d
 Phi = I): A_g = (I - H_gg)^(-1/2) by eigendecomposition, V = M sum_g X_g' A_g e_g e_g' A_g X_g M,
 p_g = (I - H)_g' A_g X_g M, df = (sum_g p_g'p_g)^2 / sum_{g,h} (p_g'p_h)^2. Nothing here uses
 evalflow's closed forms, which these numbers check. Also the closed form of the working-model
-df against the matrices, and the t quantiles.
+df against the matrices, the t quantiles, and the clustered score interval (`cr2_score`, the
+default for 0/1 scores, with the one-way ANOVA between variance weighted in on the side toward 1/2) solved by a fine grid and brentq rather than evalflow's scan and
+bisection, with its hand example and the zero-failure case.
 
     python3 scripts/cr2_reference.py
 """
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import optimize, stats
 
 FIX = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "stats" / "scores.csv"
 
@@ -56,6 +58,78 @@ def wilson(p, neff, z):
     return max(0.0, c - h), min(1.0, c + h)
 
 
+def anova_between(x, cl):
+    """The random-intercept (one-way ANOVA) between-template part of the variance of the pooled
+    mean, by its textbook definition with pandas group sums: (MSB - MSW) / n0 * (sum n_g^2 / N^2
+    - 1 / N). None without a cluster of 2 rows."""
+    d = pd.DataFrame({"x": np.asarray(x, float), "c": np.asarray(cl)})
+    g = d.groupby("c")["x"]
+    ng, mg = g.size().to_numpy(float), g.mean().to_numpy()
+    N, G, m = float(len(d)), len(ng), d.x.mean()
+    if G < 2 or N <= G:
+        return None
+    msb = np.sum(ng * (mg - m) ** 2) / (G - 1)
+    msw = np.sum((d.x - g.transform("mean")) ** 2) / (N - G)
+    n0 = (N - np.sum(ng ** 2) / N) / (G - 1)
+    return float((msb - msw) / n0 * (np.sum(ng ** 2) / N ** 2 - 1 / N))
+
+
+def random_intercept_var(x, cl):
+    """The variance of the mean under the random-intercept model, one-way ANOVA estimates:
+    MSW / N + sigma_b^2 sum n_g^2 / N^2, sigma_b^2 = (MSB - MSW) / n0 (`cr2_ri` takes the larger
+    of this and CR2's)."""
+    d = pd.DataFrame({"x": np.asarray(x, float), "c": np.asarray(cl)})
+    g = d.groupby("c")["x"]
+    ng, mg = g.size().to_numpy(float), g.mean().to_numpy()
+    N, G, m = float(len(d)), len(ng), d.x.mean()
+    if G < 2 or N <= G:
+        return None
+    msb = np.sum(ng * (mg - m) ** 2) / (G - 1)
+    msw = np.sum((d.x - g.transform("mean")) ** 2) / (N - G)
+    n0 = (N - np.sum(ng ** 2) / N) / (G - 1)
+    return float(msw / N + (msb - msw) / n0 * np.sum(ng ** 2) / N ** 2)
+
+
+def score(p, n, var, t, k=1.25, var_half=None):
+    """The clustered score interval: each bound is the outermost p0 on its side of p with
+    (p - p0)^2 <= t^2 V(p0), V(p0) = p0 (1 - p0) / n + B max(r, r^k), r = p0 (1 - p0) / (p (1 - p)),
+    B = var - p (1 - p) / n away from 1/2 and var_half - p (1 - p) / n toward 1/2 (the upper side
+    when p <= 1/2); a side with B <= 0 gets Wilson's bound at n. Solved here by a fine grid and
+    brentq (evalflow scans 512 points and bisects)."""
+    naive = p * (1 - p) / n
+    var_half = var if var_half is None else var_half
+    b_lo, b_hi = (var - naive, var_half - naive) if p <= 0.5 else (var_half - naive, var - naive)
+    wl, wh = wilson(p, n, t)
+
+    def outer(edge, b, fallback):
+        if not (naive > 0 and b > 0):
+            return fallback
+
+        def gap(p0):
+            w = p0 * (1 - p0)
+            r = w / (p * (1 - p))
+            return t * t * (w / n + b * max(r, r ** k)) - (p - p0) ** 2
+
+        if gap(edge) >= 0:
+            return edge
+        grid = np.linspace(edge, p, 200_001)
+        ok = np.array([gap(g) >= 0 for g in grid])
+        j = int(np.argmax(ok))  # first accepted point scanning from the edge
+        return optimize.brentq(gap, grid[j - 1], grid[j], xtol=1e-16, rtol=4 * np.finfo(float).eps)
+
+    return outer(0.0, b_lo, wl), outer(1.0, b_hi, wh)
+
+
+def score_sql(x, cl, var, t):
+    """`cr2_score` as clustered_mean_ci computes it:
+    var_half = var + |1 - 2p| max(0, naive + B_anova - var)."""
+    x = np.asarray(x, float)
+    p, n = float(x.mean()), len(x)
+    b = anova_between(x, cl)
+    var_half = var if b is None else var + abs(1 - 2 * p) * max(0.0, p * (1 - p) / n + b - var)
+    return score(p, n, var, t, var_half=var_half)
+
+
 def report(name, x, cl, level=0.95):
     m, se, df = cr2(x, cl)
     t = stats.t.ppf(1 - (1 - level) / 2, df)
@@ -69,10 +143,18 @@ def report(name, x, cl, level=0.95):
     out = dict(n=n, g=g, mean=m, cr2_se=se, cr2_df=df, cr2_lo=m - t * se, cr2_hi=m + t * se,
                cr2_p=float(2 * stats.t.sf(abs(m / se), df)),
                cr1t_lo=m - t1 * cr1, cr1t_hi=m + t1 * cr1)
+    ri = random_intercept_var(x, cl)
+    v_ri = se ** 2 if ri is None else max(se ** 2, ri)
+    out["ri_var"] = ri
+    out["cr2ri_se"] = math.sqrt(v_ri)
+    out["cr2ri_lo"], out["cr2ri_hi"] = m - t * math.sqrt(v_ri), m + t * math.sqrt(v_ri)
+    out["cr2ri_p"] = float(2 * stats.t.sf(abs(m / math.sqrt(v_ri)), df))
     if 0 <= m <= 1:
         naive = m * (1 - m) / n
         deff = se ** 2 / naive if naive > 0 and se > 0 else 1.0
         out["wilson_lo"], out["wilson_hi"] = wilson(m, n / deff, t)
+        out["anova_between"] = anova_between(x, cl)
+        out["score_lo"], out["score_hi"] = score_sql(x, cl, se ** 2, t)
     print(f"// {name}")
     for k, v in out.items():
         print(f"    {k}: {v!r}")
@@ -91,6 +173,25 @@ def main():
     r = report("hand example", [1, 1, 1, 0, 0, 1], ["a", "a", "a", "b", "b", "c"])
     assert abs(r["cr2_se"] ** 2 - 2 / 15) < 1e-12 and abs(r["cr2_df"] - 5 / 3) < 1e-12
     print("t(5/3) 0.975 quantile", stats.t.ppf(0.975, 5 / 3))
+    # The score interval's hand example: clusters {1,0,0,0}, {0,0,0,0}, {1,1,0,0}, {0,0,0,0}:
+    # p = 3/16, V = 11/768, naive 39/4096, B = 59/12288, df = 3.
+    r = report("score hand example", [1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0],
+               list("aaaabbbbccccdddd"))
+    assert abs(r["cr2_se"] ** 2 - 11 / 768) < 1e-15 and abs(r["cr2_df"] - 3) < 1e-12
+    print("t(3) 0.975 quantile", stats.t.ppf(0.975, 3))
+    # Unequal sizes, where the size-weighted (ANOVA) between variance sets the upper side:
+    # clusters of 12, 2 and 2 zeros and {1, 0}: p = 1/18, V = 1/144, naive 17/5832,
+    # B_anova = 85/2352 * 23/54 = 1955/127008.
+    x = [0] * 16 + [1, 0]
+    cl = ["a"] * 12 + ["b"] * 2 + ["c"] * 2 + ["d"] * 2
+    r = report("score unequal-size example", x, cl)
+    assert abs(r["cr2_se"] ** 2 - 1 / 144) < 1e-15
+    assert abs(r["anova_between"] - 1955 / 127008) < 1e-15
+    t = stats.t.ppf(0.975, r["cr2_df"])
+    print("    t:", repr(float(t)), " symmetric score:", score(1 / 18, 18, 1 / 144, t))
+    # Zero failures in 120 rows from 3 templates: Wilson at n = 120 with t(2), never zero width.
+    z = [0] * 120
+    print("0 of 120, 3 templates:", score(0.0, 120, 0.0, stats.t.ppf(0.975, 2)))
 
 
 if __name__ == "__main__":

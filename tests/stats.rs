@@ -935,6 +935,8 @@ mod cr2_reference {
     pub const X_CR1T_HI: f64 = 0.7226883614342715;
     pub const X_WILSON_LO: f64 = 0.6033728320520222;
     pub const X_WILSON_HI: f64 = 0.720155619506456;
+    pub const X_SCORE_LO: f64 = 0.6028489586473933;
+    pub const X_SCORE_HI: f64 = 0.720155619506456;
     // Group B at level 0.9.
     pub const B_SE: f64 = 0.04161752614085535;
     pub const B_DF: f64 = 23.467949266148285;
@@ -942,12 +944,19 @@ mod cr2_reference {
     pub const B_HI: f64 = 0.7161950374093446;
     pub const B_WILSON_LO: f64 = 0.5712226634873907;
     pub const B_WILSON_HI: f64 = 0.7123430148081813;
+    pub const B_SCORE_LO: f64 = 0.5706845952756793;
+    pub const B_SCORE_HI: f64 = 0.7123430148081813;
     // d = a - b.
     pub const D_SE: f64 = 0.006619946691420038;
     pub const D_DF: f64 = 56.93083325424997;
     pub const D_P: f64 = 1.6936130664107775e-11;
     pub const D_LO: f64 = 0.04214895219051329;
     pub const D_HI: f64 = 0.06866207947445095;
+    // d = a - b with the variance floored at the random-intercept model's (`cr2_ri`).
+    pub const D_RI_SE: f64 = 0.006931062890541567;
+    pub const D_RI_P: f64 = 7.094356742672743e-11;
+    pub const D_RI_LO: f64 = 0.0415259363437169;
+    pub const D_RI_HI: f64 = 0.06928509532124734;
 }
 
 #[tokio::test]
@@ -969,7 +978,13 @@ async fn cr2_matches_matrix_reference() {
              paired_diff_clustered(a, b, cluster_str, 0.95, 'cr2')['hi'], \
              clustered_mean_ci(x, cluster_str, 0.95, 'cr1_t')['df'], \
              clustered_mean_ci(x, cluster_str)['lo'], clustered_mean_ci(x, cluster_str)['hi'], \
-             paired_diff_clustered(a, b, cluster_str, 0.95, 'auto')['lo'] \
+             paired_diff_clustered(a, b, cluster_str, 0.95, 'auto')['lo'], \
+             clustered_mean_ci(x, cluster_int, 0.95, 'cr2_score')['lo'], \
+             clustered_mean_ci(x, cluster_str, 0.95, 'CR2_SCORE')['hi'], \
+             paired_diff_clustered(a, b, cluster_str, 0.95, 'cr2')['se'], \
+             paired_diff_clustered(a, b, cluster_str, 0.95, 'cr2')['p_value'], \
+             paired_diff_clustered(a, b, cluster_str, 0.95, 'cr2')['lo'], \
+             paired_diff_clustered(a, b, cluster_str)['hi'] \
              FROM s",
         )
         .await;
@@ -983,26 +998,34 @@ async fn cr2_matches_matrix_reference() {
             X_CR1T_HI,
             X_WILSON_LO,
             X_WILSON_HI,
-            D_SE,
+            D_RI_SE,
             D_DF,
-            D_P,
-            D_LO,
+            D_RI_P,
+            D_RI_LO,
             D_HI,
             70.0,
-            X_WILSON_LO,
-            X_WILSON_HI,
+            X_SCORE_LO,
+            X_SCORE_HI,
+            D_RI_LO,
+            X_SCORE_LO,
+            X_SCORE_HI,
+            D_SE,
+            D_P,
             D_LO,
+            D_RI_HI,
         ];
+        assert_eq!(r[0].len(), want.len());
         for (i, (got, w)) in r[0].iter().zip(want).enumerate() {
             // p-values through the t tail are good to ~1e-7 relative in statrs.
-            let tol = if i == 11 { 1e-6 } else { 1e-9 };
+            let tol = if i == 11 || i == 21 { 1e-6 } else { 1e-9 };
             let g = f(got).unwrap_or_else(|| panic!("column {i} NULL"));
             assert!(close(g, w, tol), "{p} partitions, column {i}: {g} vs {w}");
         }
         let by = rows(
             &ctx,
             "SELECT grp, clustered_mean_ci(x, cluster_str, 0.9, 'cr2') AS c, \
-             clustered_mean_ci(x, cluster_str, 0.9, 'cr2_wilson') AS w FROM s GROUP BY grp ORDER BY grp",
+             clustered_mean_ci(x, cluster_str, 0.9, 'cr2_wilson') AS w, \
+             clustered_mean_ci(x, cluster_str, 0.9) AS d FROM s GROUP BY grp ORDER BY grp",
         )
         .await;
         let ScalarValue::Struct(c) = &by[1][1] else {
@@ -1010,6 +1033,9 @@ async fn cr2_matches_matrix_reference() {
         };
         let ScalarValue::Struct(w) = &by[1][2] else {
             panic!("{:?}", by[1][2])
+        };
+        let ScalarValue::Struct(d) = &by[1][3] else {
+            panic!("{:?}", by[1][3])
         };
         let col = |s: &datafusion::arrow::array::StructArray, k: &str| {
             s.column_by_name(k)
@@ -1024,6 +1050,8 @@ async fn cr2_matches_matrix_reference() {
             (col(c.as_ref(), "hi"), B_HI, "hi"),
             (col(w.as_ref(), "lo"), B_WILSON_LO, "wilson lo"),
             (col(w.as_ref(), "hi"), B_WILSON_HI, "wilson hi"),
+            (col(d.as_ref(), "lo"), B_SCORE_LO, "score lo"),
+            (col(d.as_ref(), "hi"), B_SCORE_HI, "score hi"),
         ] {
             assert!(close(g, want, 1e-9), "group B {k}: {g} vs {want}");
         }
@@ -1063,13 +1091,11 @@ async fn cr2_hand_worked_example() {
     assert!(close(v[3], 2.0 / 3.0 + tq * se, 1e-8), "hi {}", v[3]);
     // CR1 = sqrt(3/2 * (1 + 16/9 + 1/9)) / 6 = sqrt(13/3) / 6: CR2 weights the big cluster more.
     assert_close(Some(v[4]), (13.0f64 / 3.0).sqrt() / 6.0, "CR1 se");
-    // The default for 0/1 scores is the clustered Wilson (scripts/cr2_reference.py).
-    assert!(
-        close(v[5], 0.025579862777769746, 1e-8),
-        "wilson lo {}",
-        v[5]
-    );
-    assert!(close(v[6], 0.9934799477746361, 1e-8), "wilson hi {}", v[6]);
+    // The default for 0/1 scores is the clustered score interval; here the design effect is
+    // so large that both bounds fall where it equals the clustered Wilson
+    // (scripts/cr2_reference.py).
+    assert!(close(v[5], 0.025579862777769746, 1e-8), "score lo {}", v[5]);
+    assert!(close(v[6], 0.9934799477746361, 1e-8), "score hi {}", v[6]);
     let m = one(
         &ctx,
         &format!(
@@ -1077,7 +1103,159 @@ async fn cr2_hand_worked_example() {
         ),
     )
     .await;
-    assert_eq!(m, ScalarValue::Utf8(Some("cr2_wilson/cr2".into())));
+    assert_eq!(m, ScalarValue::Utf8(Some("cr2_score/cr2".into())));
+}
+
+/// The clustered score interval worked by hand: clusters {1,0,0,0}, {0,0,0,0}, {1,1,0,0},
+/// {0,0,0,0}; N = 16, p = 3/16, S = (1/4, -3/4, 5/4, -3/4), sum S^2 = 11/4, equal sizes so
+/// V = (11/4) / (3/4) / 256 = 11/768 and df = 3; binomial part p(1-p)/N = 39/4096, so
+/// deff = 176/117 and B = 11/768 - 39/4096 = 59/12288. Below p (r < 1) V(p0) is Wilson's at
+/// N / deff = 1872/176, so lo is that Wilson bound in closed form; hi solves
+/// (p0 - 3/16)^2 = t^2 (p0 (1 - p0) / 16 + B (p0 (1 - p0) / (39/256))^1.25). Equal sizes: the
+/// ANOVA between variance (1/256) is below B, so both sides use B.
+/// scripts/cr2_reference.py gives lo 0.027610324457366595, hi 0.658209522151033.
+#[tokio::test]
+async fn cr2_score_hand_worked_example() {
+    let ctx = ctx_with(2);
+    let t = "(VALUES (1.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'b'), (0.0, 'b'), \
+             (0.0, 'b'), (0.0, 'b'), (1.0, 'c'), (1.0, 'c'), (0.0, 'c'), (0.0, 'c'), (0.0, 'd'), \
+             (0.0, 'd'), (0.0, 'd'), (0.0, 'd')) AS t(x, c)";
+    let r = rows(
+        &ctx,
+        &format!(
+            "SELECT clustered_mean_ci(x, c)['lo'], clustered_mean_ci(x, c)['hi'], \
+             clustered_mean_ci(x, c)['df'], clustered_mean_ci(x, c)['method'], \
+             clustered_mean_ci(x, c, 0.95, 'cr2_wilson')['hi'] FROM {t}"
+        ),
+    )
+    .await;
+    let (lo, hi) = (f(&r[0][0]).unwrap(), f(&r[0][1]).unwrap());
+    assert_close(f(&r[0][2]), 3.0, "df");
+    assert_eq!(r[0][3], ScalarValue::Utf8(Some("cr2_score".into())));
+    let tq: f64 = 3.1824463052837078; // scipy t(3) 0.975
+    let p = 3.0 / 16.0;
+    let n_eff = 1872.0 / 176.0;
+    // Wilson's lower bound at n_eff, in closed form.
+    let (t2, den) = (tq * tq, 1.0 + tq * tq / n_eff);
+    let wil_lo = (p + t2 / (2.0 * n_eff)
+        - tq * (p * (1.0 - p) / n_eff + t2 / (4.0 * n_eff * n_eff)).sqrt())
+        / den;
+    assert!(close(lo, wil_lo, 1e-12), "lo {lo} vs {wil_lo}");
+    assert!(close(lo, 0.027610324457366595, 1e-9), "lo {lo}");
+    // hi solves the score equation and is above the Wilson bound.
+    let v = |p0: f64| {
+        let w = p0 * (1.0 - p0);
+        w / 16.0 + 59.0 / 12288.0 * (w / (39.0 / 256.0)).powf(1.25)
+    };
+    let gap = (hi - p).powi(2) - t2 * v(hi);
+    assert!(gap.abs() < 1e-12, "score equation at hi: {gap}");
+    assert!(close(hi, 0.658209522151033, 1e-9), "hi {hi}");
+    assert!(hi > f(&r[0][4]).unwrap() + 0.005);
+}
+
+/// The side toward 1/2 weighs in the size-weighted between variance when it is larger: clusters of
+/// 12, 2 and 2 zeros and {1, 0}; N = 18, p = 1/18, S = (-2/3, -1/9, -1/9, 8/9), sizes
+/// (12, 2, 2, 2) so V = (4/3 + 1/72 + 1/72 + 8/9) / 324 = 1/144; naive 17/5832. One-way ANOVA:
+/// MSB = (4/9) / 3 = 4/27, MSW = (1/2) / 14 = 1/28, n0 = (18 - 156/18) / 3 = 28/9, so the template
+/// variance is 85/2352 and B_anova = 85/2352 x (156/324 - 1/18) = 1955/127008 (> B = 47/11664),
+/// so the upper side's B is B + (1 - 2/18) (B_anova - B) = 72683/5143824. lo is Wilson's at
+/// N / deff (deff = 81/34); hi solves the score equation with that B, above the symmetric score
+/// bound 0.8261738757246146. scripts/cr2_reference.py: lo 0.0008447954029038598,
+/// hi 0.9146739794744538, t 5.176231628546525.
+#[tokio::test]
+async fn cr2_score_unequal_sizes_use_anova_between_toward_half() {
+    let ctx = ctx_with(2);
+    let t = "(VALUES (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), \
+             (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'b'), \
+             (0.0, 'b'), (0.0, 'c'), (0.0, 'c'), (1.0, 'd'), (0.0, 'd')) AS t(x, c)";
+    let r = rows(
+        &ctx,
+        &format!(
+            "SELECT clustered_mean_ci(x, c)['lo'], clustered_mean_ci(x, c)['hi'], \
+             clustered_mean_ci(x, c)['se'] FROM {t}"
+        ),
+    )
+    .await;
+    let (lo, hi) = (f(&r[0][0]).unwrap(), f(&r[0][1]).unwrap());
+    assert!(close(f(&r[0][2]).unwrap().powi(2), 1.0 / 144.0, 1e-12));
+    let (p, tq) = (1.0 / 18.0, 5.176231628546525);
+    assert!(close(lo, 0.0008447954029038598, 1e-9), "lo {lo}");
+    assert!(close(hi, 0.9146739794744538, 1e-9), "hi {hi}");
+    let v = |p0: f64| {
+        let w = p0 * (1.0 - p0);
+        let r = w / (p * (1.0 - p));
+        w / 18.0 + 72683.0 / 5143824.0 * r.max(r.powf(1.25))
+    };
+    let gap = (hi - p).powi(2) - tq * tq * v(hi);
+    assert!(gap.abs() < 1e-9, "score equation at hi: {gap}");
+    assert!(hi > 0.8261738757246146 + 0.05);
+}
+
+/// `cr2_ri` by hand: clusters {1,1,1}, {0,0}, {1}: no variance within clusters (MSW = 0),
+/// MSB = (1/3 + 8/9 + 1/9) / 2 = 2/3, n0 = (6 - 14/6) / 2 = 11/6, so sigma_b^2 = 4/11 and the
+/// random-intercept variance of the mean is 4/11 x 14/36 = 14/99, above CR2's 2/15; the df is
+/// CR2's (5/3). With equal sizes both variances are MSB / N.
+#[tokio::test]
+async fn cr2_ri_takes_the_larger_variance() {
+    let ctx = ctx_with(2);
+    let t = "(VALUES (1.0, 1.0, 'a'), (1.0, 0.0, 'a'), (1.0, 0.0, 'a'), (0.0, 0.0, 'b'), \
+             (0.0, 0.0, 'b'), (1.0, 0.0, 'c')) AS t(a, b, c)";
+    let r = rows(
+        &ctx,
+        &format!(
+            "SELECT clustered_mean_ci(a, c, 0.95, 'cr2_ri')['se'], \
+             clustered_mean_ci(a, c, 0.95, 'cr2_ri')['df'], \
+             clustered_mean_ci(a, c, 0.95, 'cr2_ri')['method'], \
+             paired_diff_clustered(a, b, c)['method'], paired_diff_clustered(a, b, c, 0.95, 'auto')['method'] \
+             FROM {t}"
+        ),
+    )
+    .await;
+    assert!(
+        close(f(&r[0][0]).unwrap().powi(2), 14.0 / 99.0, 1e-12),
+        "{:?}",
+        r[0][0]
+    );
+    assert_close(f(&r[0][1]), 5.0 / 3.0, "df");
+    assert_eq!(r[0][2], ScalarValue::Utf8(Some("cr2_ri".into())));
+    assert_eq!(r[0][3], ScalarValue::Utf8(Some("cr2_ri".into())));
+    assert_eq!(r[0][4], ScalarValue::Utf8(Some("cr2_ri".into())));
+    let eq = "(VALUES (1.0, 'a'), (0.0, 'a'), (0.0, 'b'), (0.0, 'b'), (1.0, 'c'), (1.0, 'c')) AS t(x, c)";
+    let r = rows(
+        &ctx,
+        &format!(
+            "SELECT clustered_mean_ci(x, c, 0.95, 'cr2_ri')['se'], clustered_mean_ci(x, c, 0.95, 'cr2')['se'] FROM {eq}"
+        ),
+    )
+    .await;
+    // Equal sizes: the random-intercept variance is MSB / N, which is CR2's.
+    assert!(close(f(&r[0][0]).unwrap(), f(&r[0][1]).unwrap(), 1e-12));
+}
+
+/// No failures at all is never a zero-width interval: 0 of 120 from 3 templates of 40 gives
+/// Wilson at n = 120 with t(2): hi = t^2 / (120 + t^2) = 0.13365420214735274 (scipy).
+#[tokio::test]
+async fn cr2_score_zero_failures_keeps_width() {
+    let ctx = ctx_with(2);
+    let r = rows(
+        &ctx,
+        "SELECT clustered_mean_ci(0.0, v % 3)['lo'], clustered_mean_ci(0.0, v % 3)['hi'], \
+         clustered_mean_ci(1.0, v % 3)['lo'], clustered_mean_ci(1.0, v % 3)['method'] \
+         FROM (SELECT unnest(range(120)) AS v)",
+    )
+    .await;
+    assert_eq!(f(&r[0][0]), Some(0.0));
+    assert!(
+        close(f(&r[0][1]).unwrap(), 0.13365420214735274, 1e-9),
+        "{:?}",
+        r[0][1]
+    );
+    assert!(
+        close(f(&r[0][2]).unwrap(), 1.0 - 0.13365420214735274, 1e-9),
+        "{:?}",
+        r[0][2]
+    );
+    assert_eq!(r[0][3], ScalarValue::Utf8(Some("cr2_score".into())));
 }
 
 /// The wild bootstrap is reproducible: the same seed gives identical numbers under 1 and 16
@@ -1172,7 +1350,7 @@ async fn bad_interval_arguments_are_errors_naming_the_choices() {
     for (sql, needle) in [
         (
             "SELECT clustered_mean_ci(x, cluster_str, 0.95, 'cr3') FROM s",
-            "'miller', 'cr1_t', 'cr2', 'cr2_wilson', 'wild_bootstrap'",
+            "'miller', 'cr1_t', 'cr2', 'cr2_wilson', 'cr2_score', 'wild_bootstrap'",
         ),
         (
             "SELECT paired_diff_clustered(a, b, cluster_str, 0.95, 'cr2_wilson') FROM s",
@@ -1213,6 +1391,7 @@ async fn bad_interval_arguments_are_errors_naming_the_choices() {
 async fn interval_methods_agree_across_partitions() {
     let q = "SELECT case_id, clustered_mean_ci(x, sample, 0.9, 'cr2')['lo'], \
              clustered_mean_ci(x, sample, 0.9, 'cr2_wilson')['hi'], clustered_mean_ci(x, sample, 0.9, 'cr1_t')['hi'], \
+             clustered_mean_ci(x, sample, 0.9, 'cr2_score')['lo'], clustered_mean_ci(x, sample, 0.9, 'cr2_score')['hi'], \
              clustered_mean_ci(a, sample, 0.9, 'wild_bootstrap', 99)['hi'], clustered_se_cr2(a, sample), \
              paired_diff_clustered(a, b, sample, 0.9, 'wild_bootstrap', 99)['p_value'] \
              FROM s GROUP BY case_id ORDER BY case_id";

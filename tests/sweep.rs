@@ -216,15 +216,15 @@ async fn cue_run_reports_label_rates() {
         assert_eq!(row["unscored"], 2);
         assert_eq!(row["not_comparable"], 0);
     }
-    // The interval is clustered_mean_ci's default for a 0/1 indicator: Wilson at the CR2
-    // effective size (`cr2_wilson`), as the SQL function computes it.
+    // The interval is clustered_mean_ci's default for a 0/1 indicator: the
+    // clustered score interval (`cr2_score`), as the SQL function computes it.
     let ci = sql(
         &root,
         "SELECT clustered_mean_ci(CASE WHEN label = 'recommended' THEN 1.0 ELSE 0.0 END, template_id) AS ci \
          FROM scores WHERE scorer = 'cue' AND score IS NOT NULL",
     );
     let rec = &rows[2];
-    assert_eq!(ci[0]["ci"]["method"], "cr2_wilson");
+    assert_eq!(ci[0]["ci"]["method"], "cr2_score");
     for k in ["lo", "hi"] {
         let col = format!("ci_{k}");
         assert!(
@@ -233,7 +233,7 @@ async fn cue_run_reports_label_rates() {
         );
     }
     let m = sql(&root, "SELECT DISTINCT ci_method FROM results");
-    assert_eq!(m, serde_json::json!([{"ci_method": "cr2_wilson"}]));
+    assert_eq!(m, serde_json::json!([{"ci_method": "cr2_score"}]));
 
     // The ready report query gives the same rates.
     let q = sql_file(&root, "sql/label_rates_by_capability.sql");

@@ -65,7 +65,7 @@ pub struct ResultRow {
     pub se: Option<f64>,
     pub ci_lo: Option<f64>,
     pub ci_hi: Option<f64>,
-    /// How the interval was made: `clustered_mean_ci`'s method (`cr2_wilson`, `cr2`, ...), or
+    /// How the interval was made: `clustered_mean_ci`'s method (`cr2_score`, `cr2`, ...), or
     /// `wilson` / `normal` when it could not be clustered.
     pub ci_method: String,
     pub n_templates: i64,
@@ -652,7 +652,7 @@ mod tests {
             se: None,
             lo: None,
             hi: None,
-            method: Some("cr2_wilson".into()),
+            method: Some("cr2_score".into()),
             naive_se: Some(0.152_752_523_165_194_67),
         };
         finish(&mut r, MetricKind::PassFail, &st);

@@ -19,6 +19,10 @@
 //! - [`Method::Cr2Wilson`]: for proportions (x in [0, 1]): a Wilson score interval at the
 //!   effective size `p (1 - p) / V_CR2` with the CR2 t quantile; it stays inside [0, 1] and is
 //!   skewed the right way near 0 and 1.
+//! - [`Method::Cr2Score`]: for pass/fail rates, the clustered score interval
+//!   ([`clustered_score_sided`]).
+//! - [`Method::Cr2Ri`]: CR2 with its variance floored at the random-intercept model's
+//!   ([`random_intercept_var`]), for paired differences.
 //! - [`Method::WildBootstrap`]: the wild cluster bootstrap-t (Rademacher weights, Webb's
 //!   six-point weights below 12 clusters), studentized by the CR2 SE; the interval is the
 //!   symmetric percentile-t one, the p-value imposes the null (WCR).
@@ -37,122 +41,132 @@ use super::common::{Moments, finite, normal_z, two_sided_p};
 /// under `clustered_mean_ci` in docs/functions.md.
 pub const METHOD_GUIDE: &str = r#"**Which method when**
 
-- `auto` (the default): `cr2_wilson` for pass/fail scores, `cr2` for any other score. Use it unless you must match another tool.
-- `cr2_wilson`: pass/fail rates, above all near 0 or 1 or with few templates: it stays in [0, 1] and leans away from the nearer bound. Not for differences.
-- `cr2`: means of graded scores (judge scores, averaged samples) and paired differences (the default of `paired_diff_clustered`); the bias reduction and the degrees of freedom account for few and unequal templates.
+- `auto` (the default): `cr2_score` for pass/fail scores, `cr2` for any other score; `paired_diff_clustered` defaults to `cr2_ri`. Use it unless you must match another tool.
+- `cr2_score`: pass/fail rates. The clustered score interval: the CR2 variance V is split into the binomial part p (1 - p) / n and a between-template part B = V - p (1 - p) / n, and each bound is the outermost rate p0 on its side of p with (p - p0)^2 <= t^2 (p0 (1 - p0) / n + B max(r, r^1.25)), r = p0 (1 - p0) / (p (1 - p)), t the CR2 quantile. For the bound toward 1/2, B becomes B + |1 - 2p| max(0, B_anova - B), B_anova the one-way ANOVA (random-intercept) estimate of the between-template part, which weighs a template by its size n_g where CR2 weighs it by n_g^2: with unequal sizes a few large templates otherwise set both the rate and its variance, and a rate that came out low came with a variance that came out low. The weight |1 - 2p| follows the skewness of a rate's estimate: nothing at 1/2, nearly all of it for rare outcomes. Toward the nearer bound (r <= 1) it is the Wilson interval at the effective size n / deff; toward 1/2 the template part grows faster than p0 (1 - p0), as it does when template effects act on the logit scale (there as about r^1.5 to r^2 in the simulated designs), which the Wilson interval missed for rare outcomes. A side whose B is not positive (template effects are not assumed to cancel noise), or a rate of 0 or 1, gets Wilson at n, never a zero width. Not for differences.
+- `cr2_ri`: paired differences (the default of `paired_diff_clustered`): `cr2` with the variance at least the random-intercept model's, MSW / n + sigma_b^2 sum n_g^2 / n^2 from the one-way ANOVA, in the spirit of Morel, Bokossa and Neerchal's floor on the sandwich. It equals `cr2` for equal template sizes; with unequal sizes it keeps the few largest templates from setting the variance alone.
+- `cr2_wilson`: Wilson at the CR2 effective size, an earlier default: narrower for rare outcomes with strong template effects, where it covers only 92-93%.
+- `cr2`: means of graded scores (judge scores, averaged samples); the bias reduction and the degrees of freedom account for few and unequal templates.
 - `wild_bootstrap`: a cross-check of `cr2` (its p-value imposes the null); no better than `cr2` in the simulation, and it costs `reps` x G work per group.
 - `cr1_t`: to match statsmodels and Inspect AI standard errors, with the t(G-1) quantile they omit; it undercovers when template sizes differ.
 - `miller`: evalflow's original interval, kept for comparison; it undercovers below about 40 templates.
 
-No method is honest for a rare outcome (rate near 0.05) with strong template effects (latent ICC 0.3): with 20 to 100 templates `cr2_wilson` covers 92 to 95%, the others 88 to 94%. There, add templates rather than cases per template.
+**Where the defaults still miss the target** (issue 16: 94-96% from 20 templates, at least 93% at 10, mean width at most 1.15x the oracle's). The table below has 2,000 replications per cell, so each coverage has a Monte Carlo SE of about 0.5 points, and among 24 cells a method at exactly 95% would show a range of about 94-96%; the figures in parentheses are from a 10,000-replication numpy re-simulation of the same designs with a fresh seed (`python3 scripts/coverage_sim.py 10000 2026`). The bench itself at 10,000 replications (`EVALFLOW_COVERAGE_REPS=10000`, 23 minutes, Monte Carlo SE about 0.2 points) gives the default for pass/fail scores 94.2% to 96.8% from 20 templates, 95.2% at 10, width at most 1.17x and 1.42x the oracle; and for paired differences (`cr2_ri`) 93.9% to 95.8%, 93.2% at 10, width 1.12x and 1.25x (`cr2`: 92.7% to 95.3%, 91.6%).
 
-**Coverage on simulated evals.** `benches/coverage.rs` (2,000 replications per design, bootstrap B = 99, the seed varying by replication; `EVALFLOW_COVERAGE_BOOT=99 cargo bench --profile dev --bench coverage`): G templates of 10 cases or of 1 to 50 cases (drawn per replication), a template effect on the logit scale with intra-template correlation rho (latent scale), population pass rate 0.5 or 0.05 (known exactly). Each cell is the coverage of the nominal 95% interval and, in parentheses, its mean width over the oracle width (2 x 1.96 x the estimator's true SD across replications). `auto` equals `cr2_wilson` here, as every score is 0 or 1.
+- Rare failures (rate 0.05), strong template effects (latent ICC 0.3), sizes 1 to 50: `cr2_score` covers 95.0% at 20 templates, 93.6% at 40 and 94.0% at 100 (94.3%, 94.4%, 94.8%; the previous `cr2_score`, without the size-weighted variance and with r^1.5, had 93.5%, 93.9%, 94.4% there and 94.1%, 93.2%, 93.5% in this table). The misses are on the upper side: a low rate comes with a low variance estimate.
+- Rare failures with weak template effects (ICC 0.05): 96.3% at 20 templates of 10 cases, 96.3% and 96.5% at 20 and 40 templates of 1 to 50 (96.6%, 96.8%, 95.9%): slightly conservative. With 20 templates of 10 cases this is mostly the lattice of the counts: with 200 cases and no template effect at all, the plain Wilson interval covers a rate of 0.05 exactly 96.7% of the time.
+- Width: at most 1.18x the oracle from 20 templates (rare failures only; 1.10 or less at rate 0.5), 1.44x at 10 templates for rare failures, where the interval has to reach up to cover a skewed estimate (the t(9) quantile alone is 1.15x the normal one).
+- Paired differences (`cr2_ri`) cover 93.3-96.0% from 20 templates and 92.3% at 10 (`cr2`: 92.5-95.6% and 92.0%): short for rate 0.1 with strong template effects, with equal sizes (93.3% at 20 templates, 92.3% at 10, where `cr2_ri` is `cr2`; 93.9% and 93.3% at 10,000 replications) and with unequal sizes at 20 templates (93.8%, against `cr2`'s 92.5%; 94.0% at 10,000). Width up to 1.25x the oracle at 10 templates.
+
+**Coverage on simulated evals.** `benches/coverage.rs` (2,000 replications per design, bootstrap B = 99, the seed varying by replication; `EVALFLOW_COVERAGE_REPS=2000 EVALFLOW_COVERAGE_BOOT=99 cargo bench --profile dev --bench coverage`): G templates of 10 cases or of 1 to 50 cases (drawn per replication), a template effect on the logit scale with intra-template correlation rho (latent scale), population pass rate 0.5 or 0.05 (known exactly). Each cell is the coverage of the nominal 95% interval and, in parentheses, its mean width over the oracle width (2 x 1.96 x the estimator's true SD across replications). `auto` equals `cr2_score` here, as every score is 0 or 1; `cr2_ri` is listed for the comparison, it is meant for differences.
 
 Mean of a pass/fail score:
 
-| G, sizes, rho, mean | auto | miller | cr1_t | cr2 | cr2_wilson | wild_bootstrap | oracle width |
-|---|---|---|---|---|---|---|---|
-| 5, 10, 0.05, 0.5 | 96.0% (1.21) | 85.8% (0.86) | 95.5% (1.35) | 95.5% (1.35) | 96.0% (1.21) | 95.0% (1.49) | 0.3192 |
-| 10, 10, 0.05, 0.5 | 95.2% (1.08) | 89.7% (0.92) | 94.7% (1.12) | 94.7% (1.12) | 95.2% (1.08) | 94.2% (1.15) | 0.2310 |
-| 20, 10, 0.05, 0.5 | 95.0% (1.03) | 92.2% (0.95) | 94.7% (1.04) | 94.7% (1.04) | 95.0% (1.03) | 95.0% (1.07) | 0.1635 |
-| 40, 10, 0.05, 0.5 | 94.8% (1.01) | 93.9% (0.98) | 94.7% (1.02) | 94.7% (1.02) | 94.8% (1.01) | 94.5% (1.04) | 0.1146 |
-| 100, 10, 0.05, 0.5 | 95.1% (1.02) | 94.8% (1.00) | 95.0% (1.02) | 95.0% (1.02) | 95.1% (1.02) | 95.0% (1.04) | 0.0715 |
-| 5, 10, 0.3, 0.5 | 95.7% (1.12) | 84.3% (0.87) | 94.5% (1.37) | 94.5% (1.37) | 95.7% (1.12) | 94.0% (1.59) | 0.4733 |
-| 10, 10, 0.3, 0.5 | 95.5% (1.04) | 90.5% (0.92) | 94.3% (1.12) | 94.3% (1.12) | 95.5% (1.04) | 94.4% (1.16) | 0.3450 |
-| 20, 10, 0.3, 0.5 | 95.4% (1.02) | 93.1% (0.96) | 95.0% (1.06) | 95.0% (1.06) | 95.4% (1.02) | 94.8% (1.09) | 0.2384 |
-| 40, 10, 0.3, 0.5 | 95.8% (1.03) | 94.6% (1.00) | 95.5% (1.04) | 95.5% (1.04) | 95.8% (1.03) | 96.0% (1.07) | 0.1664 |
-| 100, 10, 0.3, 0.5 | 95.3% (1.00) | 94.7% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.3% (1.00) | 95.2% (1.03) | 0.1076 |
-| 5, 1-50, 0.05, 0.5 | 95.7% (1.33) | 79.8% (0.76) | 91.9% (1.20) | 95.0% (1.50) | 95.7% (1.33) | 90.2% (1.54) | 0.2720 |
-| 10, 1-50, 0.05, 0.5 | 95.1% (1.16) | 88.7% (0.90) | 93.8% (1.10) | 95.0% (1.19) | 95.1% (1.16) | 94.2% (1.26) | 0.1862 |
-| 20, 1-50, 0.05, 0.5 | 95.5% (1.10) | 92.8% (0.98) | 94.7% (1.07) | 95.3% (1.11) | 95.5% (1.10) | 95.6% (1.16) | 0.1272 |
-| 40, 1-50, 0.05, 0.5 | 94.8% (1.02) | 92.9% (0.96) | 94.5% (1.01) | 94.7% (1.02) | 94.8% (1.02) | 94.8% (1.05) | 0.0940 |
-| 100, 1-50, 0.05, 0.5 | 94.8% (1.01) | 94.2% (0.99) | 94.5% (1.01) | 94.8% (1.01) | 94.8% (1.01) | 95.2% (1.04) | 0.0588 |
-| 5, 1-50, 0.3, 0.5 | 95.3% (1.16) | 78.6% (0.78) | 90.8% (1.23) | 94.3% (1.56) | 95.3% (1.16) | 90.0% (1.77) | 0.4872 |
-| 10, 1-50, 0.3, 0.5 | 94.2% (1.06) | 86.6% (0.88) | 91.7% (1.07) | 93.0% (1.16) | 94.2% (1.06) | 93.0% (1.28) | 0.3538 |
-| 20, 1-50, 0.3, 0.5 | 94.8% (1.02) | 90.3% (0.93) | 93.1% (1.02) | 94.2% (1.06) | 94.8% (1.02) | 93.8% (1.12) | 0.2523 |
-| 40, 1-50, 0.3, 0.5 | 95.0% (1.03) | 93.3% (0.99) | 94.2% (1.03) | 94.7% (1.05) | 95.0% (1.03) | 94.7% (1.08) | 0.1741 |
-| 100, 1-50, 0.3, 0.5 | 95.0% (0.99) | 93.9% (0.98) | 94.4% (0.99) | 94.6% (1.00) | 95.0% (0.99) | 94.7% (1.03) | 0.1127 |
-| 5, 10, 0.05, 0.05 | 98.0% (1.61) | 90.2% (0.83) | 91.8% (1.30) | 91.8% (1.30) | 98.0% (1.61) | 91.8% (1.67) | 0.1246 |
-| 10, 10, 0.05, 0.05 | 96.4% (1.19) | 86.8% (0.90) | 95.2% (1.09) | 95.2% (1.09) | 96.4% (1.19) | 90.0% (1.08) | 0.0894 |
-| 20, 10, 0.05, 0.05 | 93.8% (1.09) | 91.9% (0.96) | 94.0% (1.04) | 94.0% (1.04) | 93.8% (1.09) | 92.9% (1.05) | 0.0630 |
-| 40, 10, 0.05, 0.05 | 94.3% (1.02) | 92.7% (0.96) | 93.3% (1.00) | 93.3% (1.00) | 94.3% (1.02) | 93.8% (1.01) | 0.0453 |
-| 100, 10, 0.05, 0.05 | 95.5% (1.01) | 94.0% (0.99) | 94.3% (1.00) | 94.3% (1.00) | 95.5% (1.01) | 94.3% (1.02) | 0.0281 |
-| 5, 10, 0.3, 0.05 | 98.3% (1.38) | 83.8% (0.70) | 85.0% (1.10) | 85.0% (1.10) | 98.3% (1.38) | 85.0% (1.29) | 0.1632 |
-| 10, 10, 0.3, 0.05 | 95.8% (1.14) | 81.7% (0.85) | 90.5% (1.03) | 90.5% (1.03) | 95.8% (1.14) | 85.0% (0.96) | 0.1147 |
-| 20, 10, 0.3, 0.05 | 92.0% (1.06) | 87.4% (0.92) | 90.7% (1.00) | 90.7% (1.00) | 92.0% (1.06) | 88.4% (0.97) | 0.0795 |
-| 40, 10, 0.3, 0.05 | 93.7% (1.02) | 90.8% (0.95) | 91.5% (1.00) | 91.5% (1.00) | 93.7% (1.02) | 91.2% (0.98) | 0.0568 |
-| 100, 10, 0.3, 0.05 | 94.5% (1.04) | 93.9% (1.01) | 94.3% (1.02) | 94.3% (1.02) | 94.5% (1.04) | 94.2% (1.03) | 0.0349 |
-| 5, 1-50, 0.05, 0.05 | 97.6% (1.74) | 79.4% (0.76) | 91.2% (1.20) | 93.8% (1.49) | 97.6% (1.74) | 89.8% (1.53) | 0.0887 |
-| 10, 1-50, 0.05, 0.05 | 96.1% (1.23) | 87.5% (0.89) | 92.8% (1.08) | 94.0% (1.17) | 96.1% (1.23) | 93.2% (1.19) | 0.0605 |
-| 20, 1-50, 0.05, 0.05 | 94.6% (1.09) | 90.8% (0.94) | 93.2% (1.03) | 94.0% (1.06) | 94.6% (1.09) | 93.6% (1.09) | 0.0427 |
-| 40, 1-50, 0.05, 0.05 | 95.3% (1.05) | 93.8% (0.98) | 95.0% (1.03) | 95.2% (1.04) | 95.3% (1.05) | 94.8% (1.06) | 0.0301 |
-| 100, 1-50, 0.05, 0.05 | 94.5% (0.99) | 93.3% (0.97) | 94.0% (0.98) | 94.2% (0.99) | 94.5% (0.99) | 94.4% (1.01) | 0.0195 |
-| 5, 1-50, 0.3, 0.05 | 98.0% (1.49) | 72.6% (0.65) | 83.0% (1.03) | 86.0% (1.28) | 98.0% (1.49) | 84.0% (1.40) | 0.1438 |
-| 10, 1-50, 0.3, 0.05 | 92.0% (1.10) | 79.4% (0.77) | 84.8% (0.94) | 86.2% (1.02) | 92.0% (1.10) | 85.2% (1.00) | 0.1047 |
-| 20, 1-50, 0.3, 0.05 | 93.0% (1.02) | 85.0% (0.87) | 87.4% (0.95) | 88.3% (0.98) | 93.0% (1.02) | 87.5% (0.94) | 0.0739 |
-| 40, 1-50, 0.3, 0.05 | 92.6% (1.00) | 89.0% (0.92) | 90.0% (0.96) | 90.3% (0.98) | 92.6% (1.00) | 90.0% (0.96) | 0.0524 |
-| 100, 1-50, 0.3, 0.05 | 92.8% (1.00) | 91.0% (0.97) | 91.4% (0.98) | 91.5% (0.99) | 92.8% (1.00) | 91.8% (0.99) | 0.0326 |
+| G, sizes, rho, mean | auto | miller | cr1_t | cr2 | cr2_wilson | cr2_score | wild_bootstrap | cr2_ri | oracle width |
+|---|---|---|---|---|---|---|---|---|---|
+| 5, 10, 0.05, 0.5 | 98.8% (1.32) | 85.8% (0.86) | 95.5% (1.35) | 95.5% (1.35) | 96.0% (1.21) | 98.8% (1.32) | 95.0% (1.49) | 95.5% (1.35) | 0.3192 |
+| 10, 10, 0.05, 0.5 | 97.2% (1.12) | 89.7% (0.92) | 94.7% (1.12) | 94.7% (1.12) | 95.2% (1.08) | 97.2% (1.12) | 94.2% (1.15) | 94.7% (1.12) | 0.2310 |
+| 20, 10, 0.05, 0.5 | 95.5% (1.04) | 92.2% (0.95) | 94.7% (1.04) | 94.7% (1.04) | 95.0% (1.03) | 95.5% (1.04) | 95.0% (1.07) | 94.7% (1.04) | 0.1635 |
+| 40, 10, 0.05, 0.5 | 95.2% (1.02) | 93.9% (0.98) | 94.7% (1.02) | 94.7% (1.02) | 94.8% (1.01) | 95.2% (1.02) | 94.5% (1.04) | 94.7% (1.02) | 0.1146 |
+| 100, 10, 0.05, 0.5 | 95.1% (1.02) | 94.8% (1.00) | 95.0% (1.02) | 95.0% (1.02) | 95.1% (1.02) | 95.1% (1.02) | 95.0% (1.04) | 95.0% (1.02) | 0.0715 |
+| 5, 10, 0.3, 0.5 | 96.5% (1.13) | 84.3% (0.87) | 94.5% (1.37) | 94.5% (1.37) | 95.7% (1.12) | 96.5% (1.13) | 94.0% (1.59) | 94.5% (1.37) | 0.4733 |
+| 10, 10, 0.3, 0.5 | 95.7% (1.04) | 90.5% (0.92) | 94.3% (1.12) | 94.3% (1.12) | 95.5% (1.04) | 95.7% (1.04) | 94.4% (1.16) | 94.3% (1.12) | 0.3450 |
+| 20, 10, 0.3, 0.5 | 95.6% (1.02) | 93.1% (0.96) | 95.0% (1.06) | 95.0% (1.06) | 95.4% (1.02) | 95.6% (1.02) | 94.8% (1.09) | 95.0% (1.06) | 0.2384 |
+| 40, 10, 0.3, 0.5 | 95.8% (1.03) | 94.6% (1.00) | 95.5% (1.04) | 95.5% (1.04) | 95.8% (1.03) | 95.8% (1.03) | 96.0% (1.07) | 95.5% (1.04) | 0.1664 |
+| 100, 10, 0.3, 0.5 | 95.3% (1.00) | 94.7% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.3% (1.00) | 95.3% (1.00) | 95.2% (1.03) | 95.2% (1.01) | 0.1076 |
+| 5, 1-50, 0.05, 0.5 | 98.5% (1.42) | 79.8% (0.76) | 91.9% (1.20) | 95.0% (1.50) | 95.7% (1.33) | 98.5% (1.42) | 90.2% (1.54) | 95.9% (1.62) | 0.2720 |
+| 10, 1-50, 0.05, 0.5 | 96.4% (1.18) | 88.7% (0.90) | 93.8% (1.10) | 95.0% (1.19) | 95.1% (1.16) | 96.4% (1.18) | 94.2% (1.26) | 96.0% (1.25) | 0.1862 |
+| 20, 1-50, 0.05, 0.5 | 95.8% (1.10) | 92.8% (0.98) | 94.7% (1.07) | 95.3% (1.11) | 95.5% (1.10) | 95.8% (1.10) | 95.6% (1.16) | 96.3% (1.14) | 0.1272 |
+| 40, 1-50, 0.05, 0.5 | 95.0% (1.02) | 92.9% (0.96) | 94.5% (1.01) | 94.7% (1.02) | 94.8% (1.02) | 95.0% (1.02) | 94.8% (1.05) | 95.2% (1.04) | 0.0940 |
+| 100, 1-50, 0.05, 0.5 | 94.8% (1.01) | 94.2% (0.99) | 94.5% (1.01) | 94.8% (1.01) | 94.8% (1.01) | 94.8% (1.01) | 95.2% (1.04) | 95.0% (1.03) | 0.0588 |
+| 5, 1-50, 0.3, 0.5 | 96.7% (1.18) | 78.6% (0.78) | 90.8% (1.23) | 94.3% (1.56) | 95.3% (1.16) | 96.7% (1.18) | 90.0% (1.77) | 95.8% (1.69) | 0.4872 |
+| 10, 1-50, 0.3, 0.5 | 95.0% (1.07) | 86.6% (0.88) | 91.7% (1.07) | 93.0% (1.16) | 94.2% (1.06) | 95.0% (1.07) | 93.0% (1.28) | 94.2% (1.21) | 0.3538 |
+| 20, 1-50, 0.3, 0.5 | 95.1% (1.02) | 90.3% (0.93) | 93.1% (1.02) | 94.2% (1.06) | 94.8% (1.02) | 95.1% (1.02) | 93.8% (1.12) | 95.1% (1.08) | 0.2523 |
+| 40, 1-50, 0.3, 0.5 | 95.1% (1.03) | 93.3% (0.99) | 94.2% (1.03) | 94.7% (1.05) | 95.0% (1.03) | 95.1% (1.03) | 94.7% (1.08) | 95.0% (1.06) | 0.1741 |
+| 100, 1-50, 0.3, 0.5 | 95.1% (0.99) | 93.9% (0.98) | 94.4% (0.99) | 94.6% (1.00) | 95.0% (0.99) | 95.1% (0.99) | 94.7% (1.03) | 94.8% (1.01) | 0.1127 |
+| 5, 10, 0.05, 0.05 | 99.0% (1.80) | 90.2% (0.83) | 91.8% (1.30) | 91.8% (1.30) | 98.0% (1.61) | 99.0% (1.80) | 91.8% (1.67) | 91.8% (1.30) | 0.1246 |
+| 10, 10, 0.05, 0.05 | 96.8% (1.31) | 86.8% (0.90) | 95.2% (1.09) | 95.2% (1.09) | 96.4% (1.19) | 96.8% (1.31) | 90.0% (1.08) | 95.2% (1.09) | 0.0894 |
+| 20, 10, 0.05, 0.05 | 96.3% (1.15) | 91.9% (0.96) | 94.0% (1.04) | 94.0% (1.04) | 93.8% (1.09) | 96.3% (1.15) | 92.9% (1.05) | 94.0% (1.04) | 0.0630 |
+| 40, 10, 0.05, 0.05 | 95.1% (1.05) | 92.7% (0.96) | 93.3% (1.00) | 93.3% (1.00) | 94.3% (1.02) | 95.1% (1.05) | 93.8% (1.01) | 93.3% (1.00) | 0.0453 |
+| 100, 10, 0.05, 0.05 | 95.6% (1.03) | 94.0% (0.99) | 94.3% (1.00) | 94.3% (1.00) | 95.5% (1.01) | 95.6% (1.03) | 94.3% (1.02) | 94.3% (1.00) | 0.0281 |
+| 5, 10, 0.3, 0.05 | 98.8% (1.50) | 83.8% (0.70) | 85.0% (1.10) | 85.0% (1.10) | 98.3% (1.38) | 98.8% (1.50) | 85.0% (1.29) | 85.0% (1.10) | 0.1632 |
+| 10, 10, 0.3, 0.05 | 95.8% (1.24) | 81.7% (0.85) | 90.5% (1.03) | 90.5% (1.03) | 95.8% (1.14) | 95.8% (1.24) | 85.0% (0.96) | 90.5% (1.03) | 0.1147 |
+| 20, 10, 0.3, 0.05 | 94.5% (1.11) | 87.4% (0.92) | 90.7% (1.00) | 90.7% (1.00) | 92.0% (1.06) | 94.5% (1.11) | 88.4% (0.97) | 90.7% (1.00) | 0.0795 |
+| 40, 10, 0.3, 0.05 | 94.0% (1.05) | 90.8% (0.95) | 91.5% (1.00) | 91.5% (1.00) | 93.7% (1.02) | 94.0% (1.05) | 91.2% (0.98) | 91.5% (1.00) | 0.0568 |
+| 100, 10, 0.3, 0.05 | 94.7% (1.05) | 93.9% (1.01) | 94.3% (1.02) | 94.3% (1.02) | 94.5% (1.04) | 94.7% (1.05) | 94.2% (1.03) | 94.3% (1.02) | 0.0349 |
+| 5, 1-50, 0.05, 0.05 | 99.8% (2.31) | 79.4% (0.76) | 91.2% (1.20) | 93.8% (1.49) | 97.6% (1.74) | 99.8% (2.31) | 89.8% (1.53) | 94.1% (1.65) | 0.0887 |
+| 10, 1-50, 0.05, 0.05 | 98.2% (1.44) | 87.5% (0.89) | 92.8% (1.08) | 94.0% (1.17) | 96.1% (1.23) | 98.2% (1.44) | 93.2% (1.19) | 94.7% (1.26) | 0.0605 |
+| 20, 1-50, 0.05, 0.05 | 96.3% (1.18) | 90.8% (0.94) | 93.2% (1.03) | 94.0% (1.06) | 94.6% (1.09) | 96.3% (1.18) | 93.6% (1.09) | 94.5% (1.12) | 0.0427 |
+| 40, 1-50, 0.05, 0.05 | 96.5% (1.10) | 93.8% (0.98) | 95.0% (1.03) | 95.2% (1.04) | 95.3% (1.05) | 96.5% (1.10) | 94.8% (1.06) | 96.0% (1.09) | 0.0301 |
+| 100, 1-50, 0.05, 0.05 | 95.0% (1.01) | 93.3% (0.97) | 94.0% (0.98) | 94.2% (0.99) | 94.5% (0.99) | 95.0% (1.01) | 94.4% (1.01) | 94.8% (1.01) | 0.0195 |
+| 5, 1-50, 0.3, 0.05 | 98.8% (1.89) | 72.6% (0.65) | 83.0% (1.03) | 86.0% (1.28) | 98.0% (1.49) | 98.8% (1.89) | 84.0% (1.40) | 87.0% (1.42) | 0.1438 |
+| 10, 1-50, 0.3, 0.05 | 95.0% (1.34) | 79.4% (0.77) | 84.8% (0.94) | 86.2% (1.02) | 92.0% (1.10) | 95.0% (1.34) | 85.2% (1.00) | 88.2% (1.10) | 0.1047 |
+| 20, 1-50, 0.3, 0.05 | 95.0% (1.14) | 85.0% (0.87) | 87.4% (0.95) | 88.3% (0.98) | 93.0% (1.02) | 95.0% (1.14) | 87.5% (0.94) | 90.0% (1.04) | 0.0739 |
+| 40, 1-50, 0.3, 0.05 | 93.6% (1.07) | 89.0% (0.92) | 90.0% (0.96) | 90.3% (0.98) | 92.6% (1.00) | 93.6% (1.07) | 90.0% (0.96) | 91.7% (1.02) | 0.0524 |
+| 100, 1-50, 0.3, 0.05 | 94.0% (1.04) | 91.0% (0.97) | 91.4% (0.98) | 91.5% (0.99) | 92.8% (1.00) | 94.0% (1.04) | 91.8% (0.99) | 92.5% (1.02) | 0.0326 |
 
-| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 10 |
-|---|---|---|---|
-| auto | 92.0% to 95.8% | 92.0% | 1.23 |
-| miller | 85.0% to 94.8% | 79.4% | 1.01 |
-| cr1_t | 87.4% to 95.5% | 84.8% | 1.12 |
-| cr2 | 88.3% to 95.5% | 86.2% | 1.19 |
-| cr2_wilson | 92.0% to 95.8% | 92.0% | 1.23 |
-| wild_bootstrap | 87.5% to 96.0% | 85.0% | 1.28 |
+| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 20 | worst width / oracle, G = 10 |
+|---|---|---|---|---|
+| auto | 93.6% to 96.5% | 95.0% | 1.18 | 1.44 |
+| miller | 85.0% to 94.8% | 79.4% | 1.01 | 0.92 |
+| cr1_t | 87.4% to 95.5% | 84.8% | 1.07 | 1.12 |
+| cr2 | 88.3% to 95.5% | 86.2% | 1.11 | 1.19 |
+| cr2_wilson | 92.0% to 95.8% | 92.0% | 1.10 | 1.23 |
+| cr2_score | 93.6% to 96.5% | 95.0% | 1.18 | 1.44 |
+| wild_bootstrap | 87.5% to 96.0% | 85.0% | 1.16 | 1.28 |
+| cr2_ri | 90.0% to 96.3% | 88.2% | 1.14 | 1.26 |
 
 Paired difference d = b - a (B's logit shifted by 0.5 plus a template-specific shift, A's rate near the given mean):
 
-| G, sizes, rho, mean A | miller | cr1_t | cr2 | wild_bootstrap | oracle width |
-|---|---|---|---|---|---|
-| 5, 10, 0.05, 0.5 | 84.2% (0.85) | 95.5% (1.33) | 95.5% (1.33) | 94.4% (1.46) | 0.3056 |
-| 10, 10, 0.05, 0.5 | 91.5% (0.93) | 95.7% (1.13) | 95.7% (1.13) | 95.8% (1.15) | 0.2146 |
-| 20, 10, 0.05, 0.5 | 93.1% (0.97) | 95.3% (1.06) | 95.3% (1.06) | 95.0% (1.08) | 0.1534 |
-| 40, 10, 0.05, 0.5 | 94.3% (1.02) | 95.5% (1.06) | 95.5% (1.06) | 95.2% (1.08) | 0.1058 |
-| 100, 10, 0.05, 0.5 | 94.8% (0.98) | 94.9% (1.00) | 94.9% (1.00) | 94.8% (1.02) | 0.0691 |
-| 5, 10, 0.3, 0.5 | 85.1% (0.84) | 94.7% (1.32) | 94.7% (1.32) | 94.8% (1.42) | 0.3409 |
-| 10, 10, 0.3, 0.5 | 90.7% (0.94) | 95.0% (1.14) | 95.0% (1.14) | 95.2% (1.16) | 0.2313 |
-| 20, 10, 0.3, 0.5 | 93.4% (0.99) | 95.6% (1.08) | 95.6% (1.08) | 95.2% (1.10) | 0.1645 |
-| 40, 10, 0.3, 0.5 | 93.7% (0.98) | 94.8% (1.02) | 94.8% (1.02) | 94.8% (1.04) | 0.1194 |
-| 100, 10, 0.3, 0.5 | 94.8% (0.99) | 95.2% (1.00) | 95.2% (1.00) | 95.0% (1.02) | 0.0762 |
-| 5, 1-50, 0.05, 0.5 | 81.7% (0.78) | 93.3% (1.23) | 96.3% (1.53) | 91.0% (1.48) | 0.2156 |
-| 10, 1-50, 0.05, 0.5 | 89.3% (0.89) | 94.0% (1.08) | 95.3% (1.16) | 94.0% (1.19) | 0.1493 |
-| 20, 1-50, 0.05, 0.5 | 92.7% (0.95) | 94.8% (1.05) | 95.2% (1.08) | 95.3% (1.11) | 0.1045 |
-| 40, 1-50, 0.05, 0.5 | 93.3% (0.94) | 94.5% (0.98) | 94.8% (1.00) | 94.4% (1.02) | 0.0762 |
-| 100, 1-50, 0.05, 0.5 | 94.9% (1.00) | 95.2% (1.02) | 95.3% (1.03) | 95.5% (1.05) | 0.0460 |
-| 5, 1-50, 0.3, 0.5 | 80.8% (0.76) | 93.0% (1.20) | 96.0% (1.51) | 91.2% (1.56) | 0.2893 |
-| 10, 1-50, 0.3, 0.5 | 87.7% (0.87) | 93.0% (1.06) | 94.8% (1.15) | 94.2% (1.19) | 0.2064 |
-| 20, 1-50, 0.3, 0.5 | 92.5% (0.95) | 94.3% (1.04) | 95.0% (1.08) | 95.0% (1.11) | 0.1426 |
-| 40, 1-50, 0.3, 0.5 | 92.7% (0.95) | 93.6% (0.99) | 94.1% (1.01) | 94.0% (1.03) | 0.1036 |
-| 100, 1-50, 0.3, 0.5 | 94.5% (1.00) | 94.8% (1.02) | 95.0% (1.03) | 95.7% (1.05) | 0.0638 |
-| 5, 10, 0.05, 0.1 | 88.0% (0.84) | 94.5% (1.31) | 94.5% (1.31) | 92.7% (1.43) | 0.2144 |
-| 10, 10, 0.05, 0.1 | 90.0% (0.91) | 95.1% (1.11) | 95.1% (1.11) | 94.2% (1.13) | 0.1499 |
-| 20, 10, 0.05, 0.1 | 93.2% (0.98) | 94.8% (1.07) | 94.8% (1.07) | 94.6% (1.08) | 0.1036 |
-| 40, 10, 0.05, 0.1 | 94.0% (0.96) | 95.2% (1.01) | 95.2% (1.01) | 95.2% (1.03) | 0.0756 |
-| 100, 10, 0.05, 0.1 | 95.2% (1.01) | 95.5% (1.03) | 95.5% (1.03) | 95.2% (1.05) | 0.0461 |
-| 5, 10, 0.3, 0.1 | 83.5% (0.79) | 92.5% (1.24) | 92.5% (1.24) | 89.4% (1.30) | 0.2477 |
-| 10, 10, 0.3, 0.1 | 88.0% (0.87) | 92.3% (1.05) | 92.3% (1.05) | 90.3% (1.04) | 0.1758 |
-| 20, 10, 0.3, 0.1 | 91.0% (0.94) | 93.3% (1.03) | 93.3% (1.03) | 93.6% (1.03) | 0.1208 |
-| 40, 10, 0.3, 0.1 | 92.9% (0.96) | 94.0% (1.00) | 94.0% (1.00) | 93.7% (1.01) | 0.0865 |
-| 100, 10, 0.3, 0.1 | 94.8% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.5% (1.03) | 0.0537 |
-| 5, 1-50, 0.05, 0.1 | 83.2% (0.80) | 94.5% (1.26) | 96.8% (1.56) | 92.8% (1.55) | 0.1450 |
-| 10, 1-50, 0.05, 0.1 | 88.4% (0.86) | 93.6% (1.05) | 95.2% (1.14) | 93.8% (1.15) | 0.1048 |
-| 20, 1-50, 0.05, 0.1 | 92.5% (0.96) | 94.5% (1.05) | 95.5% (1.09) | 94.6% (1.11) | 0.0713 |
-| 40, 1-50, 0.05, 0.1 | 93.5% (0.99) | 94.5% (1.03) | 94.9% (1.05) | 94.4% (1.07) | 0.0496 |
-| 100, 1-50, 0.05, 0.1 | 94.2% (0.98) | 94.7% (0.99) | 94.7% (1.00) | 94.7% (1.02) | 0.0323 |
-| 5, 1-50, 0.3, 0.1 | 75.2% (0.71) | 88.3% (1.11) | 91.7% (1.40) | 86.8% (1.43) | 0.2093 |
-| 10, 1-50, 0.3, 0.1 | 85.0% (0.82) | 89.9% (1.00) | 92.0% (1.09) | 90.7% (1.10) | 0.1496 |
-| 20, 1-50, 0.3, 0.1 | 89.5% (0.92) | 91.8% (1.01) | 92.5% (1.04) | 92.5% (1.05) | 0.1045 |
-| 40, 1-50, 0.3, 0.1 | 92.4% (0.98) | 93.3% (1.02) | 93.7% (1.04) | 94.0% (1.05) | 0.0717 |
-| 100, 1-50, 0.3, 0.1 | 94.5% (0.99) | 94.8% (1.01) | 94.8% (1.01) | 95.0% (1.03) | 0.0459 |
+| G, sizes, rho, mean A | miller | cr1_t | cr2 | wild_bootstrap | cr2_ri | oracle width |
+|---|---|---|---|---|---|---|
+| 5, 10, 0.05, 0.5 | 84.2% (0.85) | 95.5% (1.33) | 95.5% (1.33) | 94.4% (1.46) | 95.5% (1.33) | 0.3056 |
+| 10, 10, 0.05, 0.5 | 91.5% (0.93) | 95.7% (1.13) | 95.7% (1.13) | 95.8% (1.15) | 95.7% (1.13) | 0.2146 |
+| 20, 10, 0.05, 0.5 | 93.1% (0.97) | 95.3% (1.06) | 95.3% (1.06) | 95.0% (1.08) | 95.3% (1.06) | 0.1534 |
+| 40, 10, 0.05, 0.5 | 94.3% (1.02) | 95.5% (1.06) | 95.5% (1.06) | 95.2% (1.08) | 95.5% (1.06) | 0.1058 |
+| 100, 10, 0.05, 0.5 | 94.8% (0.98) | 94.9% (1.00) | 94.9% (1.00) | 94.8% (1.02) | 94.9% (1.00) | 0.0691 |
+| 5, 10, 0.3, 0.5 | 85.1% (0.84) | 94.7% (1.32) | 94.7% (1.32) | 94.8% (1.42) | 94.7% (1.32) | 0.3409 |
+| 10, 10, 0.3, 0.5 | 90.7% (0.94) | 95.0% (1.14) | 95.0% (1.14) | 95.2% (1.16) | 95.0% (1.14) | 0.2313 |
+| 20, 10, 0.3, 0.5 | 93.4% (0.99) | 95.6% (1.08) | 95.6% (1.08) | 95.2% (1.10) | 95.6% (1.08) | 0.1645 |
+| 40, 10, 0.3, 0.5 | 93.7% (0.98) | 94.8% (1.02) | 94.8% (1.02) | 94.8% (1.04) | 94.8% (1.02) | 0.1194 |
+| 100, 10, 0.3, 0.5 | 94.8% (0.99) | 95.2% (1.00) | 95.2% (1.00) | 95.0% (1.02) | 95.2% (1.00) | 0.0762 |
+| 5, 1-50, 0.05, 0.5 | 81.7% (0.78) | 93.3% (1.23) | 96.3% (1.53) | 91.0% (1.48) | 96.5% (1.67) | 0.2156 |
+| 10, 1-50, 0.05, 0.5 | 89.3% (0.89) | 94.0% (1.08) | 95.3% (1.16) | 94.0% (1.19) | 96.2% (1.23) | 0.1493 |
+| 20, 1-50, 0.05, 0.5 | 92.7% (0.95) | 94.8% (1.05) | 95.2% (1.08) | 95.3% (1.11) | 95.8% (1.12) | 0.1045 |
+| 40, 1-50, 0.05, 0.5 | 93.3% (0.94) | 94.5% (0.98) | 94.8% (1.00) | 94.4% (1.02) | 95.5% (1.02) | 0.0762 |
+| 100, 1-50, 0.05, 0.5 | 94.9% (1.00) | 95.2% (1.02) | 95.3% (1.03) | 95.5% (1.05) | 95.7% (1.04) | 0.0460 |
+| 5, 1-50, 0.3, 0.5 | 80.8% (0.76) | 93.0% (1.20) | 96.0% (1.51) | 91.2% (1.56) | 96.6% (1.65) | 0.2893 |
+| 10, 1-50, 0.3, 0.5 | 87.7% (0.87) | 93.0% (1.06) | 94.8% (1.15) | 94.2% (1.19) | 95.5% (1.20) | 0.2064 |
+| 20, 1-50, 0.3, 0.5 | 92.5% (0.95) | 94.3% (1.04) | 95.0% (1.08) | 95.0% (1.11) | 95.8% (1.11) | 0.1426 |
+| 40, 1-50, 0.3, 0.5 | 92.7% (0.95) | 93.6% (0.99) | 94.1% (1.01) | 94.0% (1.03) | 94.7% (1.03) | 0.1036 |
+| 100, 1-50, 0.3, 0.5 | 94.5% (1.00) | 94.8% (1.02) | 95.0% (1.03) | 95.7% (1.05) | 95.5% (1.04) | 0.0638 |
+| 5, 10, 0.05, 0.1 | 88.0% (0.84) | 94.5% (1.31) | 94.5% (1.31) | 92.7% (1.43) | 94.5% (1.31) | 0.2144 |
+| 10, 10, 0.05, 0.1 | 90.0% (0.91) | 95.1% (1.11) | 95.1% (1.11) | 94.2% (1.13) | 95.1% (1.11) | 0.1499 |
+| 20, 10, 0.05, 0.1 | 93.2% (0.98) | 94.8% (1.07) | 94.8% (1.07) | 94.6% (1.08) | 94.8% (1.07) | 0.1036 |
+| 40, 10, 0.05, 0.1 | 94.0% (0.96) | 95.2% (1.01) | 95.2% (1.01) | 95.2% (1.03) | 95.2% (1.01) | 0.0756 |
+| 100, 10, 0.05, 0.1 | 95.2% (1.01) | 95.5% (1.03) | 95.5% (1.03) | 95.2% (1.05) | 95.5% (1.03) | 0.0461 |
+| 5, 10, 0.3, 0.1 | 83.5% (0.79) | 92.5% (1.24) | 92.5% (1.24) | 89.4% (1.30) | 92.5% (1.24) | 0.2477 |
+| 10, 10, 0.3, 0.1 | 88.0% (0.87) | 92.3% (1.05) | 92.3% (1.05) | 90.3% (1.04) | 92.3% (1.05) | 0.1758 |
+| 20, 10, 0.3, 0.1 | 91.0% (0.94) | 93.3% (1.03) | 93.3% (1.03) | 93.6% (1.03) | 93.3% (1.03) | 0.1208 |
+| 40, 10, 0.3, 0.1 | 92.9% (0.96) | 94.0% (1.00) | 94.0% (1.00) | 93.7% (1.01) | 94.0% (1.00) | 0.0865 |
+| 100, 10, 0.3, 0.1 | 94.8% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.5% (1.03) | 95.2% (1.01) | 0.0537 |
+| 5, 1-50, 0.05, 0.1 | 83.2% (0.80) | 94.5% (1.26) | 96.8% (1.56) | 92.8% (1.55) | 97.2% (1.72) | 0.1450 |
+| 10, 1-50, 0.05, 0.1 | 88.4% (0.86) | 93.6% (1.05) | 95.2% (1.14) | 93.8% (1.15) | 95.8% (1.20) | 0.1048 |
+| 20, 1-50, 0.05, 0.1 | 92.5% (0.96) | 94.5% (1.05) | 95.5% (1.09) | 94.6% (1.11) | 96.0% (1.13) | 0.0713 |
+| 40, 1-50, 0.05, 0.1 | 93.5% (0.99) | 94.5% (1.03) | 94.9% (1.05) | 94.4% (1.07) | 95.4% (1.08) | 0.0496 |
+| 100, 1-50, 0.05, 0.1 | 94.2% (0.98) | 94.7% (0.99) | 94.7% (1.00) | 94.7% (1.02) | 95.1% (1.02) | 0.0323 |
+| 5, 1-50, 0.3, 0.1 | 75.2% (0.71) | 88.3% (1.11) | 91.7% (1.40) | 86.8% (1.43) | 92.8% (1.56) | 0.2093 |
+| 10, 1-50, 0.3, 0.1 | 85.0% (0.82) | 89.9% (1.00) | 92.0% (1.09) | 90.7% (1.10) | 93.7% (1.16) | 0.1496 |
+| 20, 1-50, 0.3, 0.1 | 89.5% (0.92) | 91.8% (1.01) | 92.5% (1.04) | 92.5% (1.05) | 93.8% (1.09) | 0.1045 |
+| 40, 1-50, 0.3, 0.1 | 92.4% (0.98) | 93.3% (1.02) | 93.7% (1.04) | 94.0% (1.05) | 94.2% (1.07) | 0.0717 |
+| 100, 1-50, 0.3, 0.1 | 94.5% (0.99) | 94.8% (1.01) | 94.8% (1.01) | 95.0% (1.03) | 95.4% (1.03) | 0.0459 |
 
-| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 10 |
-|---|---|---|---|
-| miller | 89.5% to 95.2% | 85.0% | 1.02 |
-| cr1_t | 91.8% to 95.6% | 89.9% | 1.14 |
-| cr2 | 92.5% to 95.6% | 92.0% | 1.16 |
-| wild_bootstrap | 92.5% to 95.7% | 90.3% | 1.19 |
+| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 20 | worst width / oracle, G = 10 |
+|---|---|---|---|---|
+| miller | 89.5% to 95.2% | 85.0% | 1.02 | 0.94 |
+| cr1_t | 91.8% to 95.6% | 89.9% | 1.08 | 1.14 |
+| cr2 | 92.5% to 95.6% | 92.0% | 1.09 | 1.16 |
+| wild_bootstrap | 92.5% to 95.7% | 90.3% | 1.11 | 1.19 |
+| cr2_ri | 93.3% to 96.0% | 92.3% | 1.13 | 1.23 |
 "#;
 
 /// An interval method for a clustered mean.
@@ -166,27 +180,35 @@ pub enum Method {
     Cr2,
     /// Wilson score interval at the CR2 effective sample size, t quantile (proportions).
     Cr2Wilson,
+    /// Clustered score interval (proportions): the CR2 variance split into a binomial and a
+    /// between-template part that grows toward 1/2, inverted with the CR2 t quantile.
+    Cr2Score,
     /// Wild cluster bootstrap-t, seeded.
     WildBootstrap,
-    /// The default: [`Method::Cr2Wilson`] when every row is 0 or 1 (a pass/fail score),
+    /// CR2 with its variance floored at the random-intercept model's (the larger of the two),
+    /// Satterthwaite df, t quantile: the default for paired differences.
+    Cr2Ri,
+    /// The default: [`Method::Cr2Score`] when every row is 0 or 1 (a pass/fail score),
     /// [`Method::Cr2`] otherwise. Results name the method that was used.
     Auto,
 }
 
 impl Method {
     /// Every method, in documentation order.
-    pub const ALL: [Method; 6] = [
+    pub const ALL: [Method; 8] = [
         Method::Auto,
         Method::Miller,
         Method::Cr1T,
         Method::Cr2,
         Method::Cr2Wilson,
+        Method::Cr2Score,
         Method::WildBootstrap,
+        Method::Cr2Ri,
     ];
 
     /// The method used when none is given: the one whose coverage holds best at few clusters
-    /// in `benches/coverage.rs` (cr2_wilson for pass/fail scores, cr2 for other scores and
-    /// for differences); see docs/functions.md.
+    /// in `benches/coverage.rs` (cr2_score for pass/fail scores, cr2 for other scores;
+    /// `paired_diff_clustered` uses cr2_ri); see docs/functions.md.
     pub const DEFAULT: Method = Method::Auto;
 
     /// The SQL name.
@@ -196,7 +218,9 @@ impl Method {
             Method::Cr1T => "cr1_t",
             Method::Cr2 => "cr2",
             Method::Cr2Wilson => "cr2_wilson",
+            Method::Cr2Score => "cr2_score",
             Method::WildBootstrap => "wild_bootstrap",
+            Method::Cr2Ri => "cr2_ri",
             Method::Auto => "auto",
         }
     }
@@ -340,7 +364,8 @@ impl IntervalSpec {
 /// `mean` is `None` when `n == 0`; `se`, `lo`, `hi`, `stat` and `p_value` are `None` with
 /// fewer than two rows or two clusters; `stat` and `p_value` also when `se` is 0. `df` is the
 /// t degrees of freedom, `None` for the normal ([`Method::Miller`]) and bootstrap methods.
-/// [`Method::Cr2Wilson`] gives no interval when the mean is outside [0, 1].
+/// [`Method::Cr2Wilson`] and [`Method::Cr2Score`] give no interval when the mean is outside
+/// [0, 1].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ClusterInterval {
     /// Rows.
@@ -497,6 +522,185 @@ pub fn clustered_wilson(p: f64, n: f64, var: f64, t: f64) -> (f64, f64) {
     wilson(p, n / deff, t)
 }
 
+/// How fast the between-template variance of a pass rate grows toward 1/2 in
+/// [`clustered_score`]: as `r^1.25` in `r = p0 (1 - p0) / (p (1 - p))`. A constant ICC on the
+/// observed scale (beta-binomial, Wilson) gives `r`; a constant template variance on the logit
+/// scale gives about `r^2` (delta method; `r^1.6` to `r^1.7` for rare rates at latent ICC 0.3).
+/// With the size-weighted between variance on that side (see [`clustered_score_sided`]), 1.25
+/// held coverage at 94% or more from 20 templates in 12,000- and 10,000-replication numpy
+/// simulations of `benches/coverage.rs`'s designs, at the width 1.5 gave without it; 1.5 with
+/// it was 1.25x the oracle at 20 templates.
+pub const SCORE_EXPONENT: f64 = 1.25;
+
+/// Grid points per side scanned before bisection in [`clustered_score`].
+const SCORE_GRID: usize = 512;
+
+/// The clustered score interval for a proportion `p` of `n` rows with cluster-robust variance
+/// `var` and multiplier `t`, the same variance on both sides: see [`clustered_score_sided`].
+///
+/// # Example
+/// ```
+/// use evalflow::udaf::cluster_interval::{clustered_score, clustered_wilson};
+/// // 20 failures in 200 rows, a CR2 variance 3x the binomial one, t = 2.1.
+/// let var = 3.0 * 0.1 * 0.9 / 200.0;
+/// let (lo, hi) = clustered_score(0.1, 200.0, var, 2.1);
+/// let (wlo, whi) = clustered_wilson(0.1, 200.0, var, 2.1);
+/// assert!((lo - wlo).abs() < 1e-12 && hi > whi + 0.005);
+/// ```
+pub fn clustered_score(p: f64, n: f64, var: f64, t: f64) -> (f64, f64) {
+    clustered_score_sided(p, n, var, var, t)
+}
+
+/// The clustered score interval: each bound is the outermost `p0` on its side of `p` with
+/// `(p - p0)^2 <= t^2 V(p0)`, `V(p0) = p0 (1 - p0) / n + B max(r, r^SCORE_EXPONENT)`,
+/// `r = p0 (1 - p0) / (p (1 - p))`, where `B = var - p (1 - p) / n` (the between-template part
+/// of the cluster-robust variance `var`) for the bound away from 1/2, and
+/// `B = var_half - p (1 - p) / n` for the bound toward 1/2 (the upper bound when `p <= 1/2`).
+///
+/// Why: the Wilson interval at `n / deff` assumes the design effect is the same at every
+/// candidate `p0`. For rare outcomes with strong template effects the between-template
+/// variance grows faster than `p0 (1 - p0)` toward 1/2 (as its square on the logit scale),
+/// and the samples whose rate came out low are those that drew few failing templates, so
+/// their variance came out low too: upper bounds were too low (92-93% coverage at 20-100
+/// templates). Away from 1/2 (`r <= 1`) `V` is Wilson's, so that bound is the Wilson bound at
+/// `n / deff`. A side whose `B` is not positive (or `p` at 0 or 1) gets Wilson's bound at `n`:
+/// template effects are not assumed to cancel noise, and a rate of 0 or 1 keeps a width.
+///
+/// [`cluster_interval`] passes `var_half = var + |1 - 2p| max(0, B_anova - B)`, with `B_anova`
+/// from [`anova_between_var`]: CR2 weighs a template's deviation by `n_g^2`, so with unequal
+/// sizes a few large templates set both the rate and its variance, and a rate that came out
+/// low came with a variance that came out low; the one-way ANOVA estimate weighs by `n_g`.
+/// It counts in proportion to the skewness of a rate's estimate, `|1 - 2p|` (nothing at 1/2),
+/// and only upward, which keeps CR2's robustness when rates vary with size.
+///
+/// # Example
+/// ```
+/// use evalflow::udaf::cluster_interval::{clustered_score, clustered_score_sided};
+/// let var = 3.0 * 0.1 * 0.9 / 200.0;
+/// let (lo, hi) = clustered_score(0.1, 200.0, var, 2.1);
+/// let (lo2, hi2) = clustered_score_sided(0.1, 200.0, var, 2.0 * var, 2.1);
+/// assert!(lo2 == lo && hi2 > hi);
+/// ```
+pub fn clustered_score_sided(p: f64, n: f64, var: f64, var_half: f64, t: f64) -> (f64, f64) {
+    let q = p * (1.0 - p);
+    let naive = q / n;
+    let (wlo, whi) = wilson(p, n, t);
+    let (b_lo, b_hi) = if p <= 0.5 {
+        (var - naive, var_half - naive)
+    } else {
+        (var_half - naive, var - naive)
+    };
+    let bound = |between: f64, edge: f64, fallback: f64| {
+        // Negated so that NaN goes to the fallback too.
+        if !(naive > 0.0 && between > 0.0) {
+            return fallback;
+        }
+        let inside = |p0: f64| {
+            let w = p0 * (1.0 - p0);
+            let r = w / q;
+            let v = w / n + between * r.max(r.powf(SCORE_EXPONENT));
+            (p - p0) * (p - p0) <= t * t * v
+        };
+        outermost(p, edge, &inside)
+    };
+    (bound(b_lo, 0.0, wlo), bound(b_hi, 1.0, whi))
+}
+
+/// The between-template part of the variance of the pooled mean under the random-intercept
+/// model, from the one-way ANOVA estimate of the template variance:
+/// `(MSB - MSW) / n0 * (sum_g n_g^2 / N^2 - 1 / N)` with `MSB = sum_g n_g (mean_g - mean)^2 /
+/// (G - 1)`, `MSW = sum_g m2_g / (N - G)`, `n0 = (N - sum_g n_g^2 / N) / (G - 1)`. May be
+/// negative; `None` with fewer than 2 clusters or no cluster of 2 rows. Used on the side toward
+/// 1/2 in [`clustered_score_sided`].
+pub fn anova_between_var(cells: &[Moments]) -> Option<f64> {
+    let a = Anova::new(cells)?;
+    finite(a.between * (a.sq / (a.n * a.n) - 1.0 / a.n))
+}
+
+/// The variance of the pooled mean under the random-intercept model with one-way ANOVA
+/// estimates of its two variances: `MSW / N + sigma_b^2 sum_g n_g^2 / N^2`,
+/// `sigma_b^2 = (MSB - MSW) / n0` (see [`anova_between_var`]). `None` as there.
+///
+/// [`Method::Cr2Ri`] takes the larger of this and the CR2 variance, in the spirit of
+/// Morel, Bokossa and Neerchal's floor on the sandwich: with unequal template sizes CR2 leans
+/// on the few largest templates and comes out low in the samples whose mean is off.
+pub fn random_intercept_var(cells: &[Moments]) -> Option<f64> {
+    let a = Anova::new(cells)?;
+    finite(a.within / a.n + a.between * a.sq / (a.n * a.n))
+}
+
+/// One-way ANOVA of per-cluster moments.
+struct Anova {
+    /// Rows.
+    n: f64,
+    /// `sum_g n_g^2`.
+    sq: f64,
+    /// MSW, the pooled within-cluster variance.
+    within: f64,
+    /// `(MSB - MSW) / n0`, the between-cluster variance (may be negative).
+    between: f64,
+}
+
+impl Anova {
+    fn new(cells: &[Moments]) -> Option<Anova> {
+        let total = merged(cells);
+        let cells: Vec<&Moments> = cells.iter().filter(|c| c.n > 0).collect();
+        let g = cells.len() as f64;
+        let n = total.n as f64;
+        if cells.len() < 2 || n <= g {
+            return None;
+        }
+        let (mut ssb, mut ssw, mut sq) = (0.0, 0.0, 0.0);
+        for c in &cells {
+            let ng = c.n as f64;
+            ssb += ng * (c.mean - total.mean).powi(2);
+            ssw += c.m2.max(0.0);
+            sq += ng * ng;
+        }
+        let n0 = (n - sq / n) / (g - 1.0);
+        let within = ssw / (n - g);
+        Some(Anova {
+            n,
+            sq,
+            within,
+            between: (ssb / (g - 1.0) - within) / n0,
+        })
+    }
+}
+
+/// The point of `[inside_pt, edge]` farthest from `inside_pt` that `inside` accepts: a scan
+/// of [`SCORE_GRID`] points from `edge` inward, then bisection between the first accepted
+/// point and its outer neighbour. `inside(inside_pt)` must hold.
+fn outermost(inside_pt: f64, edge: f64, inside: &impl Fn(f64) -> bool) -> f64 {
+    if inside(edge) {
+        return edge;
+    }
+    let step = (inside_pt - edge) / SCORE_GRID as f64;
+    let mut out = edge;
+    let mut inn = inside_pt;
+    for j in 1..SCORE_GRID {
+        let x = edge + step * j as f64;
+        if inside(x) {
+            inn = x;
+            break;
+        }
+        out = x;
+    }
+    // Bisection to the last representable point.
+    for _ in 0..200 {
+        let mid = 0.5 * (out + inn);
+        if mid == out || mid == inn {
+            break;
+        }
+        if inside(mid) {
+            inn = mid;
+        } else {
+            out = mid;
+        }
+    }
+    inn
+}
+
 /// The mean of per-cluster `cells` with its interval by `spec.method`.
 ///
 /// This is the plain-Rust entry point (the SQL functions and the aggregate stage call it).
@@ -550,8 +754,17 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
             finite((g / (g - 1.0) * r.score_sq()).sqrt() / n),
             Some(g - 1.0),
         ),
-        Method::Cr2 | Method::Cr2Wilson | Method::WildBootstrap | Method::Auto => {
-            let se = finite(cr2_var(n, r.cells.iter().copied()).sqrt());
+        Method::Cr2
+        | Method::Cr2Wilson
+        | Method::Cr2Score
+        | Method::Cr2Ri
+        | Method::WildBootstrap
+        | Method::Auto => {
+            let mut var = cr2_var(n, r.cells.iter().copied());
+            if spec.method == Method::Cr2Ri {
+                var = random_intercept_var(cells).map_or(var, |v| var.max(v));
+            }
+            let se = finite(var.sqrt());
             let df = match spec.method {
                 Method::WildBootstrap => None,
                 _ => cr2_df(r.cells.iter().map(|c| c.0)),
@@ -572,12 +785,23 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
             out.hi = finite(mean + boot.crit * se);
             out.p_value = out.stat.and(boot.p_value);
         }
-        Method::Cr2Wilson => {
+        Method::Cr2Wilson | Method::Cr2Score => {
             let Some(t) = t_quantile(spec.level, df) else {
                 return out;
             };
             if (0.0..=1.0).contains(&mean) {
-                let (lo, hi) = clustered_wilson(mean, n, se * se, t);
+                let (lo, hi) = if spec.method == Method::Cr2Score {
+                    let var = se * se;
+                    let naive = mean * (1.0 - mean) / n;
+                    // The size-weighted variance counts in proportion to the skewness of
+                    // a rate's estimate, |1 - 2p|: not at 1/2, almost fully for rare rates.
+                    let var_half = anova_between_var(cells).map_or(var, |b| {
+                        var + (1.0 - 2.0 * mean).abs() * (naive + b - var).max(0.0)
+                    });
+                    clustered_score_sided(mean, n, var, var_half, t)
+                } else {
+                    clustered_wilson(mean, n, se * se, t)
+                };
                 out.lo = Some(lo);
                 out.hi = Some(hi);
             }
@@ -598,10 +822,10 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
 /// Relative tolerance under which a bootstrap statistic ties the observed one.
 const TIE_TOL: f64 = 1e-9;
 
-/// Resolves [`Method::Auto`]: Wilson for 0/1 data, CR2 otherwise.
+/// Resolves [`Method::Auto`]: the clustered score interval for 0/1 data, CR2 otherwise.
 pub fn resolve(method: Method, cells: &[Moments]) -> Method {
     match method {
-        Method::Auto if cells.iter().all(is_binary) => Method::Cr2Wilson,
+        Method::Auto if cells.iter().all(is_binary) => Method::Cr2Score,
         Method::Auto => Method::Cr2,
         m => m,
     }
@@ -757,18 +981,96 @@ mod tests {
     }
 
     #[test]
-    fn auto_is_wilson_for_pass_fail_and_cr2_otherwise() {
+    fn auto_is_score_for_pass_fail_and_cr2_otherwise() {
         let binary = [binary_cell(4, 1), binary_cell(3, 3), binary_cell(1, 0)];
-        assert_eq!(resolve(Method::Auto, &binary), Method::Cr2Wilson);
+        assert_eq!(resolve(Method::Auto, &binary), Method::Cr2Score);
         let pushed = [cell(&[1.0, 0.0, 0.0, 1.0]), cell(&[0.0]), cell(&[1.0, 1.0])];
-        assert_eq!(resolve(Method::Auto, &pushed), Method::Cr2Wilson);
+        assert_eq!(resolve(Method::Auto, &pushed), Method::Cr2Score);
         let graded = [cell(&[1.0, 0.5]), cell(&[0.0, 1.0])];
         assert_eq!(resolve(Method::Auto, &graded), Method::Cr2);
         let scale = [cell(&[3.0, 4.0]), cell(&[5.0])];
         assert_eq!(resolve(Method::Auto, &scale), Method::Cr2);
         assert_eq!(resolve(Method::Miller, &binary), Method::Miller);
         let ci = cluster_interval(&binary, &IntervalSpec::default());
-        assert_eq!(ci.method, Method::Cr2Wilson);
+        assert_eq!(ci.method, Method::Cr2Score);
+    }
+
+    #[test]
+    fn score_is_wilson_away_from_half_and_wider_toward_it() {
+        // p = 0.1 of 200 rows, design effect 3: below p (r < 1) the bound is Wilson's at
+        // n / deff; above it the between part grows as r^1.25, so the bound is higher.
+        let (p, n, t) = (0.1, 200.0, 2.1);
+        let var = 3.0 * p * (1.0 - p) / n;
+        let (lo, hi) = clustered_score(p, n, var, t);
+        let (wlo, whi) = clustered_wilson(p, n, var, t);
+        assert!((lo - wlo).abs() < 1e-14, "{lo} vs {wlo}");
+        assert!(hi > whi + 0.005, "{hi} vs {whi}");
+        // hi solves (hi - p)^2 = t^2 V(hi).
+        let b = var - p * (1.0 - p) / n;
+        let w = hi * (1.0 - hi);
+        let v = w / n + b * (w / (p * (1.0 - p))).powf(SCORE_EXPONENT);
+        assert!(((hi - p).powi(2) - t * t * v).abs() < 1e-15);
+        // Relabelling pass and fail mirrors the interval.
+        let (lo2, hi2) = clustered_score(1.0 - p, n, var, t);
+        assert!((lo2 - (1.0 - hi)).abs() < 1e-12 && (hi2 - (1.0 - lo)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn score_takes_design_effect_at_least_one() {
+        // A CR2 variance below the binomial one (or p at 0 or 1) gives Wilson at n, which
+        // at p = 0 still has width.
+        let t = 2.0;
+        assert_eq!(clustered_score(0.3, 50.0, 0.001, t), wilson(0.3, 50.0, t));
+        assert_eq!(clustered_score(0.0, 50.0, 0.0, t), wilson(0.0, 50.0, t));
+        assert!(clustered_score(0.0, 50.0, 0.0, t).1 > 0.05);
+        assert_eq!(clustered_score(1.0, 50.0, 0.0, t), wilson(1.0, 50.0, t));
+    }
+
+    #[test]
+    fn anova_between_matches_hand_values_and_needs_replication() {
+        // {1,0,0,0}, {0,0,0,0}, {1,1,0,0}, {0,0,0,0}: template variance 1/48, times 3/16.
+        let eq = [
+            binary_cell(4, 1),
+            binary_cell(4, 0),
+            binary_cell(4, 2),
+            binary_cell(4, 0),
+        ];
+        assert!((anova_between_var(&eq).unwrap() - 1.0 / 256.0).abs() < 1e-15);
+        // 12, 2, 2 zeros and {1, 0}: 85/2352 x 23/54.
+        let uneq = [
+            binary_cell(12, 0),
+            binary_cell(2, 0),
+            binary_cell(2, 0),
+            binary_cell(2, 1),
+        ];
+        let b = anova_between_var(&uneq).unwrap();
+        assert!((b - 1955.0 / 127008.0).abs() < 1e-15, "{b}");
+        // Singletons only, or one cluster: no within-template variance to subtract.
+        assert_eq!(
+            anova_between_var(&[binary_cell(1, 1), binary_cell(1, 0)]),
+            None
+        );
+        assert_eq!(anova_between_var(&[binary_cell(5, 1)]), None);
+    }
+
+    #[test]
+    fn score_sided_widens_only_the_side_toward_half() {
+        let (n, t) = (200.0, 2.1);
+        for p in [0.1, 0.9] {
+            let var = 2.0 * p * (1.0 - p) / n;
+            let (lo, hi) = clustered_score(p, n, var, t);
+            let (lo2, hi2) = clustered_score_sided(p, n, var, 1.5 * var, t);
+            if p < 0.5 {
+                assert!(lo2 == lo && hi2 > hi);
+            } else {
+                assert!(hi2 == hi && lo2 < lo);
+            }
+        }
+        // A non-positive between part on one side only: Wilson at n on that side.
+        let (p, var) = (0.1, 0.9 * 0.1 * 0.9 / n);
+        let (lo, hi) = clustered_score_sided(p, n, var, 3.0 * var, t);
+        assert_eq!(lo, wilson(p, n, t).0);
+        assert!(hi > wilson(p, n, t).1);
     }
 
     #[test]

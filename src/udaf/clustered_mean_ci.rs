@@ -83,7 +83,7 @@ impl AggSpec for ClusteredMeanCi {
         syntax: "clustered_mean_ci(x, cluster [, level [, method [, reps [, seed]]]])",
         returns: "Struct{n: Int64, n_clusters: Int64, mean: Float64, se: Float64, lo: Float64, hi: Float64, method: Utf8, df: Float64}",
         summary: "The mean of `x` with a clustered interval at `level` (default 0.95). `method` \
-                  is one of: `'auto'` (the default): `'cr2_wilson'` when every `x` is 0 or 1 (a \
+                  is one of: `'auto'` (the default): `'cr2_score'` when every `x` is 0 or 1 (a \
                   pass/fail score), `'cr2'` otherwise, the choices whose coverage holds best in \
                   the simulation below; `'miller'`: Miller's clustered SE (as \
                   `clustered_se`) and a normal quantile, evalflow's original interval; `'cr1_t'`: \
@@ -94,16 +94,28 @@ impl AggSpec for ClusteredMeanCi {
                   `'cr2_wilson'`: for proportions (x in [0, 1]), a Wilson score interval at the \
                   effective size mean (1 - mean) / se_cr2^2 with the same t quantile, which stays \
                   in [0, 1] and widens towards 0.5 when the rate is near 0 or 1; \
+                  `'cr2_score'`: for proportions, the clustered score interval: the p0 with \
+                  (mean - p0)^2 <= t^2 V(p0), V(p0) = p0 (1 - p0) / n + B max(r, r^1.25), \
+                  r = p0 (1 - p0) / (mean (1 - mean)), B = se_cr2^2 - mean (1 - mean) / n the \
+                  between-template part (design effect at least 1), so the template variance \
+                  grows toward 0.5 as it does for rare outcomes; for the bound toward 0.5, B \
+                  becomes B + |1 - 2 mean| max(0, B_anova - B), B_anova the one-way ANOVA \
+                  (random-intercept) estimate, which weighs templates by size n_g rather than \
+                  n_g^2; towards the nearer bound it is \
+                  the Wilson interval at the effective size, and at a rate of 0 or 1 Wilson at n; \
+                  `'cr2_ri'`: as `'cr2'` with the variance at least the random-intercept \
+                  model's, MSW / n + sigma_b^2 sum n_g^2 / n^2 from the one-way ANOVA (the \
+                  default of `paired_diff_clustered`); \
                   `'wild_bootstrap'`: the symmetric wild cluster bootstrap-t interval studentized \
                   by the CR2 SE, with `reps` replications (default 999) drawn from `seed` \
                   (default 20160101): Rademacher weights, Webb's six-point weights below 12 \
                   clusters. `df` is the t degrees of freedom used (NULL for the normal and \
-                  bootstrap methods); `se` is the method's SE (CR2 for `cr2_wilson` and \
+                  bootstrap methods); `se` is the method's SE (CR2 for `cr2_wilson`, `cr2_score` and \
                   `wild_bootstrap`).",
         behavior: "Rows where `x` or `cluster` is NULL, or `x` is NaN, are ignored. The struct is never \
                    NULL: `n` and `n_clusters` count what was used; `mean` is NULL when n = 0; `se`, \
                    `lo`, `hi`, `df` are NULL with fewer than two rows or two clusters, and `lo`, `hi` \
-                   for `cr2_wilson` when the mean is outside [0, 1]. The bootstrap is \
+                   for `cr2_wilson` and `cr2_score` when the mean is outside [0, 1]. The bootstrap is \
                    reproducible: the same data and seed give the same interval under any \
                    partitioning. An unknown `method` is an error naming the accepted values.",
         arguments: &[
@@ -115,7 +127,7 @@ impl AggSpec for ClusteredMeanCi {
             ("level", "Optional constant confidence level, default 0.95."),
             (
                 "method",
-                "Optional constant string: 'auto' (default), 'miller', 'cr1_t', 'cr2', 'cr2_wilson' or 'wild_bootstrap'. The result's `method` field names the method used ('auto' resolved).",
+                "Optional constant string: 'auto' (default), 'miller', 'cr1_t', 'cr2', 'cr2_wilson', 'cr2_score', 'cr2_ri' or 'wild_bootstrap'. The result's `method` field names the method used ('auto' resolved).",
             ),
             (
                 "reps",
@@ -128,7 +140,8 @@ impl AggSpec for ClusteredMeanCi {
         ],
         example: "SELECT ci['method'] AS method, ci['lo'] AS lo, ci['hi'] AS hi, ci['df'] AS df FROM (\
                   SELECT unnest([clustered_mean_ci(x, c), clustered_mean_ci(x, c, 0.95, 'miller'), \
-                  clustered_mean_ci(x, c, 0.95, 'cr2_wilson'), clustered_mean_ci(x, c, 0.95, 'wild_bootstrap')]) AS ci \
+                  clustered_mean_ci(x, c, 0.95, 'cr2_wilson'), clustered_mean_ci(x, c, 0.95, 'cr2_score'), \
+                  clustered_mean_ci(x, c, 0.95, 'wild_bootstrap')]) AS ci \
                   FROM (VALUES (1.0, 'a'), (1.0, 'a'), (0.0, 'b'), (0.0, 'b'), (1.0, 'c'), (0.0, 'c'), (1.0, 'd'), (1.0, 'd'), (1.0, 'd')) AS t(x, c))",
     };
 

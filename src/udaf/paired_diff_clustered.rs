@@ -23,13 +23,14 @@ use super::spec::{AggSpec, StatUdaf};
 #[derive(Debug, PartialEq, Eq, Hash, Default)]
 pub struct PairedDiffClustered;
 
-/// The methods that apply to a difference (`cr2_wilson` needs a proportion).
-pub const METHODS: [Method; 5] = [
+/// The methods that apply to a difference (`cr2_wilson` and `cr2_score` need a proportion).
+pub const METHODS: [Method; 6] = [
     Method::Auto,
     Method::Miller,
     Method::Cr1T,
     Method::Cr2,
     Method::WildBootstrap,
+    Method::Cr2Ri,
 ];
 
 /// Result fields: `paired_diff`'s `n, mean_diff, se, z, p_value, lo, hi`, then `method, df`.
@@ -67,11 +68,12 @@ fn groups(args: &AccumulatorArgs) -> Result<ClusteredGroups> {
         3,
         PairedDiffClustered::DOC.name,
         &METHODS,
-        Method::Cr2,
+        Method::Cr2Ri,
     )?;
-    // A difference is not a proportion: `auto` is CR2 here.
+    // A difference is not a proportion: `auto` is CR2 floored at the random-intercept
+    // variance here (it held coverage best for differences in `benches/coverage.rs`).
     if spec.method == Method::Auto {
-        spec.method = Method::Cr2;
+        spec.method = Method::Cr2Ri;
     }
     Ok(ClusteredGroups::new(
         Input::Diff,
@@ -86,10 +88,13 @@ impl AggSpec for PairedDiffClustered {
         syntax: "paired_diff_clustered(a, b, cluster [, level [, method [, reps [, seed]]]])",
         returns: "Struct{n: Int64, mean_diff: Float64, se: Float64, z: Float64, p_value: Float64, lo: Float64, hi: Float64, method: Utf8, df: Float64}",
         summary: "As `paired_diff`, but for cases that share a template: the interval and the test \
-                  of mean(d) = 0, d = a - b, are clustered by `method` (default `'cr2'`; `'auto'` is \
-                  the same here), one of \
+                  of mean(d) = 0, d = a - b, are clustered by `method` (default `'cr2_ri'`; `'auto'` \
+                  is the same here), one of \
                   `'miller'` (Miller's SE, normal quantile and p-value), `'cr1_t'` (CR1 SE, t(G-1)), \
-                  `'cr2'` (bias-reduced CR2 SE, t at the Satterthwaite df) and `'wild_bootstrap'` \
+                  `'cr2'` (bias-reduced CR2 SE, t at the Satterthwaite df), `'cr2_ri'` (as `'cr2'` \
+                  with the variance at least the random-intercept model's, MSW / n + sigma_b^2 \
+                  sum n_g^2 / n^2 from the one-way ANOVA, which keeps unequal template sizes from \
+                  leaving the interval short) and `'wild_bootstrap'` \
                   (symmetric wild cluster bootstrap-t interval; the p-value is the restricted \
                   wild bootstrap's, with the null d = 0 imposed), as in `clustered_mean_ci`. `z` \
                   is mean_diff / se (a t statistic for the t methods); `df` is the t degrees of \
@@ -97,8 +102,8 @@ impl AggSpec for PairedDiffClustered {
         behavior: "Only rows where `a`, `b` and `cluster` are non-NULL (and d is not NaN) are used. The \
                    struct is never NULL: `n` counts the pairs; `mean_diff` is NULL when n = 0; `se`, \
                    `lo`, `hi` are NULL with fewer than two rows or two clusters; `z` and `p_value` \
-                   are NULL when se is NULL or 0. `'cr2_wilson'` does not apply to a difference and \
-                   is an error, as is an unknown method.",
+                   are NULL when se is NULL or 0. `'cr2_wilson'` and `'cr2_score'` do not apply to a \
+                   difference and are errors, as is an unknown method.",
         arguments: &[
             ("a", "Score of version A (numeric or boolean)."),
             ("b", "Score of version B on the same case."),
@@ -109,7 +114,7 @@ impl AggSpec for PairedDiffClustered {
             ("level", "Optional constant confidence level, default 0.95."),
             (
                 "method",
-                "Optional constant string: 'cr2' (default, also 'auto'), 'miller', 'cr1_t' or 'wild_bootstrap'.",
+                "Optional constant string: 'cr2_ri' (default, also 'auto'), 'cr2', 'miller', 'cr1_t' or 'wild_bootstrap'.",
             ),
             (
                 "reps",

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""An independent numpy re-simulation of benches/coverage.rs's designs for the pass-rate
+interval (`cr2_score`, before and after the size-weighted variance) and the paired
+difference (`cr2`, `cr2_ri`), used to choose between variants at more replications than the
+bench runs (the figures in parentheses in docs/functions.md: 10,000 replications, seed 2026).
+Nothing here calls evalflow; the formulas are written out again.
+
+    python3 scripts/coverage_sim.py [reps [seed]]          # pass rates
+    python3 scripts/coverage_sim.py --paired [reps [seed]] # paired differences (memory: reps x 250 MB / 1000)
+"""
+import sys
+
+import numpy as np
+from scipy import optimize, stats
+
+Z = 1.959963984540054
+GX, GW = np.polynomial.hermite_e.hermegauss(120)
+GW = GW / GW.sum()
+
+
+def expit(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def lnmean(a, s):
+    return (GW * expit(a + s * GX)).sum()
+
+
+def intercept(mu, s):
+    return optimize.brentq(lambda a: lnmean(a, s) - mu, -30, 30)
+
+
+def sigma(rho):
+    return np.sqrt(rho / (1 - rho) * np.pi ** 2 / 3)
+
+
+def sizes(rng, R, G, uneq):
+    return (rng.integers(1, 51, size=(R, G)) if uneq else np.full((R, G), 10)).astype(float)
+
+
+def cr2(n, x):
+    """Rows = replications; n, x: per-cluster sizes and sums. CR2 variance, df, the mean."""
+    N = n.sum(1)
+    m = x.sum(1) / N
+    S = x - n * m[:, None]
+    pg = n / N[:, None]
+    V = (S ** 2 / (1 - pg)).sum(1) / N ** 2
+    a = (pg ** 2 * (1 - 2 * pg) / (1 - pg) ** 2).sum(1)
+    b = (pg ** 2 / (1 - pg)).sum(1)
+    return N, m, V, 1 / (a + b * b)
+
+
+def anova(n, x, ss):
+    """One-way ANOVA per row: (MSW, sigma_b^2, sum n^2); ss = per-cluster sum of squares."""
+    N = n.sum(1)
+    G = (n > 0).sum(1)
+    m = x.sum(1) / N
+    mg = x / np.maximum(n, 1)
+    msb = (n * (mg - m[:, None]) ** 2).sum(1) / (G - 1)
+    msw = (ss - n * mg ** 2).sum(1) / np.maximum(N - G, 1)
+    sq = (n ** 2).sum(1)
+    n0 = (N - sq / N) / (G - 1)
+    ok = N > G
+    return np.where(ok, msw, np.nan), np.where(ok, (msb - msw) / n0, np.nan), sq
+
+
+def wilson(p, n, z):
+    z2 = z * z
+    d = 1 + z2 / n
+    c = (p + z2 / (2 * n)) / d
+    h = z * np.sqrt(np.maximum(p * (1 - p) / n, 0) + z2 / (4 * n ** 2)) / d
+    return np.maximum(c - h, 0), np.minimum(c + h, 1)
+
+
+def outer(p, inside, edge, grid=256, iters=60):
+    """Per row, the accepted point of [edge, p] farthest from p: scan from the edge, bisect."""
+    R = len(p)
+    X = edge + (p[:, None] - edge) * np.linspace(0, 1, grid + 1)[None, :-1]
+    ok = inside(X)
+    j = np.where(ok.any(1), ok.argmax(1), grid)
+    inn = np.where(j < grid, X[np.arange(R), np.minimum(j, grid - 1)], p)
+    out = np.where(j > 0, X[np.arange(R), np.maximum(j - 1, 0)], edge)
+    for _ in range(iters):
+        mid = 0.5 * (inn + out)
+        o = inside(mid[:, None])[:, 0]
+        inn, out = np.where(o, mid, inn), np.where(o, out, mid)
+    return np.where(ok[:, 0], edge, inn)
+
+
+def score(n, k, k_exp=1.25, size_weighted=True):
+    """cr2_score. size_weighted=False, k_exp=1.5 is the previous version."""
+    N, p, V, df = cr2(n, k)
+    t = stats.t.ppf(0.975, df)
+    q = np.where(p * (1 - p) > 0, p * (1 - p), 1)
+    naive = p * (1 - p) / N
+    B = V - naive
+    Bh = B
+    if size_weighted:
+        _, sb, sq = anova(n, k, k)  # 0/1 rows: sum of squares = sum
+        Ba = sb * (sq / N ** 2 - 1 / N)
+        Bh = np.where(np.isnan(Ba), B, B + np.abs(1 - 2 * p) * np.maximum(np.nan_to_num(Ba) - B, 0))
+    b_lo, b_hi = np.where(p <= 0.5, B, Bh), np.where(p <= 0.5, Bh, B)
+    wl, wh = wilson(p, N, t)
+
+    def side(Bs):
+        def inside(P):
+            w = P * (1 - P)
+            r = w / q[:, None]
+            v = w / N[:, None] + np.maximum(Bs, 0)[:, None] * np.maximum(r, r ** k_exp)
+            return (p[:, None] - P) ** 2 <= (t * t)[:, None] * v
+        return inside
+
+    lo, hi = outer(p, side(b_lo), 0.0), outer(p, side(b_hi), 1.0)
+    ok = naive > 0
+    return np.where(ok & (b_lo > 0), lo, wl), np.where(ok & (b_hi > 0), hi, wh)
+
+
+def diff_interval(n, x, ss, floor):
+    N, d, V, df = cr2(n, x)
+    if floor:
+        msw, sb, sq = anova(n, x, ss)
+        V = np.maximum(V, np.nan_to_num(msw / N + sb * sq / N ** 2, nan=-np.inf))
+    h = stats.t.ppf(0.975, df) * np.sqrt(V)
+    return d - h, d + h
+
+
+def table(rows, names):
+    print("design".ljust(22), " ".join(f"{m:>20}" for m in names))
+    summ = {m: [99, 0, 99, 0, 0] for m in names}
+    for label, G, cells in rows:
+        print(label.ljust(22), " ".join(f"{c:5.1f}({w:.2f},{lm:.1f})".rjust(20) for c, w, lm in cells))
+        for m, (c, w, _) in zip(names, cells):
+            s = summ[m]
+            if G >= 20:
+                s[0], s[1], s[4] = min(s[0], c), max(s[1], c), max(s[4], w)
+            if G == 10:
+                s[2], s[3] = min(s[2], c), max(s[3], w)
+    for m in names:
+        print(f"{m:>14}", "G>=20 %.1f-%.1f  G=10 %.1f  width G=10 %.2f, G>=20 %.2f" % tuple(summ[m]))
+
+
+def cell(lo, hi, truth, est):
+    orc = 2 * Z * est.std(ddof=1)
+    return (100 * np.mean((lo <= truth) & (truth <= hi)), np.mean(hi - lo) / orc,
+            100 * np.mean(hi < truth))
+
+
+def main_rates(R, seed):
+    rng = np.random.default_rng(seed)
+    methods = {"cr2_score_old": lambda n, k: score(n, k, 1.5, False), "cr2_score": score}
+    rows = []
+    for mu in (0.5, 0.05):
+        for uneq in (False, True):
+            for rho in (0.05, 0.3):
+                for G in (5, 10, 20, 40, 100):
+                    s = sigma(rho)
+                    a = intercept(mu, s)
+                    n = sizes(rng, R, G, uneq)
+                    k = rng.binomial(n.astype(int), expit(a + s * rng.standard_normal((R, G)))).astype(float)
+                    est = k.sum(1) / n.sum(1)
+                    rows.append((f'{G:3d} {"1-50" if uneq else "10  "} {rho:4} {mu:4}', G,
+                                 [cell(*f(n, k), mu, est) for f in methods.values()]))
+    table(rows, list(methods))
+
+
+def main_paired(R, seed, delta=0.5):
+    rng = np.random.default_rng(seed)
+    names = ["cr2", "cr2_ri"]
+    rows = []
+    for mu in (0.5, 0.1):
+        for uneq in (False, True):
+            for rho in (0.05, 0.3):
+                for G in (5, 10, 20, 40, 100):
+                    s = sigma(rho)
+                    tau = s / 2
+                    a = intercept(mu, s)
+                    truth = lnmean(a + delta, np.sqrt(s * s + tau * tau)) - mu
+                    n = sizes(rng, R, G, uneq)
+                    u = rng.standard_normal((R, G))
+                    pa = expit(a + s * u)
+                    pb = expit(a + delta + s * u + tau * rng.standard_normal((R, G)))
+                    m = int(n.max())
+                    ua = rng.random((R, G, m))
+                    ub = np.where(rng.random((R, G, m)) < 0.5, ua, rng.random((R, G, m)))
+                    valid = np.arange(m)[None, None, :] < n[:, :, None]
+                    A = (ua < pa[:, :, None]) & valid
+                    Bv = (ub < pb[:, :, None]) & valid
+                    x = (Bv.sum(2) - A.sum(2)).astype(float)
+                    ss = (A ^ Bv).sum(2).astype(float)  # sum of d^2 per cluster
+                    est = x.sum(1) / n.sum(1)
+                    rows.append((f'{G:3d} {"1-50" if uneq else "10  "} {rho:4} {mu:4}', G,
+                                 [cell(*diff_interval(n, x, ss, fl), truth, est) for fl in (False, True)]))
+    table(rows, names)
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if a != "--paired"]
+    R = int(args[0]) if args else 4000
+    seed = int(args[1]) if len(args) > 1 else 2026
+    (main_paired if "--paired" in sys.argv else main_rates)(R, seed)
