@@ -535,7 +535,12 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
             }
             Ok::<_, QueryError>(out)
         })
-        .buffered(crate::query::resources().threads.max(1));
+        .buffered(if crate::query::on_cluster() {
+            // One job at a time on a cluster: its executors split the part already.
+            1
+        } else {
+            crate::query::resources().threads.max(1)
+        });
     while let Some(batches) = scored.next().await {
         for out in batches? {
             rows_written += out.num_rows() as u64;
@@ -630,10 +635,13 @@ async fn part_stream(
         &format!("FROM {calls} k JOIN {validity} v"),
     );
     let s = stream(ctx, &format!("{sql} {filter}")).await;
-    // The plan holds the part's batches; the names are free for the next part.
-    for table in [&calls, &validity] {
-        ctx.deregister_table(table.as_str())
-            .map_err(QueryError::df("score"))?;
+    if !crate::query::on_cluster() {
+        // The plan holds the part's batches; the names are free for the next part. (A
+        // cluster job resolves its tables when first polled: they stay registered.)
+        for table in [&calls, &validity] {
+            ctx.deregister_table(table.as_str())
+                .map_err(QueryError::df("score"))?;
+        }
     }
     s
 }
@@ -693,8 +701,14 @@ async fn load_bases(
     if perturbed == 0 {
         return Ok(bases);
     }
-    let only = "WHERE c.role = 'base' AND c.group_id IN \
-                (SELECT group_id FROM cases WHERE role = 'perturbed')";
+    // Ballista's executors cannot run the subquery (the job never finishes): on a cluster
+    // every base row is loaded, as before.
+    let only = if crate::query::on_cluster() {
+        "WHERE c.role = 'base'"
+    } else {
+        "WHERE c.role = 'base' AND c.group_id IN \
+         (SELECT group_id FROM cases WHERE role = 'perturbed')"
+    };
     for part in store.list_parts("calls").await? {
         let mut s = part_stream(ctx, store, &part, only, 0).await?;
         while let Some(b) = s.next().await {
