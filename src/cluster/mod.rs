@@ -464,14 +464,15 @@ async fn inline_scalar_subqueries(
     for sq in &found {
         let df = datafusion::dataframe::DataFrame::new(state.clone(), sq.subquery.as_ref().clone());
         let field = sq.subquery.schema().field(0).clone();
-        let batches = df.collect().await?;
+        // Two rows are enough to tell a scalar from an error: never collect a whole table.
+        let batches = df.limit(0, Some(2))?.collect().await?;
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         let value = match batches.iter().find(|b| b.num_rows() > 0) {
             None => ScalarValue::try_from(field.data_type())?,
             Some(b) if rows == 1 => ScalarValue::try_from_array(b.column(0), 0)?,
             Some(_) => {
                 return Err(DataFusionError::Execution(format!(
-                    "a scalar subquery returned {rows} rows (at most one is allowed)"
+                    "a scalar subquery returned more than one row (at most one is allowed)"
                 )));
             }
         };
