@@ -471,9 +471,9 @@ async fn inline_scalar_subqueries(
             None => ScalarValue::try_from(field.data_type())?,
             Some(b) if rows == 1 => ScalarValue::try_from_array(b.column(0), 0)?,
             Some(_) => {
-                return Err(DataFusionError::Execution(format!(
-                    "a scalar subquery returned more than one row (at most one is allowed)"
-                )));
+                return Err(DataFusionError::Execution(
+                    "a scalar subquery returned more than one row (at most one is allowed)".into(),
+                ));
             }
         };
         values.push(value);
