@@ -217,6 +217,13 @@ pub fn ordered_context() -> SessionContext {
     context_with(1, false)
 }
 
+/// A local context whose plans run in one partition: for aggregates whose state per group
+/// is large and whose groups are few (see `stages::aggregate`), where a second partition
+/// only adds a copy of every group's state.
+pub fn serial_context() -> SessionContext {
+    context_with(1, true)
+}
+
 fn context_with(partitions: usize, join_reordering: bool) -> SessionContext {
     let r = resources();
     let config = SessionConfig::new()

@@ -223,6 +223,10 @@ async fn indicators(
 
 /// Per group: for each indicator, its count, sum, number of templates, clustered and naive
 /// SE and clustered interval; then the validity distribution and the unscored counts.
+///
+/// The number of templates is the interval's own `n_clusters`: one aggregate (DataFusion
+/// plans the repeated `clustered_mean_ci` calls once) holds each group's templates, where a
+/// `count(DISTINCT template_id)` beside it would hold a second copy of them.
 fn group_sql(
     scorer: &ScorerId,
     keys: &str,
@@ -237,7 +241,7 @@ fn group_sql(
         ));
         sel.push(format!(
             "count(v{i}) AS n{i}, coalesce(sum(v{i}), 0.0) AS s{i}, \
-             count(DISTINCT CASE WHEN v{i} IS NOT NULL THEN template_id END) AS g{i}, \
+             clustered_mean_ci(v{i}, template_id)['n_clusters'] AS g{i}, \
              clustered_mean_ci(v{i}, template_id)['se'] AS se{i}, \
              clustered_mean_ci(v{i}, template_id)['lo'] AS lo{i}, \
              clustered_mean_ci(v{i}, template_id)['hi'] AS hi{i}, \
@@ -271,7 +275,8 @@ fn group_sql(
         "sum(CASE WHEN role <> 'base' AND validity = 'valid_answer' AND score IS NULL AND NOT ({perturbed}) THEN 1 ELSE 0 END) AS unscored"
     ));
     format!(
-        "WITH s AS (SELECT *, {} FROM scores WHERE scorer = {} AND scoring_version = {}) \
+        "WITH s AS (SELECT {keys}, template_id, validity, role, score, {} FROM scores \
+         WHERE scorer = {} AND scoring_version = {}) \
          SELECT {keys}, count(*) AS n_rows, {} FROM s GROUP BY {keys} ORDER BY {keys}",
         vals.join(", "),
         lit(&scorer.name),
@@ -302,7 +307,17 @@ impl Named<'_> {
 
 /// Computes the results of one scorer version: test-level rows, then capability x test type.
 pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRow>, QueryError> {
-    let ctx = new_context();
+    // One partition here: a group's interval needs every one of its templates in one
+    // accumulator. On several partitions DataFusion aggregates in two phases, each
+    // partition holding a partial accumulator of every group with every template it saw,
+    // then a final phase building them again from lists: about three copies of the
+    // templates (2.4 GB at 10M imported calls, one template per case, against 0.7 GB), and
+    // no faster, since the few groups (one per model and test) leave nothing to share.
+    let ctx = if crate::query::on_cluster() {
+        new_context()
+    } else {
+        crate::query::serial_context()
+    };
     register_run(&ctx, store, "").await?;
     // The kind a user scorer declared (recorded beside its scores), else the built-in's.
     let kind = crate::stages::score::metric_kind(store, scorer).await?;

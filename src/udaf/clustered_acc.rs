@@ -16,7 +16,7 @@ use datafusion::arrow::array::{
     Array, ArrayRef, BooleanArray, Float64Array, ListArray, UInt64Array,
 };
 use datafusion::arrow::buffer::OffsetBuffer;
-use datafusion::arrow::compute::{cast, filter};
+use datafusion::arrow::compute::{cast, concat, filter};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::cast::{as_float64_array, as_list_array, as_uint64_array};
 use datafusion::common::{Result, ScalarValue, plan_datafusion_err, plan_err};
@@ -342,6 +342,23 @@ impl Cells {
         }
     }
 
+    /// One group's non-empty cells in cluster order, with its total (dense cells only; a
+    /// sparse map gives an empty group).
+    fn group(&self, g: usize) -> GroupCells {
+        let mut out = GroupCells::default();
+        if let Cells::Dense { stride, m, .. } = self
+            && g < *stride
+        {
+            for (c, cell) in m.iter().skip(g).step_by(*stride).enumerate() {
+                if cell.n > 0 {
+                    out.cells.push((c as u32, *cell));
+                    out.total.merge(cell);
+                }
+            }
+        }
+        out
+    }
+
     /// Every non-empty cell as `(group, cluster, moments)`.
     fn drain(&mut self) -> Vec<(usize, u32, Moments)> {
         let out = match self {
@@ -516,6 +533,36 @@ impl ClusteredGroups {
             .collect()
     }
 
+    /// Every group's result from the dense matrix, a chunk of groups at a time: only one
+    /// chunk's cells are ever copied out of the matrix (with hundreds of thousands of
+    /// clusters per group, a copy of every group's cells would double the peak).
+    fn evaluate_dense(&mut self) -> Result<ArrayRef> {
+        const CHUNK_CELLS: usize = 1 << 20;
+        let mut parts = Vec::new();
+        let mut chunk: Vec<GroupCells> = Vec::new();
+        let mut in_chunk = 0;
+        for g in 0..self.n_groups {
+            let gc = self.cells.group(g);
+            in_chunk += gc.cells.len();
+            chunk.push(gc);
+            if in_chunk >= CHUNK_CELLS {
+                parts.push((self.finish)(&std::mem::take(&mut chunk))?);
+                in_chunk = 0;
+            }
+        }
+        if !chunk.is_empty() || parts.is_empty() {
+            parts.push((self.finish)(&chunk)?);
+        }
+        self.cells = Cells::default();
+        self.n_groups = 0;
+        self.forget_clusters_if_empty();
+        if parts.len() == 1 {
+            return Ok(parts.pop().expect("one part"));
+        }
+        let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+        Ok(concat(&refs)?)
+    }
+
     fn forget_clusters_if_empty(&mut self) {
         if self.n_groups == 0 {
             self.table.clear();
@@ -605,6 +652,9 @@ impl GroupsAccumulator for ClusteredGroups {
     }
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
+        if matches!(emit_to, EmitTo::All) && matches!(self.cells, Cells::Dense { .. }) {
+            return self.evaluate_dense();
+        }
         let groups = self.take(emit_to);
         self.forget_clusters_if_empty();
         (self.finish)(&groups)
