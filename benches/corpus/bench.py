@@ -93,6 +93,9 @@ def main():
         for name, cmd in stages:
             print(f"N={n}: {name} ...", file=sys.stderr)
             results[name] = timed(cmd)
+            wall, cpu, rss, _ = results[name]
+            print(f"N={n}: {name}: {wall:.1f} s, {n / wall:,.0f} rows/s, "
+                  f"{rss / 2**20:,.0f} MiB, cpu/wall {cpu / wall:.2f}", file=sys.stderr)
         dst = os.path.join(a.work, f"duck-{n}.parquet")
         wall, cpu, rss, out = timed([sys.executable, "-c", DUCKDB, src, dst])
         results["duckdb (JSONL->Parquet)"] = (wall, cpu, rss, out)

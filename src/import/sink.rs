@@ -601,6 +601,9 @@ impl ImportSink {
         })
     }
 
+    /// The cases, in the order the corpus first names them: the order of the calls parts,
+    /// so a calls part's cases sit in a few Parquet pages of `cases` and the score stage's
+    /// join (which filters `cases` by the part's case ids while decoding) skips the rest.
     fn cases_sql(&self) -> String {
         let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
         let d = &self.defaults;
@@ -612,7 +615,8 @@ impl ImportSink {
              first_value(input ORDER BY seq) AS input, \
              first_value(expected ORDER BY seq) AS expected, \
              CAST(NULL AS VARCHAR) AS expectation, CAST(NULL AS DOUBLE) AS tolerance, \
-             CAST(NULL AS VARCHAR) AS perturbation FROM st GROUP BY case_id",
+             CAST(NULL AS VARCHAR) AS perturbation FROM st GROUP BY case_id \
+             ORDER BY min(seq)",
             tt = lit(&d.test_type),
             role = lit(&d.role),
         )
