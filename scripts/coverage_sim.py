@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """An independent numpy re-simulation of benches/coverage.rs's designs for the pass-rate
 interval (`cr2_score`: before the size-weighted variance, before the floored-variance
-multiplier away from 1/2, and now) and the paired
-difference (`cr2`, `cr2_ri`), used to choose between variants at more replications than the
-bench runs (the figures in parentheses in docs/functions.md: 10,000 replications, seed 2026).
+multiplier away from 1/2, and now) and the paired difference (`cr2`, `cr2_ri`), used to
+choose between variants at more replications than the bench runs (the figures in parentheses
+in docs/functions.md: 10,000 replications, seeds 2026 and 9090).
 Nothing here calls evalflow; the formulas are written out again.
 
     python3 scripts/coverage_sim.py [reps [seed]]          # pass rates
