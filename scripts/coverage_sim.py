@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """An independent numpy re-simulation of benches/coverage.rs's designs for the pass-rate
-interval (`cr2_score`, before and after the size-weighted variance) and the paired
-difference (`cr2`, `cr2_ri`), used to choose between variants at more replications than the
-bench runs (the figures in parentheses in docs/functions.md: 10,000 replications, seed 2026).
+interval (`cr2_score`: before the size-weighted variance, before the floored-variance
+multiplier away from 1/2, and now) and the paired difference (`cr2`, `cr2_ri`), used to
+choose between variants at more replications than the bench runs (the figures in parentheses
+in docs/functions.md: 10,000 replications, seeds 2026 and 9090).
 Nothing here calls evalflow; the formulas are written out again.
 
     python3 scripts/coverage_sim.py [reps [seed]]          # pass rates
@@ -12,6 +13,7 @@ import sys
 
 import numpy as np
 from scipy import optimize, stats
+from scipy.interpolate import RegularGridInterpolator
 
 Z = 1.959963984540054
 GX, GW = np.polynomial.hermite_e.hermegauss(120)
@@ -87,8 +89,37 @@ def outer(p, inside, edge, grid=256, iters=60):
     return np.where(ok[:, 0], edge, inn)
 
 
-def score(n, k, k_exp=1.25, size_weighted=True):
-    """cr2_score. size_weighted=False, k_exp=1.5 is the previous version."""
+def _floored_table(M=1500):
+    """The 0.95 quantile of Z / sqrt(max(kappa, U)), U = chi^2_df / df, on a grid of (log df,
+    kappa), by a midpoint rule over U's quantiles; interpolated below (good to about 1e-3, enough
+    for coverage; scripts/cr2_reference.py has the exact one)."""
+    ks = np.linspace(0, 1, 51)
+    lnu = np.linspace(np.log(1.01), np.log(3000), 45)
+    T = np.zeros((len(lnu), len(ks)))
+    for i, l in enumerate(lnu):
+        u = stats.chi2.ppf((np.arange(M) + 0.5) / M, np.exp(l)) / np.exp(l)
+        for j, kap in enumerate(ks):
+            s = np.sqrt(np.maximum(kap, u))
+            T[i, j] = optimize.brentq(lambda c: 2 * stats.norm.sf(c * s).mean() - 0.05, 0.5, 400)
+    return RegularGridInterpolator((lnu, ks), T), lnu
+
+
+_FLOORED = None
+
+
+def floored_quantile(kappa, df):
+    """Vectorized floored-variance multiplier, at least the normal quantile."""
+    global _FLOORED
+    if _FLOORED is None:
+        _FLOORED = _floored_table()
+    f, lnu = _FLOORED
+    x = np.stack([np.clip(np.log(df), lnu[0], lnu[-1]), np.clip(kappa, 0, 1)], -1)
+    return np.maximum(f(x), Z)
+
+
+def score(n, k, k_exp=1.25, size_weighted=True, floored=True):
+    """cr2_score. floored=False is the previous version; with also size_weighted=False,
+    k_exp=1.5 the one before."""
     N, p, V, df = cr2(n, k)
     t = stats.t.ppf(0.975, df)
     q = np.where(p * (1 - p) > 0, p * (1 - p), 1)
@@ -100,9 +131,16 @@ def score(n, k, k_exp=1.25, size_weighted=True):
         Ba = sb * (sq / N ** 2 - 1 / N)
         Bh = np.where(np.isnan(Ba), B, B + np.abs(1 - 2 * p) * np.maximum(np.nan_to_num(Ba) - B, 0))
     b_lo, b_hi = np.where(p <= 0.5, B, Bh), np.where(p <= 0.5, Bh, B)
-    wl, wh = wilson(p, N, t)
+    # Away from 1/2: the floored-variance multiplier, weighed in by the skewness |1 - 2p|.
+    t_away = t
+    if floored:
+        s = np.abs(1 - 2 * p)
+        kappa = np.where(naive > 0, naive / np.where(V > naive, V, np.where(naive > 0, naive, 1)), 1.0)
+        t_away = s * floored_quantile(kappa, df) + (1 - s) * t
+    t_lo, t_hi = np.where(p <= 0.5, t_away, t), np.where(p <= 0.5, t, t_away)
+    wl, wh = wilson(p, N, t_lo)[0], wilson(p, N, t_hi)[1]
 
-    def side(Bs):
+    def side(Bs, t):
         def inside(P):
             w = P * (1 - P)
             r = w / q[:, None]
@@ -110,7 +148,7 @@ def score(n, k, k_exp=1.25, size_weighted=True):
             return (p[:, None] - P) ** 2 <= (t * t)[:, None] * v
         return inside
 
-    lo, hi = outer(p, side(b_lo), 0.0), outer(p, side(b_hi), 1.0)
+    lo, hi = outer(p, side(b_lo, t_lo), 0.0), outer(p, side(b_hi, t_hi), 1.0)
     ok = naive > 0
     return np.where(ok & (b_lo > 0), lo, wl), np.where(ok & (b_hi > 0), hi, wh)
 
@@ -147,7 +185,8 @@ def cell(lo, hi, truth, est):
 
 def main_rates(R, seed):
     rng = np.random.default_rng(seed)
-    methods = {"cr2_score_old": lambda n, k: score(n, k, 1.5, False), "cr2_score": score}
+    methods = {"cr2_score_old": lambda n, k: score(n, k, 1.5, False, False),
+               "cr2_score_prev": lambda n, k: score(n, k, floored=False), "cr2_score": score}
     rows = []
     for mu in (0.5, 0.05):
         for uneq in (False, True):

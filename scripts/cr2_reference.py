@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import optimize, stats
+from scipy import integrate, optimize, stats
 
 FIX = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "stats" / "scores.csv"
 
@@ -90,18 +90,45 @@ def random_intercept_var(x, cl):
     return float(msw / N + (msb - msw) / n0 * np.sum(ng ** 2) / N ** 2)
 
 
-def score(p, n, var, t, k=1.25, var_half=None):
+def floored_t_quantile(level, df, kappa):
+    """The two-sided `level` quantile of Z / sqrt(max(kappa, U)), U = chi^2_df / df, at least the
+    normal one: the multiplier of a variance estimate floored at the known share kappa of the
+    truth. Tail P(|Z| > c sqrt(max(kappa, U))) by scipy quad on u (evalflow: Simpson on log u),
+    root by brentq (evalflow: bisection)."""
+    z = stats.norm.ppf(1 - (1 - level) / 2)
+    t = stats.t.ppf(1 - (1 - level) / 2, df)
+    a = 1 - level
+
+    def tail(c):
+        below = stats.chi2.cdf(df * kappa, df) * 2 * stats.norm.sf(c * math.sqrt(kappa))
+        f = lambda u: 2 * stats.norm.sf(c * math.sqrt(u)) * df * stats.chi2.pdf(df * u, df)
+        mid = max(kappa, 1) + 1
+        up = integrate.quad(f, kappa, mid, epsabs=1e-14, epsrel=1e-13, limit=500)[0]
+        return below + up + integrate.quad(f, mid, 60, epsabs=1e-14, epsrel=1e-13, limit=500)[0]
+
+    if tail(z) <= a:
+        return float(z)
+    return float(optimize.brentq(lambda c: tail(c) - a, z, t, xtol=1e-15, rtol=1e-15))
+
+
+def score(p, n, var, t, k=1.25, var_half=None, t_away=None):
     """The clustered score interval: each bound is the outermost p0 on its side of p with
     (p - p0)^2 <= t^2 V(p0), V(p0) = p0 (1 - p0) / n + B max(r, r^k), r = p0 (1 - p0) / (p (1 - p)),
     B = var - p (1 - p) / n away from 1/2 and var_half - p (1 - p) / n toward 1/2 (the upper side
-    when p <= 1/2); a side with B <= 0 gets Wilson's bound at n. Solved here by a fine grid and
-    brentq (evalflow scans 512 points and bisects)."""
+    when p <= 1/2); a side with B <= 0 gets Wilson's bound at n. The multiplier is t toward 1/2
+    and t_away (default t) away from it. Solved here by a fine grid and brentq (evalflow scans
+    512 points and bisects)."""
     naive = p * (1 - p) / n
     var_half = var if var_half is None else var_half
-    b_lo, b_hi = (var - naive, var_half - naive) if p <= 0.5 else (var_half - naive, var - naive)
-    wl, wh = wilson(p, n, t)
+    t_away = t if t_away is None else t_away
+    t_half = t
+    if p <= 0.5:
+        (b_lo, t_lo), (b_hi, t_hi) = (var - naive, t_away), (var_half - naive, t_half)
+    else:
+        (b_lo, t_lo), (b_hi, t_hi) = (var_half - naive, t_half), (var - naive, t_away)
+    wl, wh = wilson(p, n, t_lo)[0], wilson(p, n, t_hi)[1]
 
-    def outer(edge, b, fallback):
+    def outer(edge, b, t, fallback):
         if not (naive > 0 and b > 0):
             return fallback
 
@@ -117,17 +144,23 @@ def score(p, n, var, t, k=1.25, var_half=None):
         j = int(np.argmax(ok))  # first accepted point scanning from the edge
         return optimize.brentq(gap, grid[j - 1], grid[j], xtol=1e-16, rtol=4 * np.finfo(float).eps)
 
-    return outer(0.0, b_lo, wl), outer(1.0, b_hi, wh)
+    return outer(0.0, b_lo, t_lo, wl), outer(1.0, b_hi, t_hi, wh)
 
 
-def score_sql(x, cl, var, t):
+def score_sql(x, cl, var, t, df, level):
     """`cr2_score` as clustered_mean_ci computes it:
-    var_half = var + |1 - 2p| max(0, naive + B_anova - var)."""
+    var_half = var + |1 - 2p| max(0, naive + B_anova - var) toward 1/2, and away from 1/2 the
+    multiplier t_away = |1 - 2p| c + (1 - |1 - 2p|) t, c the floored-variance quantile at
+    kappa = naive / max(var, naive)."""
     x = np.asarray(x, float)
     p, n = float(x.mean()), len(x)
     b = anova_between(x, cl)
-    var_half = var if b is None else var + abs(1 - 2 * p) * max(0.0, p * (1 - p) / n + b - var)
-    return score(p, n, var, t, var_half=var_half)
+    naive = p * (1 - p) / n
+    var_half = var if b is None else var + abs(1 - 2 * p) * max(0.0, naive + b - var)
+    kappa = naive / max(var, naive) if naive > 0 else 1.0
+    s = abs(1 - 2 * p)
+    t_away = s * floored_t_quantile(level, df, kappa) + (1 - s) * t
+    return score(p, n, var, t, var_half=var_half, t_away=t_away)
 
 
 def report(name, x, cl, level=0.95):
@@ -154,7 +187,7 @@ def report(name, x, cl, level=0.95):
         deff = se ** 2 / naive if naive > 0 and se > 0 else 1.0
         out["wilson_lo"], out["wilson_hi"] = wilson(m, n / deff, t)
         out["anova_between"] = anova_between(x, cl)
-        out["score_lo"], out["score_hi"] = score_sql(x, cl, se ** 2, t)
+        out["score_lo"], out["score_hi"] = score_sql(x, cl, se ** 2, t, df, level)
     print(f"// {name}")
     for k, v in out.items():
         print(f"    {k}: {v!r}")
@@ -189,6 +222,9 @@ def main():
     assert abs(r["anova_between"] - 1955 / 127008) < 1e-15
     t = stats.t.ppf(0.975, r["cr2_df"])
     print("    t:", repr(float(t)), " symmetric score:", score(1 / 18, 18, 1 / 144, t))
+    # The floored-variance quantile (unit test in src/udaf/cluster_interval.rs).
+    for level, df, kappa in [(0.95, 9, 0.5), (0.95, 3, 117 / 176), (0.95, 19, 0.8), (0.9, 2.5, 0.3)]:
+        print(f"floored_t_quantile({level}, {df}, {kappa}):", repr(floored_t_quantile(level, df, kappa)))
     # Zero failures in 120 rows from 3 templates: Wilson at n = 120 with t(2), never zero width.
     z = [0] * 120
     print("0 of 120, 3 templates:", score(0.0, 120, 0.0, stats.t.ppf(0.975, 2)))

@@ -936,7 +936,7 @@ mod cr2_reference {
     pub const X_WILSON_LO: f64 = 0.6033728320520222;
     pub const X_WILSON_HI: f64 = 0.720155619506456;
     pub const X_SCORE_LO: f64 = 0.6028489586473933;
-    pub const X_SCORE_HI: f64 = 0.720155619506456;
+    pub const X_SCORE_HI: f64 = 0.7201556195026367;
     // Group B at level 0.9.
     pub const B_SE: f64 = 0.04161752614085535;
     pub const B_DF: f64 = 23.467949266148285;
@@ -945,7 +945,7 @@ mod cr2_reference {
     pub const B_WILSON_LO: f64 = 0.5712226634873907;
     pub const B_WILSON_HI: f64 = 0.7123430148081813;
     pub const B_SCORE_LO: f64 = 0.5706845952756793;
-    pub const B_SCORE_HI: f64 = 0.7123430148081813;
+    pub const B_SCORE_HI: f64 = 0.712341873119567;
     // d = a - b.
     pub const D_SE: f64 = 0.006619946691420038;
     pub const D_DF: f64 = 56.93083325424997;
@@ -1092,10 +1092,11 @@ async fn cr2_hand_worked_example() {
     // CR1 = sqrt(3/2 * (1 + 16/9 + 1/9)) / 6 = sqrt(13/3) / 6: CR2 weights the big cluster more.
     assert_close(Some(v[4]), (13.0f64 / 3.0).sqrt() / 6.0, "CR1 se");
     // The default for 0/1 scores is the clustered score interval; here the design effect is
-    // so large that both bounds fall where it equals the clustered Wilson
+    // so large that the bound toward 1/2 falls where it equals the clustered Wilson; the one
+    // away from 1/2 (hi, as p = 2/3) takes the floored-variance multiplier
     // (scripts/cr2_reference.py).
-    assert!(close(v[5], 0.025579862777769746, 1e-8), "score lo {}", v[5]);
-    assert!(close(v[6], 0.9934799477746361, 1e-8), "score hi {}", v[6]);
+    assert!(close(v[5], 0.02557986277776982, 1e-8), "score lo {}", v[5]);
+    assert!(close(v[6], 0.9911222217233993, 1e-8), "score hi {}", v[6]);
     let m = one(
         &ctx,
         &format!(
@@ -1110,10 +1111,12 @@ async fn cr2_hand_worked_example() {
 /// {0,0,0,0}; N = 16, p = 3/16, S = (1/4, -3/4, 5/4, -3/4), sum S^2 = 11/4, equal sizes so
 /// V = (11/4) / (3/4) / 256 = 11/768 and df = 3; binomial part p(1-p)/N = 39/4096, so
 /// deff = 176/117 and B = 11/768 - 39/4096 = 59/12288. Below p (r < 1) V(p0) is Wilson's at
-/// N / deff = 1872/176, so lo is that Wilson bound in closed form; hi solves
+/// N / deff = 1872/176, so lo is that Wilson bound in closed form, with the multiplier
+/// |1 - 2p| c + (1 - |1 - 2p|) t, c = 2.12317930780149 the floored-variance quantile at
+/// kappa = 1 / deff = 117/176 and df 3; hi solves
 /// (p0 - 3/16)^2 = t^2 (p0 (1 - p0) / 16 + B (p0 (1 - p0) / (39/256))^1.25). Equal sizes: the
 /// ANOVA between variance (1/256) is below B, so both sides use B.
-/// scripts/cr2_reference.py gives lo 0.027610324457366595, hi 0.658209522151033.
+/// scripts/cr2_reference.py gives lo 0.03860905986145632, hi 0.658209522151033.
 #[tokio::test]
 async fn cr2_score_hand_worked_example() {
     let ctx = ctx_with(2);
@@ -1135,14 +1138,17 @@ async fn cr2_score_hand_worked_example() {
     let tq: f64 = 3.1824463052837078; // scipy t(3) 0.975
     let p = 3.0 / 16.0;
     let n_eff = 1872.0 / 176.0;
-    // Wilson's lower bound at n_eff, in closed form.
-    let (t2, den) = (tq * tq, 1.0 + tq * tq / n_eff);
-    let wil_lo = (p + t2 / (2.0 * n_eff)
-        - tq * (p * (1.0 - p) / n_eff + t2 / (4.0 * n_eff * n_eff)).sqrt())
+    // Wilson's lower bound at n_eff, in closed form, with the away side's multiplier.
+    let skew = 1.0 - 2.0 * p;
+    let ta: f64 = skew * 2.12317930780149 + (1.0 - skew) * tq;
+    let (ta2, den) = (ta * ta, 1.0 + ta * ta / n_eff);
+    let wil_lo = (p + ta2 / (2.0 * n_eff)
+        - ta * (p * (1.0 - p) / n_eff + ta2 / (4.0 * n_eff * n_eff)).sqrt())
         / den;
-    assert!(close(lo, wil_lo, 1e-12), "lo {lo} vs {wil_lo}");
-    assert!(close(lo, 0.027610324457366595, 1e-9), "lo {lo}");
-    // hi solves the score equation and is above the Wilson bound.
+    assert!(close(lo, wil_lo, 1e-9), "lo {lo} vs {wil_lo}");
+    assert!(close(lo, 0.03860905986145632, 1e-9), "lo {lo}");
+    // hi solves the score equation (with t) and is above the Wilson bound.
+    let t2 = tq * tq;
     let v = |p0: f64| {
         let w = p0 * (1.0 - p0);
         w / 16.0 + 59.0 / 12288.0 * (w / (39.0 / 256.0)).powf(1.25)
@@ -1159,8 +1165,9 @@ async fn cr2_score_hand_worked_example() {
 /// MSB = (4/9) / 3 = 4/27, MSW = (1/2) / 14 = 1/28, n0 = (18 - 156/18) / 3 = 28/9, so the template
 /// variance is 85/2352 and B_anova = 85/2352 x (156/324 - 1/18) = 1955/127008 (> B = 47/11664),
 /// so the upper side's B is B + (1 - 2/18) (B_anova - B) = 72683/5143824. lo is Wilson's at
-/// N / deff (deff = 81/34); hi solves the score equation with that B, above the symmetric score
-/// bound 0.8261738757246146. scripts/cr2_reference.py: lo 0.0008447954029038598,
+/// N / deff (deff = 81/34) with the away side's multiplier (floored-variance quantile weighed
+/// in by 1 - 2p); hi solves the score equation with that B and t, above the symmetric score
+/// bound 0.8261738757246146. scripts/cr2_reference.py: lo 0.0026384925608784957,
 /// hi 0.9146739794744538, t 5.176231628546525.
 #[tokio::test]
 async fn cr2_score_unequal_sizes_use_anova_between_toward_half() {
@@ -1179,7 +1186,7 @@ async fn cr2_score_unequal_sizes_use_anova_between_toward_half() {
     let (lo, hi) = (f(&r[0][0]).unwrap(), f(&r[0][1]).unwrap());
     assert!(close(f(&r[0][2]).unwrap().powi(2), 1.0 / 144.0, 1e-12));
     let (p, tq) = (1.0 / 18.0, 5.176231628546525);
-    assert!(close(lo, 0.0008447954029038598, 1e-9), "lo {lo}");
+    assert!(close(lo, 0.0026384925608784957, 1e-9), "lo {lo}");
     assert!(close(hi, 0.9146739794744538, 1e-9), "hi {hi}");
     let v = |p0: f64| {
         let w = p0 * (1.0 - p0);

@@ -8,8 +8,8 @@
 //!
 //! Every interval is `clustered_mean_ci`'s default (clusters = templates), the method whose
 //! coverage holds best at few templates (`benches/coverage.rs`, docs/functions.md): for a
-//! rate, a Wilson score interval at the CR2 effective sample size with a t quantile (it stays
-//! inside [0, 1] and is not degenerate at 0 failures); for a mean, CR2 with Satterthwaite
+//! rate, the clustered score interval `cr2_score` (it stays inside [0, 1] and is not
+//! degenerate at 0 failures); for a mean, CR2 with Satterthwaite
 //! degrees of freedom. `ci_method` names the method used. With one template nothing can be
 //! clustered: the interval then treats cases as independent (Wilson for a rate, normal for a
 //! mean) and the row says so (`clustered = false` and a note), never silently.

@@ -102,7 +102,10 @@ impl AggSpec for ClusteredMeanCi {
                   becomes B + |1 - 2 mean| max(0, B_anova - B), B_anova the one-way ANOVA \
                   (random-intercept) estimate, which weighs templates by size n_g rather than \
                   n_g^2; towards the nearer bound it is \
-                  the Wilson interval at the effective size, and at a rate of 0 or 1 Wilson at n; \
+                  the Wilson interval at the effective size, with the multiplier |1 - 2 mean| c + \
+                  (1 - |1 - 2 mean|) t, c the quantile of a variance floored at its binomial share \
+                  1 / deff (between the normal and the t quantile), and at a rate of 0 or 1 Wilson \
+                  at n; \
                   `'cr2_ri'`: as `'cr2'` with the variance at least the random-intercept \
                   model's, MSW / n + sigma_b^2 sum n_g^2 / n^2 from the one-way ANOVA (the \
                   default of `paired_diff_clustered`); \
