@@ -601,22 +601,26 @@ impl ImportSink {
         })
     }
 
-    /// The cases, in the order the corpus first names them: the order of the calls parts,
-    /// so a calls part's cases sit in a few Parquet pages of `cases` and the score stage's
-    /// join (which filters `cases` by the part's case ids while decoding) skips the rest.
+    /// The cases: each case's first record (the one with its lowest `seq`).
+    ///
+    /// Found by joining the staging with each case's first `seq`, not by a `GROUP BY
+    /// case_id` of `first_value`s: the aggregate would hold every case's input text until
+    /// its end (about 0.7 GB at 10M records); the join holds two integers and an id per
+    /// case. The staging streams past the join in `seq` order, so each part lists its
+    /// cases in the order the corpus names them, the order of the calls parts: a calls
+    /// part's cases sit in a few Parquet pages of `cases`, and the score stage's join
+    /// (which filters `cases` by the part's case ids while decoding) skips the rest.
     fn cases_sql(&self) -> String {
         let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
         let d = &self.defaults;
         format!(
-            "SELECT case_id, 'imported' AS suite, first_value(test ORDER BY seq) AS test, \
-             first_value(capability ORDER BY seq) AS capability, {tt} AS test_type, \
-             COALESCE(first_value(cluster ORDER BY seq), case_id) AS template_id, \
-             case_id AS group_id, {role} AS role, \
-             first_value(input ORDER BY seq) AS input, \
-             first_value(expected ORDER BY seq) AS expected, \
+            "SELECT st.case_id, 'imported' AS suite, st.test, st.capability, {tt} AS test_type, \
+             COALESCE(st.cluster, st.case_id) AS template_id, \
+             st.case_id AS group_id, {role} AS role, st.input, st.expected, \
              CAST(NULL AS VARCHAR) AS expectation, CAST(NULL AS DOUBLE) AS tolerance, \
-             CAST(NULL AS VARCHAR) AS perturbation FROM st GROUP BY case_id \
-             ORDER BY min(seq)",
+             CAST(NULL AS VARCHAR) AS perturbation \
+             FROM (SELECT min(seq) AS first_seq FROM st GROUP BY case_id) f \
+             JOIN st ON st.seq = f.first_seq",
             tt = lit(&d.test_type),
             role = lit(&d.role),
         )
@@ -647,10 +651,27 @@ impl ImportSink {
         )
     }
 
+    /// Fails on the first call id that two records share.
+    ///
+    /// Call ids are hex digests, so their first digit splits them into 16 even slices; the
+    /// check runs one `GROUP BY call_id` per range of slices, each over at most about
+    /// [`DUPLICATE_PASS_ROWS`] ids, so its hash table stays the same size whatever the
+    /// corpus (one pass over all 10M ids held about 0.6 GB) for one more read of the
+    /// `call_id` column per pass.
     async fn check_duplicates(&self, ctx: &SessionContext) -> Result<(), ImportError> {
-        let sql = "SELECT call_id FROM staged_calls GROUP BY call_id HAVING count(*) > 1 LIMIT 1";
-        let rows = crate::query::text_rows(ctx, sql).await?;
-        let Some(id) = rows.first().and_then(|r| r[0].clone()) else {
+        let passes = (self.rows() as usize).div_ceil(DUPLICATE_PASS_ROWS);
+        let mut id = None;
+        for range in id_ranges(passes) {
+            let sql = format!(
+                "SELECT call_id FROM staged_calls {range} GROUP BY call_id HAVING count(*) > 1 LIMIT 1"
+            );
+            let rows = crate::query::text_rows(ctx, &sql).await?;
+            id = rows.first().and_then(|r| r[0].clone());
+            if id.is_some() {
+                break;
+            }
+        }
+        let Some(id) = id else {
             return Ok(());
         };
         // Name the two records: a failure path, so a second scan is fine.
@@ -673,6 +694,34 @@ impl ImportSink {
         })
     }
 }
+
+/// `passes` (1 to 16) `WHERE` clauses over `call_id` by its first hex digit: together they
+/// take every id exactly once (the first and last are open-ended, so even an id that is
+/// not hex falls in one).
+fn id_ranges(passes: usize) -> Vec<String> {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let passes = passes.clamp(1, DIGITS.len());
+    (0..passes)
+        .map(|p| {
+            let (lo, hi) = (p * 16 / passes, (p + 1) * 16 / passes);
+            let mut bounds = Vec::new();
+            if lo > 0 {
+                bounds.push(format!("call_id >= '{}'", DIGITS[lo] as char));
+            }
+            if hi < DIGITS.len() {
+                bounds.push(format!("call_id < '{}'", DIGITS[hi] as char));
+            }
+            if bounds.is_empty() {
+                String::new()
+            } else {
+                format!("WHERE {}", bounds.join(" AND "))
+            }
+        })
+        .collect()
+}
+
+/// Call ids one pass of the duplicate check holds at most (about 150 MB of hash table).
+const DUPLICATE_PASS_ROWS: usize = 2_500_000;
 
 /// The staged calls: an imported calls table plus the record's `seq`.
 fn staged_calls_schema() -> SchemaRef {
@@ -804,4 +853,45 @@ fn call_id_udf() -> ScalarUDF {
             Ok(ColumnarValue::Array(Arc::new(out)))
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::id_ranges;
+
+    /// Whether `id` satisfies one `id_ranges` clause (`call_id >= 'x'`, `call_id < 'y'`).
+    fn takes(clause: &str, id: &str) -> bool {
+        clause
+            .trim_start_matches("WHERE ")
+            .split(" AND ")
+            .filter(|c| !c.is_empty())
+            .all(|c| {
+                let bound = c.rsplit('\'').nth(1).expect("quoted bound");
+                if c.contains(">=") {
+                    id >= bound
+                } else {
+                    id < bound
+                }
+            })
+    }
+
+    #[test]
+    fn duplicate_check_passes_take_every_id_once() {
+        assert_eq!(id_ranges(0), vec![String::new()]);
+        assert_eq!(id_ranges(1), vec![String::new()]);
+        assert_eq!(
+            id_ranges(4)[1],
+            "WHERE call_id >= '4' AND call_id < '8'".to_string()
+        );
+        for passes in [2, 3, 4, 5, 7, 16, 40] {
+            let ranges = id_ranges(passes);
+            assert_eq!(ranges.len(), passes.min(16));
+            for id in [
+                "0a", "3f", "4", "7ff", "8", "b0", "f", "ffff", " not hex", "zz",
+            ] {
+                let n = ranges.iter().filter(|r| takes(r, id)).count();
+                assert_eq!(n, 1, "{id} in {n} of {passes} passes: {ranges:?}");
+            }
+        }
+    }
 }

@@ -512,8 +512,16 @@ pub fn wilson(p: f64, n_eff: f64, z: f64) -> (f64, f64) {
     let centre = (p + z2 / (2.0 * n_eff)) / denom;
     let half = z * ((p * (1.0 - p) / n_eff).max(0.0) + z2 / (4.0 * n_eff * n_eff)).sqrt() / denom;
     // At p = 0 (1) the bound is 0 (1) exactly; the difference can round to a speck above it.
-    let lo = if p <= 0.0 { 0.0 } else { (centre - half).max(0.0) };
-    let hi = if p >= 1.0 { 1.0 } else { (centre + half).min(1.0) };
+    let lo = if p <= 0.0 {
+        0.0
+    } else {
+        (centre - half).max(0.0)
+    };
+    let hi = if p >= 1.0 {
+        1.0
+    } else {
+        (centre + half).min(1.0)
+    };
     (lo, hi)
 }
 
