@@ -25,6 +25,9 @@ use crate::schema::{Table, check_compatible};
 /// only a bounded buffer.
 pub const PART_ROWS: usize = 100_000;
 
+/// Rows per row group of a scratch part ([`PartWriter::scratch`]).
+const SCRATCH_ROW_GROUP_ROWS: usize = 16_384;
+
 /// Rows per committed part of a [`PartWriter`]: [`PART_ROWS`], or `EVALFLOW_PART_ROWS` from
 /// the environment (read once; for tests that need many parts, and for tuning).
 pub fn part_rows() -> usize {
@@ -612,10 +615,12 @@ impl PartWriter {
         }
         let name = format!("{}/{}-{:05}.parquet", self.dir, self.prefix, self.next_seq);
         let props = if self.scratch {
+            // Small row groups: a reader holds a whole (uncompressed) row group of every
+            // column it reads, and an import reads its staging on every core at once.
             WriterProperties::builder()
                 .set_compression(Compression::UNCOMPRESSED)
                 .set_dictionary_enabled(false)
-                .set_max_row_group_row_count(Some(PART_ROWS))
+                .set_max_row_group_row_count(Some(SCRATCH_ROW_GROUP_ROWS))
                 .build()
         } else {
             parquet_props()
