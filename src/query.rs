@@ -259,6 +259,13 @@ pub async fn register_parquet(
     register_parquet_paths(ctx, name, &[url.to_string()]).await
 }
 
+/// Listing options for `.parquet` files with the session's Parquet options (so
+/// `schema_force_view_types = false` applies).
+fn parquet_listing(ctx: &SessionContext) -> ListingOptions {
+    let format = ParquetFormat::default().with_options(ctx.state().table_options().parquet.clone());
+    ListingOptions::new(Arc::new(format)).with_file_extension(".parquet")
+}
+
 /// Registers several Parquet folders or files as one table `name`.
 pub async fn register_parquet_paths(
     ctx: &SessionContext,
@@ -276,9 +283,7 @@ pub async fn register_parquet_paths(
         .map(ListingTableUrl::parse)
         .collect::<Result<Vec<_>, _>>()
         .map_err(QueryError::df(what.clone()))?;
-    // Take the session's Parquet options so `schema_force_view_types = false` applies.
-    let format = ParquetFormat::default().with_options(ctx.state().table_options().parquet.clone());
-    let options = ListingOptions::new(Arc::new(format)).with_file_extension(".parquet");
+    let options = parquet_listing(ctx);
     let schema = options
         .infer_schema(&ctx.state(), &table_urls[0])
         .await
@@ -351,10 +356,8 @@ fn register_empty_listing(
 ) -> Result<(), QueryError> {
     let what = format!("table `{name}` ({url})");
     let table_url = ListingTableUrl::parse(url).map_err(QueryError::df(what.clone()))?;
-    let format = ParquetFormat::default().with_options(ctx.state().table_options().parquet.clone());
-    let options = ListingOptions::new(Arc::new(format)).with_file_extension(".parquet");
     let config = ListingTableConfig::new(table_url)
-        .with_listing_options(options)
+        .with_listing_options(parquet_listing(ctx))
         .with_schema(schema);
     let table = ListingTable::try_new(config).map_err(QueryError::df(what.clone()))?;
     ctx.register_table(name, Arc::new(table))

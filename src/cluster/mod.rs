@@ -589,6 +589,11 @@ pub fn is_remote(ctx: &SessionContext) -> bool {
 mod tests {
     use super::*;
 
+    /// The optimized logical plan of `sql`.
+    async fn optimized(ctx: &SessionContext, sql: &str) -> LogicalPlan {
+        ctx.sql(sql).await.unwrap().into_optimized_plan().unwrap()
+    }
+
     #[test]
     fn cluster_urls() {
         let u = ClusterUrl::parse("--cluster", "df://127.0.0.1:50051").unwrap();
@@ -629,12 +634,7 @@ mod tests {
         )
         .unwrap();
         let names = cluster_function_names();
-        let plan = ctx
-            .sql("SELECT mean_se(x) FROM mem")
-            .await
-            .unwrap()
-            .into_optimized_plan()
-            .unwrap();
+        let plan = optimized(&ctx, "SELECT mean_se(x) FROM mem").await;
         let e = check_plan(&plan, &names).unwrap_err();
         assert!(e.contains("table `mem`"), "{e}");
         ctx.register_udf(create_udf(
@@ -644,20 +644,10 @@ mod tests {
             Volatility::Immutable,
             Arc::new(|a: &[ColumnarValue]| Ok(a[0].clone())),
         ));
-        let plan = ctx
-            .sql("SELECT only_here(x) FROM (VALUES (1.0)) t(x)")
-            .await
-            .unwrap()
-            .into_optimized_plan()
-            .unwrap();
+        let plan = optimized(&ctx, "SELECT only_here(x) FROM (VALUES (1.0)) t(x)").await;
         let e = check_plan(&plan, &names).unwrap_err();
         assert!(e.contains("function `only_here`"), "{e}");
-        let plan = ctx
-            .sql("SELECT clustered_se(x, 1) FROM (VALUES (1.0)) t(x)")
-            .await
-            .unwrap()
-            .into_optimized_plan()
-            .unwrap();
+        let plan = optimized(&ctx, "SELECT clustered_se(x, 1) FROM (VALUES (1.0)) t(x)").await;
         check_plan(&plan, &names).unwrap();
     }
 }

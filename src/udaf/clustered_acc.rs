@@ -537,7 +537,8 @@ impl ClusteredGroups {
     /// chunk's cells are ever copied out of the matrix (with hundreds of thousands of
     /// clusters per group, a copy of every group's cells would double the peak).
     fn evaluate_dense(&mut self) -> Result<ArrayRef> {
-        const CHUNK_CELLS: usize = 1 << 20;
+        // Small under test, so the unit tests' few hundred cells take several chunks.
+        const CHUNK_CELLS: usize = if cfg!(test) { 64 } else { 1 << 20 };
         let mut parts = Vec::new();
         let mut chunk: Vec<GroupCells> = Vec::new();
         let mut in_chunk = 0;
