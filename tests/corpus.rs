@@ -476,3 +476,93 @@ fn import_refuses_two_records_of_one_sample_and_keeps_no_table() {
         assert_eq!(parts(&root.join(t)), 0, "{t} has no part");
     }
 }
+
+/// Records that name their sample go straight to `calls`; those that do not are numbered
+/// by a plan after the highest index given for their (case, model). Either way a call gets
+/// the same id: importing the numbered corpus with every index written out gives the same
+/// calls.
+#[test]
+fn import_numbers_missing_samples_after_given_ones_with_the_same_call_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let line = |input: &str, model: &str, sample: Option<i64>, answer: &str| {
+        let mut v = serde_json::json!({
+            "request": {"model": model, "messages": [{"role": "user", "content": input}]},
+            "response": {"choices": [{"message": {"content": answer}, "finish_reason": "stop"}]},
+        });
+        if let Some(s) = sample {
+            v["sample_idx"] = serde_json::json!(s);
+        }
+        v
+    };
+    let records = [
+        line("case a", "m1", Some(0), "a0"),
+        line("case a", "m1", Some(1), "a1"),
+        line("case b", "m1", None, "b-first"),
+        line("case a", "m1", None, "a-next"),
+        line("case a", "m2", Some(5), "a5"),
+        line("case b", "m1", None, "b-second"),
+        line("case a", "m1", None, "a-last"),
+    ];
+    let write = |name: &str, rows: &[serde_json::Value]| {
+        let p = dir.path().join(name);
+        let body: String = rows.iter().map(|r| format!("{r}\n")).collect();
+        std::fs::write(&p, body).unwrap();
+        p
+    };
+    let mixed = write("mixed.jsonl", &records);
+    let root = dir.path().join("mixed");
+    ok(&[
+        "import",
+        mixed.to_str().unwrap(),
+        "--out",
+        root.to_str().unwrap(),
+    ]);
+    let q = "SELECT c.input, k.model, k.sample_idx, k.response, k.call_id FROM calls k \
+             JOIN cases c ON k.case_id = c.case_id ORDER BY c.input, k.model, k.sample_idx";
+    let got = sql(&root, q, &[]);
+    let key = |r: &serde_json::Value| {
+        format!(
+            "{} {} {} {}",
+            r["input"].as_str().unwrap(),
+            r["model"].as_str().unwrap(),
+            r["sample_idx"],
+            r["response"].as_str().unwrap()
+        )
+    };
+    assert_eq!(
+        got.iter().map(key).collect::<Vec<_>>(),
+        [
+            "case a m1 0 a0",
+            "case a m1 1 a1",
+            "case a m1 2 a-next",
+            "case a m1 3 a-last",
+            "case a m2 5 a5",
+            "case b m1 0 b-first",
+            "case b m1 1 b-second",
+        ]
+    );
+    let cases = sql(&root, "SELECT count(*) AS n FROM cases", &[]);
+    assert_eq!(cases[0]["n"], 2);
+    // The same records with every sample index written out: all of them direct.
+    let numbered: Vec<serde_json::Value> = records
+        .iter()
+        .map(|r| {
+            let answer = r["response"]["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap();
+            let row = got.iter().find(|g| g["response"] == answer).unwrap();
+            let mut r = r.clone();
+            r["sample_idx"] = row["sample_idx"].clone();
+            r
+        })
+        .collect();
+    let full = write("numbered.jsonl", &numbered);
+    let root2 = dir.path().join("numbered");
+    ok(&[
+        "import",
+        full.to_str().unwrap(),
+        "--out",
+        root2.to_str().unwrap(),
+    ]);
+    assert_eq!(sql(&root2, q, &[]), got, "the same call ids either way");
+}

@@ -2,21 +2,33 @@
 //! `calls` out, in memory bounded by a batch and the query memory pool.
 //!
 //! # How
-//! 1. [`ImportSink::push`] takes one record at a time (the readers parse line by line),
-//!    computes its case id and request hash, and appends it to a staging batch; every
-//!    [`STAGE_ROWS`] rows the batch is committed under `<root>/_import/staging/`.
-//! 2. [`ImportSink::finish`] runs DataFusion plans over the staging table, so the parts
-//!    that need the whole corpus (one case per distinct prompt, sample indices of repeats,
-//!    duplicate detection) are hash aggregations and windows that spill under
-//!    `--memory-limit`, not maps:
-//!    - `cases`: `GROUP BY case_id`, the first record's expected answer;
-//!    - `calls`: sample indices from the file, else the order of repeats of the same (case,
-//!      model) (`row_number()` over the records that lack one), and the call id as a SQL
-//!      function of (case, model, sample, request hash); written partition by partition
-//!      under `_import/calls/`;
+//! 1. [`ImportSink::push_many`] takes records in file order, computes each one's case id,
+//!    request and response hashes and, when the record names its sample, its call id (on
+//!    rayon's pool), then routes it:
+//!    - **direct**: a record with its sample index and no imported scores is already a
+//!      `calls` row. Its batch goes to one of `--threads` writer tasks that encode the
+//!      final, compressed parts under `_import/calls/`, and its (`seq`, `call_id`) to a
+//!      small scratch table for the duplicate check. A corpus of such records (the common
+//!      case) is parsed and encoded once, with no staging of its answers.
+//!    - **staged**: a record without a sample index (its index depends on the repeats of
+//!      its case and model across the whole corpus) or with imported scores (which must
+//!      find their call) is appended to a scratch staging table under
+//!      `_import/staging/`, for the plans of step 2.
+//!
+//!    Every record whose case differs from the record before it also appends its case's
+//!    fields to `_import/cases/` (records of one case usually sit together, so this holds
+//!    about one row per case, not per record).
+//! 2. [`ImportSink::finish`] runs DataFusion plans over the scratch tables, so what needs
+//!    the whole corpus is a hash aggregation, join or window that spills under
+//!    `--memory-limit`, never a map:
+//!    - staged `calls`: sample indices from the file, else the order of repeats of the same
+//!      (case, model) after the highest given index (`row_number()` over the records that
+//!      lack one), and the call id as a SQL function of (case, model, sample, request hash);
 //!    - a duplicate call id (two records of the same case, model and sample) is refused
-//!      (exit 2) before anything reaches `calls/`, and the run root keeps no table.
-//! 3. The staged calls parts are renamed into `calls/`, and `_import/` is deleted.
+//!      (exit 2) before anything reaches `calls/`, and the run root keeps no table;
+//!    - `cases`: each case's first record (lowest `seq`), in corpus order.
+//! 3. The calls parts are renamed (direct) or written (staged, without `seq`) into `calls/`,
+//!    and `_import/` is deleted.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -37,7 +49,7 @@ use super::Record;
 use crate::query::{QueryError, new_context};
 use crate::schema::Table;
 use crate::stages::call;
-use crate::storage::{RunStore, StorageError};
+use crate::storage::{PartWriter, RunStore, StorageError};
 
 /// Rows per staging batch (and so the memory of the streaming phase).
 pub const STAGE_ROWS: usize = 8192;
@@ -64,6 +76,9 @@ pub enum ImportError {
         first: u64,
         second: u64,
     },
+    /// A direct calls writer task panicked or was cancelled.
+    #[error("import: a calls writer stopped: {0}")]
+    Writer(String),
 }
 
 impl ImportError {
@@ -73,6 +88,7 @@ impl ImportError {
             ImportError::Query(e) => e.is_bad_input(),
             ImportError::Storage(e) => e.is_bad_input(),
             ImportError::Source(_) | ImportError::Duplicate { .. } => true,
+            ImportError::Writer(_) => false,
         }
     }
 }
@@ -99,17 +115,14 @@ pub struct ImportSummary {
     pub scores: Vec<(String, String, u64)>,
 }
 
-/// The staging table's schema: the calls columns known at parse time, the record's order
-/// (`seq`), its case's fields and its provenance.
+/// The calls-side columns of a record, known at parse time, and its order (`seq`): the
+/// staging table's schema, and the batch a direct record's `calls` row is cut from.
 fn staging_schema() -> SchemaRef {
     let s = |n: &str, null: bool| Field::new(n, DataType::Utf8, null);
     let i64f = |n: &str| Field::new(n, DataType::Int64, true);
     Arc::new(Schema::new(vec![
         Field::new("seq", DataType::UInt64, false),
         s("case_id", false),
-        s("test", false),
-        s("capability", false),
-        s("cluster", true),
         s("model", false),
         s("provider", true),
         Field::new("given_sample_idx", DataType::Int32, true),
@@ -132,11 +145,32 @@ fn staging_schema() -> SchemaRef {
             DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
             true,
         ),
-        s("input", false),
-        s("expected", true),
         s("source_format", false),
         s("source_file", false),
         s("source_id", true),
+    ]))
+}
+
+/// The staged case fields: one row for each record whose case differs from the record
+/// before it.
+fn case_staging_schema() -> SchemaRef {
+    let s = |n: &str, null: bool| Field::new(n, DataType::Utf8, null);
+    Arc::new(Schema::new(vec![
+        Field::new("seq", DataType::UInt64, false),
+        s("case_id", false),
+        s("test", false),
+        s("capability", false),
+        s("cluster", true),
+        s("input", false),
+        s("expected", true),
+    ]))
+}
+
+/// The (`seq`, `call_id`) of each direct record, for the duplicate check.
+fn ids_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("seq", DataType::UInt64, false),
+        Field::new("call_id", DataType::Utf8, false),
     ]))
 }
 
@@ -152,14 +186,11 @@ fn scores_staging_schema() -> SchemaRef {
     ]))
 }
 
-/// Buffers one staging batch.
+/// Buffers one batch of calls-side columns ([`staging_schema`]).
 #[derive(Default)]
 struct Builders {
     seq: UInt64Builder,
     case_id: StringBuilder,
-    test: StringBuilder,
-    capability: StringBuilder,
-    cluster: StringBuilder,
     model: StringBuilder,
     provider: StringBuilder,
     sample_idx: Int32Builder,
@@ -178,8 +209,6 @@ struct Builders {
     max_tokens: Int32Builder,
     temperature: Float64Builder,
     started_at: TimestampMicrosecondBuilder,
-    input: StringBuilder,
-    expected: StringBuilder,
     source_format: StringBuilder,
     source_file: StringBuilder,
     source_id: StringBuilder,
@@ -187,13 +216,38 @@ struct Builders {
 }
 
 impl Builders {
+    fn append(&mut self, seq: u64, r: &Record, k: &Keys) {
+        self.seq.append_value(seq);
+        self.case_id.append_value(&k.case_id);
+        self.model.append_value(&r.model);
+        self.provider.append_option(r.provider.as_deref());
+        self.sample_idx.append_option(r.sample_idx);
+        self.request_hash.append_value(&k.request_hash);
+        self.response_hash.append_option(k.response_hash.as_deref());
+        self.response.append_option(r.response.as_deref());
+        self.finish_reason.append_option(r.finish_reason.as_deref());
+        self.prompt_tokens.append_option(r.prompt_tokens);
+        self.completion_tokens.append_option(r.completion_tokens);
+        self.reasoning_tokens.append_option(r.reasoning_tokens);
+        self.reasoning_chars.append_option(r.reasoning_chars);
+        self.http_status.append_option(r.http_status);
+        self.error.append_option(r.error.as_deref());
+        self.attempts.append_option(r.attempts);
+        self.latency_ms.append_option(r.latency_ms);
+        self.max_tokens
+            .append_option(r.max_tokens.map(|m| i32::try_from(m).unwrap_or(i32::MAX)));
+        self.temperature.append_option(r.temperature);
+        self.started_at.append_option(r.started_at_us);
+        self.source_format.append_value(r.source.format);
+        self.source_file.append_value(&r.source.file);
+        self.source_id.append_option(r.source.id.as_deref());
+        self.rows += 1;
+    }
+
     fn finish(&mut self) -> RecordBatch {
         let cols: Vec<ArrayRef> = vec![
             Arc::new(self.seq.finish()),
             Arc::new(self.case_id.finish()),
-            Arc::new(self.test.finish()),
-            Arc::new(self.capability.finish()),
-            Arc::new(self.cluster.finish()),
             Arc::new(self.model.finish()),
             Arc::new(self.provider.finish()),
             Arc::new(self.sample_idx.finish()),
@@ -212,14 +266,41 @@ impl Builders {
             Arc::new(self.max_tokens.finish()),
             Arc::new(self.temperature.finish()),
             Arc::new(self.started_at.finish().with_timezone("UTC")),
-            Arc::new(self.input.finish()),
-            Arc::new(self.expected.finish()),
             Arc::new(self.source_format.finish()),
             Arc::new(self.source_file.finish()),
             Arc::new(self.source_id.finish()),
         ];
         self.rows = 0;
         RecordBatch::try_new(staging_schema(), cols).expect("staging batch matches its schema")
+    }
+}
+
+/// Buffers staged case fields ([`case_staging_schema`]).
+#[derive(Default)]
+struct CaseBuilders {
+    seq: UInt64Builder,
+    case_id: StringBuilder,
+    test: StringBuilder,
+    capability: StringBuilder,
+    cluster: StringBuilder,
+    input: StringBuilder,
+    expected: StringBuilder,
+    rows: usize,
+}
+
+impl CaseBuilders {
+    fn finish(&mut self) -> RecordBatch {
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(self.seq.finish()),
+            Arc::new(self.case_id.finish()),
+            Arc::new(self.test.finish()),
+            Arc::new(self.capability.finish()),
+            Arc::new(self.cluster.finish()),
+            Arc::new(self.input.finish()),
+            Arc::new(self.expected.finish()),
+        ];
+        self.rows = 0;
+        RecordBatch::try_new(case_staging_schema(), cols).expect("case batch matches its schema")
     }
 }
 
@@ -257,17 +338,104 @@ struct Keys {
     case_id: String,
     request_hash: String,
     response_hash: Option<String>,
+    /// The call id of a direct record (see the module documentation), `None` for a staged
+    /// one.
+    call_id: Option<String>,
 }
 
-/// Receives imported records one at a time; see the module documentation.
+/// A direct batch ([`staging_schema`]) as `calls` rows: the columns by name, the call ids,
+/// and NULL for what an import never knows.
+fn direct_calls(
+    b: &RecordBatch,
+    call_ids: &ArrayRef,
+) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {
+    let schema = super::calls_schema();
+    let cols = schema
+        .fields()
+        .iter()
+        .map(|f| match f.name().as_str() {
+            "call_id" => call_ids.clone(),
+            "sample_idx" => b.column(4).clone(),
+            name => b
+                .column_by_name(name)
+                .cloned()
+                .unwrap_or_else(|| new_null_array(f.data_type(), b.num_rows())),
+        })
+        .collect();
+    RecordBatch::try_new(schema, cols)
+}
+
+/// What a direct calls writer task is sent.
+enum ToWriter {
+    Batch(RecordBatch),
+    /// Commit what is buffered: the import's records are all in.
+    Finish,
+}
+
+/// One task encoding direct `calls` parts; its handle returns the rows it committed.
+struct DirectWriter {
+    tx: tokio::sync::mpsc::Sender<ToWriter>,
+    task: tokio::task::JoinHandle<Result<u64, ImportError>>,
+}
+
+impl DirectWriter {
+    fn spawn(store: &RunStore, k: usize) -> Self {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<ToWriter>(2);
+        let mut w = store.part_writer(
+            STAGED_CALLS,
+            super::calls_schema(),
+            &format!("part-imported-{k:03}"),
+        );
+        let task = tokio::spawn(async move {
+            let mut rows = 0u64;
+            while let Some(m) = rx.recv().await {
+                match m {
+                    ToWriter::Batch(b) => {
+                        rows += b.num_rows() as u64;
+                        w.write(b).await?;
+                    }
+                    ToWriter::Finish => {
+                        w.finish().await?;
+                        return Ok(rows);
+                    }
+                }
+            }
+            // Dropped without `Finish`: the import failed; commit nothing more.
+            Ok(0)
+        });
+        DirectWriter { tx, task }
+    }
+
+    /// The task's outcome once its channel is closed.
+    async fn join(self) -> Result<u64, ImportError> {
+        drop(self.tx);
+        self.task
+            .await
+            .map_err(|e| ImportError::Writer(e.to_string()))?
+    }
+}
+
+/// Receives imported records in file order; see the module documentation.
 pub struct ImportSink {
     store: RunStore,
     defaults: CaseDefaults,
-    b: Builders,
+    /// Direct records of the batch being built, and their call ids.
+    direct: Builders,
+    direct_ids: StringBuilder,
+    staged: Builders,
+    cases: CaseBuilders,
+    /// The case of the last record pushed.
+    last_case: Option<String>,
     sb: ScoreBuilders,
-    staging: Option<crate::storage::PartWriter>,
-    score_staging: Option<crate::storage::PartWriter>,
+    writers: Vec<DirectWriter>,
+    next_writer: usize,
+    ids: Option<PartWriter>,
+    staging: Option<PartWriter>,
+    case_staging: Option<PartWriter>,
+    score_staging: Option<PartWriter>,
     rows: u64,
+    direct_rows: u64,
+    staged_rows: u64,
     missing_samples: u64,
     models: BTreeSet<String>,
     /// (tool, `<tool>-<scorer>`) of every imported score seen.
@@ -275,30 +443,41 @@ pub struct ImportSink {
 }
 
 const STAGING: &str = "_import/staging";
+const CASE_STAGING: &str = "_import/cases";
+const IDS: &str = "_import/ids";
 const SCORE_STAGING: &str = "_import/scores";
+/// Direct calls parts, renamed into `calls/` at the end.
 const STAGED_CALLS: &str = "_import/calls";
+/// Calls of staged records, with their `seq`.
+const PLANNED_CALLS: &str = "_import/planned_calls";
 
 impl ImportSink {
     /// Starts an import into `store` (which must hold no run yet).
     pub async fn new(store: &RunStore, defaults: CaseDefaults) -> Result<Self, ImportError> {
         // A crashed earlier attempt left staging behind: start clean.
         store.delete_dir("_import").await?;
+        let scratch =
+            |dir: &str, schema: SchemaRef| Some(store.part_writer(dir, schema, "stage").scratch());
         Ok(ImportSink {
             store: store.clone(),
             defaults,
-            b: Builders::default(),
+            direct: Builders::default(),
+            direct_ids: StringBuilder::new(),
+            staged: Builders::default(),
+            cases: CaseBuilders::default(),
+            last_case: None,
             sb: ScoreBuilders::default(),
-            staging: Some(
-                store
-                    .part_writer(STAGING, staging_schema(), "stage")
-                    .scratch(),
-            ),
-            score_staging: Some(
-                store
-                    .part_writer(SCORE_STAGING, scores_staging_schema(), "stage")
-                    .scratch(),
-            ),
+            writers: (0..rayon::current_num_threads().max(1))
+                .map(|k| DirectWriter::spawn(store, k))
+                .collect(),
+            next_writer: 0,
+            ids: scratch(IDS, ids_schema()),
+            staging: scratch(STAGING, staging_schema()),
+            case_staging: scratch(CASE_STAGING, case_staging_schema()),
+            score_staging: scratch(SCORE_STAGING, scores_staging_schema()),
             rows: 0,
+            direct_rows: 0,
+            staged_rows: 0,
             missing_samples: 0,
             models: BTreeSet::new(),
             tool_scorers: BTreeSet::new(),
@@ -310,14 +489,8 @@ impl ImportSink {
         self.rows
     }
 
-    /// Adds one record.
-    pub async fn push(&mut self, r: Record) -> Result<(), ImportError> {
-        let k = self.keys(&r);
-        self.stage(r, k).await
-    }
-
-    /// Adds records in their order; their hashes (case id, request and response hash, the
-    /// costly part of staging) are computed on rayon's pool first.
+    /// Adds records in their order; their hashes (case id, request and response hash, call
+    /// id: the costly part of staging) are computed on rayon's pool first.
     pub async fn push_many(&mut self, records: Vec<Record>) -> Result<(), ImportError> {
         use rayon::prelude::*;
         // Records of one case (its samples, its models) usually sit together: each slice
@@ -355,19 +528,21 @@ impl ImportSink {
         if !same_case {
             return self.keys(r);
         }
+        let request_hash = if r.request_key == p.request_key {
+            pk.request_hash.clone()
+        } else {
+            call::sha_prefix(&[&r.request_key], 32)
+        };
         Keys {
             test: pk.test.clone(),
+            call_id: direct_call_id(r, &pk.case_id, &request_hash),
             case_id: pk.case_id.clone(),
-            request_hash: if r.request_key == p.request_key {
-                pk.request_hash.clone()
-            } else {
-                call::sha_hex(&[&r.request_key])[..32].to_string()
-            },
+            request_hash,
             response_hash: call::response_hash(r.response.as_deref()),
         }
     }
 
-    /// A record's test, case id and hashes.
+    /// A record's test, case id, hashes and (direct records) call id.
     fn keys(&self, r: &Record) -> Keys {
         let test = self
             .defaults
@@ -378,34 +553,62 @@ impl ImportSink {
         // One case per (test, the source's case id) where the source has one, else per
         // (test, system, input).
         let case_id = match &r.case_key {
-            Some(k) => call::sha_hex(&["imported", &test, &format!("\u{0}{k}"), ""]),
-            None => call::sha_hex(&[
-                "imported",
-                &test,
-                r.system.as_deref().unwrap_or(""),
-                &r.input,
-            ]),
-        }[..24]
-            .to_string();
+            Some(k) => call::sha_prefix(&["imported", &test, &format!("\u{0}{k}"), ""], 24),
+            None => call::sha_prefix(
+                &[
+                    "imported",
+                    &test,
+                    r.system.as_deref().unwrap_or(""),
+                    &r.input,
+                ],
+                24,
+            ),
+        };
+        let request_hash = call::sha_prefix(&[&r.request_key], 32);
         Keys {
-            request_hash: call::sha_hex(&[&r.request_key])[..32].to_string(),
+            call_id: direct_call_id(r, &case_id, &request_hash),
             response_hash: call::response_hash(r.response.as_deref()),
+            request_hash,
             test,
             case_id,
         }
     }
 
-    /// Appends one record, with its keys, to the staging batches.
+    /// Appends one record, with its keys, to the direct or staged batch (and its case's
+    /// fields when its case is not the last record's); commits full batches.
     async fn stage(&mut self, r: Record, k: Keys) -> Result<(), ImportError> {
         let seq = self.rows;
-        let Keys {
-            test,
-            case_id,
-            request_hash,
-            response_hash,
-        } = k;
+        self.rows += 1;
         if !self.models.contains(&r.model) {
             self.models.insert(r.model.clone());
+        }
+        if self.last_case.as_deref() != Some(k.case_id.as_str()) {
+            let c = &mut self.cases;
+            c.seq.append_value(seq);
+            c.case_id.append_value(&k.case_id);
+            c.test.append_value(&k.test);
+            c.capability
+                .append_value(r.capability.as_deref().unwrap_or(&self.defaults.capability));
+            c.cluster.append_option(r.cluster.as_deref());
+            c.input.append_value(&r.input);
+            c.expected.append_option(r.expected.as_deref());
+            c.rows += 1;
+            self.last_case = Some(k.case_id.clone());
+            if c.rows >= STAGE_ROWS {
+                let batch = c.finish();
+                if let Some(w) = self.case_staging.as_mut() {
+                    w.write(batch).await?;
+                }
+            }
+        }
+        if let Some(id) = &k.call_id {
+            self.direct.append(seq, &r, &k);
+            self.direct_ids.append_value(id);
+            self.direct_rows += 1;
+            if self.direct.rows >= STAGE_ROWS {
+                self.send_direct().await?;
+            }
+            return Ok(());
         }
         let failed = r.error.is_some() || r.http_status.is_some_and(|s| !(200..300).contains(&s));
         let tool = super::tool_of(r.source.format).to_string();
@@ -425,44 +628,13 @@ impl ImportSink {
             sb.detail.append_option(sc.detail.as_deref());
             sb.rows += 1;
         }
-        let b = &mut self.b;
-        b.seq.append_value(seq);
-        b.case_id.append_value(&case_id);
-        b.test.append_value(&test);
-        b.capability
-            .append_value(r.capability.as_deref().unwrap_or(&self.defaults.capability));
-        b.cluster.append_option(r.cluster.as_deref());
-        b.model.append_value(&r.model);
-        b.provider.append_option(r.provider.as_deref());
-        b.sample_idx.append_option(r.sample_idx);
-        b.request_hash.append_value(&request_hash);
-        b.response_hash.append_option(response_hash);
-        b.response.append_option(r.response.as_deref());
-        b.finish_reason.append_option(r.finish_reason.as_deref());
-        b.prompt_tokens.append_option(r.prompt_tokens);
-        b.completion_tokens.append_option(r.completion_tokens);
-        b.reasoning_tokens.append_option(r.reasoning_tokens);
-        b.reasoning_chars.append_option(r.reasoning_chars);
-        b.http_status.append_option(r.http_status);
-        b.error.append_option(r.error.as_deref());
-        b.attempts.append_option(r.attempts);
-        b.latency_ms.append_option(r.latency_ms);
-        b.max_tokens
-            .append_option(r.max_tokens.map(|m| i32::try_from(m).unwrap_or(i32::MAX)));
-        b.temperature.append_option(r.temperature);
-        b.started_at.append_option(r.started_at_us);
-        b.input.append_value(&r.input);
-        b.expected.append_option(r.expected.as_deref());
-        b.source_format.append_value(r.source.format);
-        b.source_file.append_value(&r.source.file);
-        b.source_id.append_option(r.source.id.as_deref());
-        b.rows += 1;
-        self.rows += 1;
+        self.staged.append(seq, &r, &k);
+        self.staged_rows += 1;
         if r.sample_idx.is_none() {
             self.missing_samples += 1;
         }
-        if b.rows >= STAGE_ROWS {
-            let batch = b.finish();
+        if self.staged.rows >= STAGE_ROWS {
+            let batch = self.staged.finish();
             if let Some(w) = self.staging.as_mut() {
                 w.write(batch).await?;
             }
@@ -476,22 +648,49 @@ impl ImportSink {
         Ok(())
     }
 
+    /// Hands the direct batch to the next writer task and stages its ids.
+    async fn send_direct(&mut self) -> Result<(), ImportError> {
+        let batch = self.direct.finish();
+        let ids: ArrayRef = Arc::new(self.direct_ids.finish());
+        let calls = direct_calls(&batch, &ids)
+            .map_err(|e| QueryError::df("import: direct calls batch")(e.into()))?;
+        let id_batch = RecordBatch::try_new(ids_schema(), vec![batch.column(0).clone(), ids])
+            .expect("ids batch matches its schema");
+        if let Some(w) = self.ids.as_mut() {
+            w.write(id_batch).await?;
+        }
+        let k = self.next_writer;
+        self.next_writer = (k + 1) % self.writers.len();
+        if self.writers[k]
+            .tx
+            .send(ToWriter::Batch(calls))
+            .await
+            .is_err()
+        {
+            // The task stopped on an error: report it.
+            let w = self.writers.remove(k);
+            w.join().await?;
+            return Err(ImportError::Writer("a calls writer stopped early".into()));
+        }
+        Ok(())
+    }
+
+    /// Stops the writer tasks without committing what they hold: the import failed and
+    /// `_import/` is about to be deleted.
+    pub async fn abort(self) {
+        for w in self.writers {
+            let _ = w.join().await;
+        }
+    }
+
     /// Runs the plans and commits `cases`, `calls` and the imported scores; see the
     /// module documentation.
     pub async fn finish(mut self) -> Result<ImportSummary, ImportError> {
-        if let Some(mut w) = self.staging.take() {
-            if self.b.rows > 0 {
-                w.write(self.b.finish()).await?;
-            }
-            w.finish().await?;
-        }
-        if let Some(mut w) = self.score_staging.take() {
-            if self.sb.rows > 0 {
-                w.write(self.sb.finish()).await?;
-            }
-            w.finish().await?;
-        }
-        let result = self.plan().await;
+        let committed = self.commit_scratch().await;
+        let result = match committed {
+            Ok(()) => self.plan().await,
+            Err(e) => Err(e),
+        };
         // Staging is scratch either way; a failed import leaves no table behind.
         let cleanup = self.store.delete_dir("_import").await;
         if self.store.table_url("x").starts_with("file:") {
@@ -509,40 +708,88 @@ impl ImportSink {
         Ok(summary)
     }
 
+    /// Commits every buffered batch and waits for the writer tasks.
+    async fn commit_scratch(&mut self) -> Result<(), ImportError> {
+        if self.direct.rows > 0 {
+            self.send_direct().await?;
+        }
+        let mut written = 0;
+        for w in std::mem::take(&mut self.writers) {
+            // A closed channel means the task stopped on an error, which `join` returns.
+            let _ = w.tx.send(ToWriter::Finish).await;
+            written += w.join().await?;
+        }
+        debug_assert_eq!(written, self.direct_rows);
+        let batches = [
+            (self.staged.rows > 0).then(|| self.staged.finish()),
+            (self.cases.rows > 0).then(|| self.cases.finish()),
+            (self.sb.rows > 0).then(|| self.sb.finish()),
+        ];
+        let writers = [
+            self.staging.take(),
+            self.case_staging.take(),
+            self.score_staging.take(),
+        ];
+        for (batch, w) in batches.into_iter().zip(writers) {
+            if let Some(mut w) = w {
+                if let Some(b) = batch {
+                    w.write(b).await?;
+                }
+                w.finish().await?;
+            }
+        }
+        if let Some(w) = self.ids.take() {
+            w.finish().await?;
+        }
+        Ok(())
+    }
+
     async fn plan(&self) -> Result<ImportSummary, ImportError> {
         let ctx = new_context();
         self.store.register_with(&ctx);
         ctx.register_udf(call_id_udf());
-        crate::query::register_parquet(&ctx, "st", &self.store.table_url(STAGING)).await?;
+        crate::query::register_parquet(&ctx, "cs", &self.store.table_url(CASE_STAGING)).await?;
+        let (direct, staged) = (self.direct_rows > 0, self.staged_rows > 0);
+        if direct {
+            crate::query::register_parquet(&ctx, "direct", &self.store.table_url(STAGED_CALLS))
+                .await?;
+            crate::query::register_parquet(&ctx, "ids", &self.store.table_url(IDS)).await?;
+        }
         let has_scores = !self.tool_scorers.is_empty();
-        // Staged calls first (with `seq` when imported scores must find their call), then
-        // the duplicate check on their ids, then the commit.
-        let calls = write_partitioned(
-            &ctx,
-            &self.calls_sql(has_scores),
-            &self.store,
-            STAGED_CALLS,
-            if has_scores {
-                staged_calls_schema()
-            } else {
-                super::calls_schema()
-            },
-        )
-        .await?;
-        crate::query::register_parquet(&ctx, "staged_calls", &self.store.table_url(STAGED_CALLS))
+        // Staged records' calls first, then the duplicate check on every call id, then
+        // the commit.
+        let mut calls = self.direct_rows;
+        if staged {
+            crate::query::register_parquet(&ctx, "st", &self.store.table_url(STAGING)).await?;
+            calls += write_partitioned(
+                &ctx,
+                &self.calls_sql(direct),
+                &self.store,
+                PLANNED_CALLS,
+                "part-imported-planned",
+                staged_calls_schema(),
+            )
             .await?;
-        self.check_duplicates(&ctx).await?;
+            crate::query::register_parquet(
+                &ctx,
+                "staged_calls",
+                &self.store.table_url(PLANNED_CALLS),
+            )
+            .await?;
+        }
+        self.check_duplicates(&ctx, direct, staged).await?;
         let cases = write_partitioned(
             &ctx,
             &self.cases_sql(),
             &self.store,
             "cases",
+            "part-imported",
             Table::Cases.schema(),
         )
         .await?;
         let clustered = crate::query::text_rows(
             &ctx,
-            "SELECT count(DISTINCT case_id) FROM st WHERE cluster IS NOT NULL",
+            "SELECT count(DISTINCT case_id) FROM cs WHERE cluster IS NOT NULL",
         )
         .await?
         .first()
@@ -558,15 +805,18 @@ impl ImportSink {
                 let dir = format!("scores/{scorer}@imported");
                 let n = write_partitioned(
                     &ctx,
-                    &scores_sql(tool, scorer),
+                    &scores_sql(tool, scorer, direct),
                     &self.store,
                     &dir,
+                    "part-imported",
                     Table::Scores.schema(),
                 )
                 .await?;
                 scores.push((format!("{scorer}@imported"), dir, n));
             }
-            // The calls without `seq`, in the declared columns.
+        }
+        if staged {
+            // The staged records' calls without `seq`, in the declared columns.
             let cols: Vec<String> = super::calls_schema()
                 .fields()
                 .iter()
@@ -577,20 +827,20 @@ impl ImportSink {
                 &format!("SELECT {} FROM staged_calls", cols.join(", ")),
                 &self.store,
                 "calls",
+                "part-imported-planned",
                 super::calls_schema(),
             )
             .await?;
-        } else {
-            let os = self.store.object_store();
-            for p in self.store.list_parts(STAGED_CALLS).await? {
-                let name = p.location.filename().unwrap_or_default().to_string();
-                os.rename(&p.location, &self.store.path(&format!("calls/{name}")))
-                    .await
-                    .map_err(|source| StorageError::Store {
-                        location: format!("calls/{name}"),
-                        source,
-                    })?;
-            }
+        }
+        let os = self.store.object_store();
+        for p in self.store.list_parts(STAGED_CALLS).await? {
+            let name = p.location.filename().unwrap_or_default().to_string();
+            os.rename(&p.location, &self.store.path(&format!("calls/{name}")))
+                .await
+                .map_err(|source| StorageError::Store {
+                    location: format!("calls/{name}"),
+                    source,
+                })?;
         }
         Ok(ImportSummary {
             cases,
@@ -603,41 +853,50 @@ impl ImportSink {
 
     /// The cases: each case's first record (the one with its lowest `seq`).
     ///
-    /// Found by joining the staging with each case's first `seq`, not by a `GROUP BY
-    /// case_id` of `first_value`s: the aggregate would hold every case's input text until
-    /// its end (about 0.7 GB at 10M records); the join holds two integers and an id per
-    /// case. The staging streams past the join in `seq` order, so each part lists its
-    /// cases in the order the corpus names them, the order of the calls parts: a calls
-    /// part's cases sit in a few Parquet pages of `cases`, and the score stage's join
-    /// (which filters `cases` by the part's case ids while decoding) skips the rest.
+    /// Found by joining the staged case fields with each case's first `seq`, not by a
+    /// `GROUP BY case_id` of `first_value`s: the aggregate would hold every case's input
+    /// text until its end (about 0.7 GB at 10M records); the join holds two integers and
+    /// an id per case. The staging streams past the join in `seq` order, so each part
+    /// lists its cases in the order the corpus names them, the order of the calls parts:
+    /// a calls part's cases sit in a few Parquet pages of `cases`, and the score stage's
+    /// join (which filters `cases` by the part's case ids while decoding) skips the rest.
     fn cases_sql(&self) -> String {
         let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
         let d = &self.defaults;
         format!(
-            "SELECT st.case_id, 'imported' AS suite, st.test, st.capability, {tt} AS test_type, \
-             COALESCE(st.cluster, st.case_id) AS template_id, \
-             st.case_id AS group_id, {role} AS role, st.input, st.expected, \
+            "SELECT cs.case_id, 'imported' AS suite, cs.test, cs.capability, {tt} AS test_type, \
+             COALESCE(cs.cluster, cs.case_id) AS template_id, \
+             cs.case_id AS group_id, {role} AS role, cs.input, cs.expected, \
              CAST(NULL AS VARCHAR) AS expectation, CAST(NULL AS DOUBLE) AS tolerance, \
              CAST(NULL AS VARCHAR) AS perturbation \
-             FROM (SELECT min(seq) AS first_seq FROM st GROUP BY case_id) f \
-             JOIN st ON st.seq = f.first_seq",
+             FROM (SELECT min(seq) AS first_seq FROM cs GROUP BY case_id) f \
+             JOIN cs ON cs.seq = f.first_seq",
             tt = lit(&d.test_type),
             role = lit(&d.role),
         )
     }
 
-    fn calls_sql(&self, with_seq: bool) -> String {
+    /// The staged records' calls, with their `seq`. A record without a sample index takes
+    /// the next after the highest index given for its (case, model), direct or staged.
+    fn calls_sql(&self, with_direct: bool) -> String {
         // Without missing sample indices no window (and no sort) is needed.
         let source = if self.missing_samples == 0 {
             "SELECT *, given_sample_idx AS sample_idx FROM st".to_string()
         } else {
-            "SELECT st.*, COALESCE(st.given_sample_idx, CAST(COALESCE(g.base, 0) + \
-             row_number() OVER (PARTITION BY st.case_id, st.model, st.given_sample_idx IS NULL \
-             ORDER BY st.seq) - 1 AS INT)) AS sample_idx FROM st LEFT JOIN \
-             (SELECT case_id, model, max(given_sample_idx) + 1 AS base FROM st \
-              WHERE given_sample_idx IS NOT NULL GROUP BY case_id, model) g \
-             ON st.case_id = g.case_id AND st.model = g.model"
-                .to_string()
+            let given = if with_direct {
+                "SELECT case_id, model, sample_idx AS s FROM direct UNION ALL "
+            } else {
+                ""
+            };
+            format!(
+                "SELECT st.*, COALESCE(st.given_sample_idx, CAST(COALESCE(g.base, 0) + \
+                 row_number() OVER (PARTITION BY st.case_id, st.model, st.given_sample_idx IS NULL \
+                 ORDER BY st.seq) - 1 AS INT)) AS sample_idx FROM st LEFT JOIN \
+                 (SELECT case_id, model, max(s) + 1 AS base FROM ({given}SELECT case_id, model, \
+                  given_sample_idx AS s FROM st WHERE given_sample_idx IS NOT NULL) \
+                  GROUP BY case_id, model) g \
+                 ON st.case_id = g.case_id AND st.model = g.model"
+            )
         };
         format!(
             "SELECT evalflow_call_id(case_id, model, sample_idx, request_hash) AS call_id, \
@@ -646,8 +905,7 @@ impl ImportSink {
              prompt_tokens, completion_tokens, reasoning_tokens, reasoning_chars, http_status, \
              error, attempts, latency_ms, max_tokens, temperature, started_at, \
              CAST(NULL AS BOOLEAN) AS retried_for_budget, source_format, source_file, \
-             source_id{seq} FROM ({source})",
-            seq = if with_seq { ", seq" } else { "" }
+             source_id, seq FROM ({source})"
         )
     }
 
@@ -657,13 +915,36 @@ impl ImportSink {
     /// check runs one `GROUP BY call_id` per range of slices, each over at most about
     /// [`DUPLICATE_PASS_ROWS`] ids, so its hash table stays the same size whatever the
     /// corpus (one pass over all 10M ids held about 0.6 GB) for one more read of the
-    /// `call_id` column per pass.
-    async fn check_duplicates(&self, ctx: &SessionContext) -> Result<(), ImportError> {
+    /// ids per pass.
+    async fn check_duplicates(
+        &self,
+        ctx: &SessionContext,
+        direct: bool,
+        staged: bool,
+    ) -> Result<(), ImportError> {
+        let union = |cols: &str| {
+            let mut from = Vec::new();
+            if direct {
+                from.push(format!(
+                    "SELECT {cols} FROM {}",
+                    if cols.contains("seq") {
+                        "ids"
+                    } else {
+                        "direct"
+                    }
+                ));
+            }
+            if staged {
+                from.push(format!("SELECT {cols} FROM staged_calls"));
+            }
+            from.join(" UNION ALL ")
+        };
+        let ids = union("call_id, seq");
         let passes = (self.rows() as usize).div_ceil(DUPLICATE_PASS_ROWS);
         let mut id = None;
         for range in id_ranges(passes) {
             let sql = format!(
-                "SELECT call_id FROM staged_calls {range} GROUP BY call_id HAVING count(*) > 1 LIMIT 1"
+                "SELECT call_id FROM ({ids}) {range} GROUP BY call_id HAVING count(*) > 1 LIMIT 1"
             );
             let rows = crate::query::text_rows(ctx, &sql).await?;
             id = rows.first().and_then(|r| r[0].clone());
@@ -674,24 +955,44 @@ impl ImportSink {
         let Some(id) = id else {
             return Ok(());
         };
-        // Name the two records: a failure path, so a second scan is fine.
-        let sql = format!(
-            "SELECT st.input, k.model, k.sample_idx, st.seq, st.source_file FROM staged_calls k \
-             JOIN st ON k.case_id = st.case_id AND k.model = st.model \
-             AND k.request_hash = st.request_hash \
-             WHERE k.call_id = '{id}' ORDER BY st.seq"
-        );
-        let rows = crate::query::text_rows(ctx, &sql).await?;
-        let get = |i: usize, c: usize| rows.get(i).and_then(|r| r[c].clone()).unwrap_or_default();
-        let seq = |i: usize| get(i, 3).parse::<u64>().map_or(0, |s| s + 1);
+        // Name the two records: a failure path, so more scans are fine.
+        let seqs = crate::query::text_rows(
+            ctx,
+            &format!("SELECT seq FROM ({ids}) WHERE call_id = '{id}' ORDER BY seq"),
+        )
+        .await?;
+        let call = crate::query::text_rows(
+            ctx,
+            &format!(
+                "SELECT k.model, k.sample_idx, k.source_file, cs.input FROM ({}) k \
+                 JOIN cs ON k.case_id = cs.case_id WHERE k.call_id = '{id}' LIMIT 1",
+                union("call_id, case_id, model, sample_idx, source_file")
+            ),
+        )
+        .await?;
+        let get = |c: usize| call.first().and_then(|r| r[c].clone()).unwrap_or_default();
+        let seq = |r: Option<&Vec<Option<String>>>| {
+            r.and_then(|r| r[0].as_deref())
+                .and_then(|s| s.parse::<u64>().ok())
+                .map_or(0, |s| s + 1)
+        };
         Err(ImportError::Duplicate {
-            source_name: get(0, 4),
-            input: get(0, 0),
-            model: get(0, 1),
-            sample_idx: get(0, 2).parse().unwrap_or(0),
-            first: seq(0),
-            second: seq(rows.len().saturating_sub(1)),
+            source_name: get(2),
+            input: get(3),
+            model: get(0),
+            sample_idx: get(1).parse().unwrap_or(0),
+            first: seq(seqs.first()),
+            second: seq(seqs.last()),
         })
+    }
+}
+
+/// The call id of a record that can go straight to `calls` (it names its sample and has
+/// no imported scores to join), else `None`.
+fn direct_call_id(r: &Record, case_id: &str, request_hash: &str) -> Option<String> {
+    match r.sample_idx {
+        Some(s) if r.scores.is_empty() => Some(call::call_id(case_id, &r.model, s, request_hash)),
+        _ => None,
     }
 }
 
@@ -733,11 +1034,23 @@ fn staged_calls_schema() -> SchemaRef {
     fields.push(Field::new("seq", DataType::UInt64, false));
     Arc::new(Schema::new(fields))
 }
-
 /// One imported scores version: a row for every call of the tool (NULL where the tool did
 /// not score it), with the case's fields as the scores table carries them.
-fn scores_sql(tool: &str, scorer: &str) -> String {
+///
+/// The tool's records with no score of their own went straight to `calls` (no `seq` to
+/// join on): they are in the version with a NULL score.
+fn scores_sql(tool: &str, scorer: &str, with_direct: bool) -> String {
     let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let cols = "call_id, case_id, model, sample_idx, response_hash, error, http_status, \
+                source_format";
+    let calls = if with_direct {
+        format!(
+            "(SELECT {cols}, seq FROM staged_calls UNION ALL \
+             SELECT {cols}, CAST(NULL AS BIGINT UNSIGNED) AS seq FROM direct)"
+        )
+    } else {
+        "staged_calls".to_string()
+    };
     format!(
         "SELECT k.call_id, k.case_id, k.model, k.sample_idx, {scorer} AS scorer, \
          'imported' AS scoring_version, k.response_hash, \
@@ -746,7 +1059,7 @@ fn scores_sql(tool: &str, scorer: &str) -> String {
          ELSE 'valid_answer' END AS validity, \
          s.score, s.label, CAST(NULL AS DOUBLE) AS prob, s.passed, s.detail, NULL AS answers, \
          c.test, c.capability, c.test_type, c.role, c.template_id \
-         FROM staged_calls k JOIN imported_cases c ON k.case_id = c.case_id \
+         FROM {calls} k JOIN imported_cases c ON k.case_id = c.case_id \
          LEFT JOIN (SELECT * FROM ss WHERE scorer = {scorer}) s ON k.seq = s.seq \
          WHERE (CASE k.source_format WHEN 'openai-batch' THEN 'openai' ELSE k.source_format END) = {tool}",
         scorer = lit(scorer),
@@ -761,6 +1074,7 @@ async fn write_partitioned(
     sql: &str,
     store: &RunStore,
     dir: &str,
+    prefix: &str,
     schema: SchemaRef,
 ) -> Result<u64, ImportError> {
     let what = format!("import: writing {dir}");
@@ -773,10 +1087,15 @@ async fn write_partitioned(
         .map_err(QueryError::df(what.clone()))?;
     let mut tasks = Vec::new();
     for (k, mut s) in streams.into_iter().enumerate() {
-        let (store, schema, dir, what) =
-            (store.clone(), schema.clone(), dir.to_string(), what.clone());
+        let (store, schema, dir, what, prefix) = (
+            store.clone(),
+            schema.clone(),
+            dir.to_string(),
+            what.clone(),
+            prefix.to_string(),
+        );
         tasks.push(tokio::spawn(async move {
-            let mut w = store.part_writer(&dir, schema.clone(), &format!("part-imported-{k:03}"));
+            let mut w = store.part_writer(&dir, schema.clone(), &format!("{prefix}-{k:03}"));
             let mut rows = 0u64;
             while let Some(b) = s.next().await {
                 let b = conform(b.map_err(QueryError::df(what.clone()))?, &schema)

@@ -119,13 +119,18 @@ pub fn build_provider(model: &ModelConfig) -> Result<Arc<dyn Provider>, CallErro
     }
 }
 
-pub(crate) fn sha_hex(parts: &[&str]) -> String {
+/// The first `chars` (even, at most 64) hex digits of the SHA-256 of `parts`, each part
+/// followed by a NUL byte (so `["ab", "c"]` and `["a", "bc"]` differ).
+pub(crate) fn sha_prefix(parts: &[&str], chars: usize) -> String {
     let mut h = Sha256::new();
     for p in parts {
         h.update(p.as_bytes());
         h.update([0u8]);
     }
-    hex::encode(h.finalize())
+    let digest = h.finalize();
+    let mut out = [0u8; 64];
+    hex::encode_to_slice(&digest[..chars / 2], &mut out[..chars]).expect("64 hex digits fit");
+    String::from_utf8(out[..chars].to_vec()).expect("hex digits are ASCII")
 }
 
 /// The hash of everything the server sees, apart from the sample index.
@@ -139,17 +144,17 @@ pub fn request_hash(model: &ModelConfig, system: Option<&str>, prompt: &str) -> 
         "temperature": model.temperature,
         "params": model.params,
     });
-    sha_hex(&[&params.to_string()])[..32].to_string()
+    sha_prefix(&[&params.to_string()], 32)
 }
 
 /// `call_id`: stable across runs for the same case, model, sample and request.
 pub fn call_id(case_id: &str, model: &str, sample_idx: i32, request_hash: &str) -> String {
-    sha_hex(&[case_id, model, &sample_idx.to_string(), request_hash])[..24].to_string()
+    sha_prefix(&[case_id, model, &sample_idx.to_string(), request_hash], 24)
 }
 
 /// A hash of the answer, so re-scoring can prove it scored the same text.
 pub fn response_hash(response: Option<&str>) -> Option<String> {
-    response.map(|r| sha_hex(&[r])[..24].to_string())
+    response.map(|r| sha_prefix(&[r], 24))
 }
 
 /// The requests of one batch of the plan [`todo_stream`] returns: `case_id`, `input` and
@@ -671,4 +676,21 @@ pub async fn run(
     stats.skipped = suite.saturating_sub(queued).saturating_sub(stats.recovered);
     committed_totals(store, &mut stats).await?;
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sha_prefix_is_the_digest_of_nul_terminated_parts_cut() {
+        // hashlib.sha256(b"a\x00bc\x00").hexdigest()
+        assert_eq!(
+            super::sha_prefix(&["a", "bc"], 24),
+            "aa795aa4bbb6117911ef062e"
+        );
+        assert_ne!(
+            super::sha_prefix(&["ab", "c"], 24),
+            super::sha_prefix(&["a", "bc"], 24)
+        );
+        assert_eq!(super::sha_prefix(&["a", "bc"], 64).len(), 64);
+    }
 }
