@@ -11,10 +11,12 @@
 //! A bad line names `file:line` and the field; a mistyped optional field is an error,
 //! never a silent NULL or a value wrapped through `as u32`.
 
+use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::{ImportError, Options, Provenance, Record, RecordIter, bad, bad_file};
 
@@ -49,12 +51,20 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
                 return;
             }
             let failed = chunk.iter().any(|(_, l)| l.is_err());
+            // Slices in order, each remembering its last request: the samples and models
+            // of a case usually sit together and send the same request text.
             let records: Vec<Result<Record, ImportError>> = chunk
-                .into_par_iter()
-                .filter_map(|(n, line)| match line {
-                    Err(e) => Some(Err(bad(&file, n, "(line)", e))),
-                    Ok(l) if l.trim().is_empty() => None,
-                    Ok(l) => Some(record(&file, n, &l, &model)),
+                .par_chunks(SLICE_LINES)
+                .flat_map_iter(|slice| {
+                    let mut last: Option<(String, Request)> = None;
+                    slice
+                        .iter()
+                        .filter_map(|(n, line)| match line {
+                            Err(e) => Some(Err(bad(&file, n, "(line)", e))),
+                            Ok(l) if l.trim().is_empty() => None,
+                            Ok(l) => Some(record(&file, *n, l, &model, &mut last)),
+                        })
+                        .collect::<Vec<_>>()
                 })
                 .collect();
             let stop = failed || records.iter().any(Result::is_err);
@@ -67,19 +77,25 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
     Ok(Box::new(rx.into_iter().flatten()))
 }
 
-fn record(
-    file: &Path,
-    n: usize,
-    line: &str,
-    model: &Option<String>,
-) -> Result<Record, ImportError> {
-    let v: Value =
-        serde_json::from_str(line).map_err(|e| bad(file, n, "(line)", format!("not JSON: {e}")))?;
-    let req = v
-        .get("request")
-        .filter(|r| r.is_object())
-        .ok_or_else(|| bad(file, n, "request", "missing or not an object"))?;
-    check_optional_fields(file, n, &v, req)?;
+/// Lines a parse task takes in order (and so the reach of the last-request reuse).
+const SLICE_LINES: usize = 256;
+
+/// What a line's `request` gives its record.
+#[derive(Clone)]
+struct Request {
+    system: Option<String>,
+    input: String,
+    model: Option<String>,
+    /// The request as `Value::to_string()` writes it (keys sorted): hashed into
+    /// `request_hash`, so it must not change with how the file spaced or ordered it.
+    key: String,
+    max_tokens: Option<u32>,
+    temperature: Option<f64>,
+}
+
+/// Reads a line's `request` object.
+fn request(file: &Path, n: usize, req: &Value) -> Result<Request, ImportError> {
+    check_request_fields(file, n, req)?;
     let msgs = req
         .get("messages")
         .and_then(Value::as_array)
@@ -104,9 +120,70 @@ fn record(
             "no user message with text content",
         )
     })?;
+    Ok(Request {
+        system,
+        input,
+        model: req.get("model").and_then(Value::as_str).map(String::from),
+        key: req.to_string(),
+        max_tokens: req
+            .get("max_tokens")
+            .and_then(Value::as_u64)
+            .map(|m| m as u32),
+        temperature: req.get("temperature").and_then(Value::as_f64),
+    })
+}
+
+/// One line as a record. `last` is the previous line's request text and what it gave,
+/// reused when this line's request text is the same byte for byte.
+///
+/// The line is split into its fields with `request` and `response` left as raw text: the
+/// request is parsed only when it differs from the last one, and the response by
+/// [`openai::parse`](crate::stages::call::openai::parse)'s typed path, so no `Value` tree
+/// is built for a well-formed line but its small top-level fields.
+fn record(
+    file: &Path,
+    n: usize,
+    line: &str,
+    model: &Option<String>,
+    last: &mut Option<(String, Request)>,
+) -> Result<Record, ImportError> {
+    let mut fields: BTreeMap<String, &RawValue> = match serde_json::from_str(line) {
+        Ok(f) => f,
+        // Not JSON (the parser's own message), or JSON that is not an object.
+        Err(_) => {
+            serde_json::from_str::<Value>(line)
+                .map_err(|e| bad(file, n, "(line)", format!("not JSON: {e}")))?;
+            return Err(bad(file, n, "request", "missing or not an object"));
+        }
+    };
+    let req = fields
+        .remove("request")
+        .filter(|r| r.get().starts_with('{'))
+        .ok_or_else(|| bad(file, n, "request", "missing or not an object"))?;
+    let resp = fields.remove("response");
+    // The rest are small scalars: as a `Value` object, read as before.
+    let v = Value::Object(
+        fields
+            .into_iter()
+            .map(|(k, raw)| {
+                let x: Value = serde_json::from_str(raw.get()).expect("raw JSON re-parses");
+                (k, x)
+            })
+            .collect(),
+    );
+    let rq = match last.as_ref() {
+        Some((text, rq)) if text == req.get() => rq.clone(),
+        _ => {
+            let parsed: Value = serde_json::from_str(req.get()).expect("raw JSON re-parses");
+            let rq = request(file, n, &parsed)?;
+            *last = Some((req.get().to_string(), rq.clone()));
+            rq
+        }
+    };
+    check_optional_fields(file, n, &v)?;
     let model = model
         .clone()
-        .or_else(|| req.get("model").and_then(Value::as_str).map(String::from))
+        .or(rq.model)
         .ok_or_else(|| bad(file, n, "request.model", "missing (or pass --model)"))?;
     let status = v
         .get("http_status")
@@ -115,15 +192,12 @@ fn record(
     let error = v.get("error").and_then(Value::as_str).map(String::from);
     let mut r = Record {
         model,
-        system,
-        input,
+        system: rq.system,
+        input: rq.input,
         expected: v.get("expected").and_then(Value::as_str).map(String::from),
-        request_key: req.to_string(),
-        max_tokens: req
-            .get("max_tokens")
-            .and_then(Value::as_u64)
-            .map(|m| m as u32),
-        temperature: req.get("temperature").and_then(Value::as_f64),
+        request_key: rq.key,
+        max_tokens: rq.max_tokens,
+        temperature: rq.temperature,
         http_status: status,
         source: Provenance {
             format: "pairs",
@@ -132,10 +206,10 @@ fn record(
         },
         ..Record::default()
     };
-    match v.get("response") {
-        Some(Value::Null) | None if error.is_some() => {}
-        Some(resp) if resp.is_object() => {
-            let p = crate::stages::call::openai::parse_value(resp)
+    match resp.map(RawValue::get) {
+        Some("null") | None if error.is_some() => {}
+        Some(text) if text.starts_with('{') => {
+            let p = crate::stages::call::openai::parse(text.as_bytes())
                 .map_err(|e| bad(file, n, "response", e))?;
             r.response = Some(p.content);
             r.finish_reason = p.finish_reason;
@@ -211,11 +285,18 @@ fn facts(file: &Path, n: usize, v: &Value, r: &mut Record) -> Result<(), ImportE
     Ok(())
 }
 
-/// Optional fields must have their type when present.
-fn check_optional_fields(file: &Path, n: usize, v: &Value, req: &Value) -> Result<(), ImportError> {
-    let int = |x: &Value, field: &str, lo: i64, hi: i64| match x {
-        Value::Null => Ok(()),
-        x => match x.as_i64() {
+/// An integer field in `lo..=hi`, when present and not null.
+fn check_int(
+    file: &Path,
+    n: usize,
+    x: Option<&Value>,
+    field: &str,
+    lo: i64,
+    hi: i64,
+) -> Result<(), ImportError> {
+    match x {
+        None | Some(Value::Null) => Ok(()),
+        Some(x) => match x.as_i64() {
             Some(k) if (lo..=hi).contains(&k) => Ok(()),
             _ => Err(bad(
                 file,
@@ -224,32 +305,109 @@ fn check_optional_fields(file: &Path, n: usize, v: &Value, req: &Value) -> Resul
                 format!("`{x}` is not an integer in {lo}..={hi}"),
             )),
         },
-    };
-    let typed = |x: Option<&Value>, field: &str, ok: fn(&Value) -> bool, what: &str| match x {
+    }
+}
+
+/// A field of the type `ok` checks, when present and not null.
+fn check_typed(
+    file: &Path,
+    n: usize,
+    x: Option<&Value>,
+    field: &str,
+    ok: fn(&Value) -> bool,
+    what: &str,
+) -> Result<(), ImportError> {
+    match x {
         Some(x) if !x.is_null() && !ok(x) => {
             Err(bad(file, n, field, format!("`{x}` is not {what}")))
         }
         _ => Ok(()),
-    };
-    if let Some(x) = req.get("max_tokens") {
-        int(x, "request.max_tokens", 0, i32::MAX as i64)?;
     }
-    if let Some(x) = v.get("http_status") {
-        int(x, "http_status", 100, 599)?;
-    }
-    typed(
+}
+
+/// The request's optional fields must have their type when present.
+fn check_request_fields(file: &Path, n: usize, req: &Value) -> Result<(), ImportError> {
+    check_int(
+        file,
+        n,
+        req.get("max_tokens"),
+        "request.max_tokens",
+        0,
+        i32::MAX as i64,
+    )?;
+    check_typed(
+        file,
+        n,
         req.get("temperature"),
         "request.temperature",
         Value::is_number,
         "a number",
-    )?;
-    typed(
+    )
+}
+
+/// The line's optional fields must have their type when present.
+fn check_optional_fields(file: &Path, n: usize, v: &Value) -> Result<(), ImportError> {
+    check_int(file, n, v.get("http_status"), "http_status", 100, 599)?;
+    check_typed(
+        file,
+        n,
         v.get("latency_ms"),
         "latency_ms",
         Value::is_number,
         "a number",
     )?;
-    typed(v.get("expected"), "expected", Value::is_string, "a string")?;
-    typed(v.get("error"), "error", Value::is_string, "a string")?;
-    Ok(())
+    check_typed(
+        file,
+        n,
+        v.get("expected"),
+        "expected",
+        Value::is_string,
+        "a string",
+    )?;
+    check_typed(
+        file,
+        n,
+        v.get("error"),
+        "error",
+        Value::is_string,
+        "a string",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The request key is the request as `Value` writes it, whether the line's request text
+    /// is reused from the line before or parsed again, and however the file spaced it.
+    #[test]
+    fn request_keys_do_not_depend_on_spacing_or_reuse() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.jsonl");
+        let resp = r#""response": {"choices": [{"message": {"content": "ok"}}]}"#;
+        let a = r#"{"temperature": 0.5, "model": "m", "messages": [{"role": "user", "content": "hi"}]}"#;
+        let b = r#"{"messages":[{"content":"hi","role":"user"}],"model":"m","temperature":0.5}"#;
+        let lines = [
+            format!(r#"{{"request": {a}, {resp}, "sample_idx": 0}}"#),
+            format!(r#"{{"request": {a}, {resp}, "sample_idx": 1}}"#),
+            format!(r#"{{"sample_idx": 2, {resp}, "request": {b}}}"#),
+            format!(r#"{{"request": {a}, "response": null, "error": "boom", "sample_idx": 3}}"#),
+        ];
+        std::fs::write(&p, lines.join("\n")).unwrap();
+        let records: Vec<Record> = open(&p, &Options::default())
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let want = serde_json::from_str::<Value>(a).unwrap().to_string();
+        assert_eq!(records.len(), 4);
+        for (i, r) in records.iter().enumerate() {
+            assert_eq!(r.request_key, want, "line {}", i + 1);
+            assert_eq!((r.input.as_str(), r.model.as_str()), ("hi", "m"));
+            assert_eq!(r.temperature, Some(0.5));
+            assert_eq!(r.sample_idx, Some(i as i32));
+        }
+        assert_eq!(records[0].response.as_deref(), Some("ok"));
+        assert_eq!(records[3].response, None);
+        assert_eq!(records[3].error.as_deref(), Some("boom"));
+    }
 }

@@ -39,8 +39,91 @@ pub fn body(model: &ModelConfig, req: &CallRequest, max_tokens: Option<u32>) -> 
 /// # Errors
 /// `malformed JSON: ...` when the body is not JSON or has no `choices[0].message`.
 pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
+    if let Some(p) = parse_typed(bytes) {
+        return Ok(p);
+    }
     let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("malformed JSON: {e}"))?;
     parse_value(&v)
+}
+
+/// What [`parse_value`] reads of a response, as types: deserialised straight from the text,
+/// the rest of the body skipped, with no `Value` tree built. Each struct flattens the keys it
+/// does not read into `IgnoredAny`, which also makes it accept only a JSON object (a derived
+/// struct would otherwise take an array of its fields in order, which the `Value` path
+/// rejects).
+#[derive(serde::Deserialize)]
+struct TypedResponse {
+    choices: Vec<TypedChoice>,
+    #[serde(default)]
+    usage: Option<TypedUsage>,
+    #[serde(flatten)]
+    _rest: serde::de::IgnoredAny,
+}
+
+#[derive(serde::Deserialize)]
+struct TypedChoice {
+    message: TypedMessage,
+    #[serde(default)]
+    finish_reason: Option<String>,
+    #[serde(flatten)]
+    _rest: serde::de::IgnoredAny,
+}
+
+#[derive(serde::Deserialize)]
+struct TypedMessage {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    #[serde(default)]
+    reasoning: Option<String>,
+    #[serde(flatten)]
+    _rest: serde::de::IgnoredAny,
+}
+
+#[derive(serde::Deserialize)]
+struct TypedUsage {
+    #[serde(default)]
+    prompt_tokens: Option<i64>,
+    #[serde(default)]
+    completion_tokens: Option<i64>,
+    #[serde(default)]
+    completion_tokens_details: Option<TypedDetails>,
+    #[serde(flatten)]
+    _rest: serde::de::IgnoredAny,
+}
+
+#[derive(serde::Deserialize)]
+struct TypedDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<i64>,
+    #[serde(flatten)]
+    _rest: serde::de::IgnoredAny,
+}
+
+/// [`parse`] of a well-formed body, in a fraction of the time: `None` whenever the body
+/// strays from the expected types in any way (a non-string content, a fractional token
+/// count, a duplicate key, no choice...), and the caller then takes the `Value` path, which
+/// gives the same result or the precise error. Where both succeed they agree field by field.
+pub fn parse_typed(bytes: &[u8]) -> Option<Parsed> {
+    let r: TypedResponse = serde_json::from_slice(bytes).ok()?;
+    let choice = r.choices.into_iter().next()?;
+    let m = choice.message;
+    let usage = r.usage;
+    Some(Parsed {
+        content: m.content.unwrap_or_default(),
+        finish_reason: choice.finish_reason,
+        prompt_tokens: usage.as_ref().and_then(|u| u.prompt_tokens),
+        completion_tokens: usage.as_ref().and_then(|u| u.completion_tokens),
+        reasoning_tokens: usage
+            .as_ref()
+            .and_then(|u| u.completion_tokens_details.as_ref())
+            .and_then(|d| d.reasoning_tokens),
+        reasoning_chars: m
+            .reasoning_content
+            .or(m.reasoning)
+            .map(|r| r.chars().count() as i64),
+    })
 }
 
 /// [`parse`] of a body already parsed as JSON (an imported record's `response`).
@@ -106,5 +189,39 @@ mod tests {
                 .starts_with("malformed JSON")
         );
         assert!(parse(b"{}").unwrap_err().starts_with("malformed JSON"));
+    }
+
+    /// The typed path gives what the `Value` path gives, or steps aside.
+    #[test]
+    fn typed_parse_agrees_with_the_value_path_or_declines() {
+        let value = |b: &str| parse_value(&serde_json::from_str(b).unwrap());
+        let agree = [
+            r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Positive.\nThe \"room\" \u00e9"},"finish_reason":"stop","logprobs":null}],"usage":{"prompt_tokens":65,"completion_tokens":46,"total_tokens":111}}"#,
+            r#"{"choices":[{"message":{"content":null,"reasoning":"abc"},"finish_reason":null}]}"#,
+            r#"{"choices":[{"message":{"content":"","reasoning_content":null,"reasoning":"\u4f60\u597d"}},{"message":{}}],"usage":null}"#,
+            r#"{"choices":[{"message":{"content":"a"}}],"usage":{"completion_tokens_details":{"reasoning_tokens":-3}}}"#,
+        ];
+        for b in agree {
+            let typed = parse_typed(b.as_bytes()).unwrap_or_else(|| panic!("typed declined {b}"));
+            assert_eq!(Ok(typed), value(b), "{b}");
+            assert_eq!(parse(b.as_bytes()), value(b), "{b}");
+        }
+        // Each strays from the types somewhere: the typed path declines, and `parse` gives
+        // the `Value` path's answer (a value or the error).
+        let decline = [
+            r#"{"choices":[{"message":{"content":5}}]}"#,
+            r#"{"choices":[{"message":{"content":"a"},"finish_reason":7}]}"#,
+            r#"{"choices":[{"message":{"content":"a"}}],"usage":{"prompt_tokens":5.0}}"#,
+            r#"{"choices":[{"message":{"content":"a"}}],"usage":[5,7]}"#,
+            r#"{"choices":[[{"content":"a"},"stop"]]}"#,
+            r#"{"choices":[{"message":["a"]}]}"#,
+            r#"{"choices":[{"message":{"content":"a","content":"b"}}]}"#,
+            r#"{"choices":[]}"#,
+            r#"[[{"message":{"content":"a"}}]]"#,
+        ];
+        for b in decline {
+            assert_eq!(parse_typed(b.as_bytes()), None, "{b}");
+            assert_eq!(parse(b.as_bytes()), value(b), "{b}");
+        }
     }
 }
