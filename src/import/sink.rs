@@ -216,6 +216,38 @@ struct Builders {
 }
 
 impl Builders {
+    /// Builders sized for `rows` rows and `response_bytes` of answers, so a batch fills
+    /// without regrowing (each regrowth copies the column and touches fresh pages).
+    fn with_capacity(rows: usize, response_bytes: usize) -> Self {
+        let text = || StringBuilder::with_capacity(rows, rows * 32);
+        Builders {
+            seq: UInt64Builder::with_capacity(rows),
+            case_id: text(),
+            model: text(),
+            provider: text(),
+            sample_idx: Int32Builder::with_capacity(rows),
+            request_hash: text(),
+            response: StringBuilder::with_capacity(rows, response_bytes),
+            response_hash: text(),
+            finish_reason: text(),
+            prompt_tokens: Int64Builder::with_capacity(rows),
+            completion_tokens: Int64Builder::with_capacity(rows),
+            reasoning_tokens: Int64Builder::with_capacity(rows),
+            reasoning_chars: Int64Builder::with_capacity(rows),
+            http_status: Int32Builder::with_capacity(rows),
+            error: text(),
+            attempts: Int32Builder::with_capacity(rows),
+            latency_ms: Float64Builder::with_capacity(rows),
+            max_tokens: Int32Builder::with_capacity(rows),
+            temperature: Float64Builder::with_capacity(rows),
+            started_at: TimestampMicrosecondBuilder::with_capacity(rows),
+            source_format: text(),
+            source_file: text(),
+            source_id: text(),
+            rows: 0,
+        }
+    }
+
     fn append(&mut self, seq: u64, r: &Record, k: &Keys) {
         self.seq.append_value(seq);
         self.case_id.append_value(&k.case_id);
@@ -270,7 +302,9 @@ impl Builders {
             Arc::new(self.source_file.finish()),
             Arc::new(self.source_id.finish()),
         ];
-        self.rows = 0;
+        // The next batch is sized like this one (with room to spare for its answers).
+        let response_bytes = cols[6].as_string::<i32>().value_data().len();
+        *self = Builders::with_capacity(STAGE_ROWS, response_bytes + response_bytes / 4);
         RecordBatch::try_new(staging_schema(), cols).expect("staging batch matches its schema")
     }
 }
@@ -686,7 +720,12 @@ impl ImportSink {
     /// Runs the plans and commits `cases`, `calls` and the imported scores; see the
     /// module documentation.
     pub async fn finish(mut self) -> Result<ImportSummary, ImportError> {
+        let t = std::time::Instant::now();
         let committed = self.commit_scratch().await;
+        tracing::debug!(
+            secs = t.elapsed().as_secs_f64(),
+            "import: scratch committed"
+        );
         let result = match committed {
             Ok(()) => self.plan().await,
             Err(e) => Err(e),
@@ -777,7 +816,10 @@ impl ImportSink {
             )
             .await?;
         }
+        let t = std::time::Instant::now();
         self.check_duplicates(&ctx, direct, staged).await?;
+        tracing::debug!(secs = t.elapsed().as_secs_f64(), "import: duplicate check");
+        let t = std::time::Instant::now();
         let cases = write_partitioned(
             &ctx,
             &self.cases_sql(),
@@ -795,6 +837,7 @@ impl ImportSink {
         .first()
         .and_then(|r| r[0].as_deref().and_then(|v| v.parse().ok()))
         .unwrap_or(0);
+        tracing::debug!(secs = t.elapsed().as_secs_f64(), "import: cases");
         let mut scores = Vec::new();
         if has_scores {
             crate::query::register_parquet(&ctx, "ss", &self.store.table_url(SCORE_STAGING))
