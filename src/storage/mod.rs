@@ -58,6 +58,9 @@ pub enum StorageError {
     /// The manifest is not valid JSON of the expected shape.
     #[error("{location}: {msg}")]
     Manifest { location: String, msg: String },
+    /// The task encoding and writing a part panicked or was cancelled.
+    #[error("{location}: the task writing this part stopped: {msg}")]
+    Task { location: String, msg: String },
     /// A stage needs a table that the run does not have yet.
     #[error("{root}: table `{table}` has no parts; run `evalflow {stage}` first")]
     MissingTable {

@@ -377,6 +377,8 @@ impl RunStore {
             written_rows: 0,
             parts: Vec::new(),
             scratch: false,
+            inflight: Default::default(),
+            max_inflight: 0,
         }
     }
 }
@@ -580,12 +582,36 @@ pub struct PartWriter {
     /// Scratch parts (an import's staging) are written without compression or dictionaries:
     /// read once by the next plan, they are not worth the encoding time.
     scratch: bool,
+    /// Parts being encoded and put, oldest first (a [`PartWriter::pipelined`] writer).
+    inflight:
+        std::collections::VecDeque<(String, tokio::task::JoinHandle<Result<(), StorageError>>)>,
+    /// How many parts may be in flight at once; 0 encodes each part inside `flush`.
+    max_inflight: usize,
+}
+
+impl Drop for PartWriter {
+    /// A writer dropped before `finish` (its stage failed) stops the parts still in flight
+    /// from being put, where they have not started to be.
+    fn drop(&mut self) {
+        for (_, h) in &self.inflight {
+            h.abort();
+        }
+    }
 }
 
 impl PartWriter {
     /// Writes scratch parts: plain encoding, no compression.
     pub fn scratch(mut self) -> Self {
         self.scratch = true;
+        self
+    }
+
+    /// Encodes up to `parts` parts at once on rayon's pool while the caller
+    /// goes on buffering the next: for a stage whose single writer would otherwise encode
+    /// every part on one core. Parts are named when cut, so the table is the same whatever
+    /// `parts` is; they may land out of order, each atomically.
+    pub fn pipelined(mut self, parts: usize) -> Self {
+        self.max_inflight = parts;
         self
     }
 
@@ -625,31 +651,120 @@ impl PartWriter {
         } else {
             parquet_props()
         };
-        let bytes = encode_with(&self.schema, &self.pending, props).map_err(|source| {
-            StorageError::Parquet {
-                location: name.clone(),
-                source,
-            }
-        })?;
-        self.store.put(&name, bytes).await?;
+        let batches = std::mem::take(&mut self.pending);
         self.next_seq += 1;
-        self.written_rows += self.pending_rows;
-        self.parts.push(name);
-        self.pending.clear();
-        self.pending_rows = 0;
+        self.written_rows += std::mem::take(&mut self.pending_rows);
+        self.parts.push(name.clone());
+        let (store, schema) = (self.store.clone(), self.schema.clone());
+        let encode = move |location: String| {
+            encode_with(&schema, &batches, props)
+                .map_err(|source| StorageError::Parquet { location, source })
+        };
+        if self.max_inflight == 0 {
+            let bytes = encode(name.clone())?;
+            return store.put(&name, bytes).await;
+        }
+        let location = name.clone();
+        // Encoded on rayon's pool (sized by `--threads`): a thread of tokio's blocking
+        // pool would be one more malloc arena holding freed buffers.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        rayon::spawn(move || {
+            let _ = tx.send(encode(location));
+        });
+        let task = tokio::spawn(async move {
+            let bytes = rx.await.map_err(|e| StorageError::Task {
+                location: name.clone(),
+                msg: e.to_string(),
+            })??;
+            store.put(&name, bytes).await
+        });
+        self.inflight
+            .push_back((self.parts[self.parts.len() - 1].clone(), task));
+        while self.inflight.len() > self.max_inflight {
+            self.land_oldest().await?;
+        }
         Ok(())
+    }
+
+    /// Waits for the oldest part in flight.
+    async fn land_oldest(&mut self) -> Result<(), StorageError> {
+        let Some((location, task)) = self.inflight.pop_front() else {
+            return Ok(());
+        };
+        task.await.map_err(|e| StorageError::Task {
+            location,
+            msg: e.to_string(),
+        })?
     }
 
     /// Commits the remainder and returns (rows written, part names).
     pub async fn finish(mut self) -> Result<(usize, Vec<String>), StorageError> {
         self.flush().await?;
-        Ok((self.written_rows, self.parts))
+        while !self.inflight.is_empty() {
+            self.land_oldest().await?;
+        }
+        Ok((
+            std::mem::take(&mut self.written_rows),
+            std::mem::take(&mut self.parts),
+        ))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pipelined writer names parts when it cuts them: the same parts, with the same
+    /// rows, as a writer that encodes each inside `flush`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pipelined_parts_are_the_inline_parts() {
+        use datafusion::arrow::array::{Int64Array, RecordBatch};
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let rows = part_rows();
+        let mut listings = Vec::new();
+        for (k, inflight) in [0usize, 2].into_iter().enumerate() {
+            let store = RunStore::open(&format!("memory://pipelined-{k}/run")).unwrap();
+            let mut w = store
+                .part_writer("t", schema.clone(), "part")
+                .pipelined(inflight);
+            for b in 0..5 {
+                let start = (b * rows) as i64;
+                let xs = Int64Array::from_iter_values(start..start + rows as i64);
+                w.write(RecordBatch::try_new(schema.clone(), vec![Arc::new(xs)]).unwrap())
+                    .await
+                    .unwrap();
+            }
+            let (written, parts) = w.finish().await.unwrap();
+            assert_eq!((written, parts.len()), (5 * rows, 5));
+            let mut firsts = Vec::new();
+            for m in store.list_parts("t").await.unwrap() {
+                let bytes = store
+                    .object_store()
+                    .get(&m.location)
+                    .await
+                    .unwrap()
+                    .bytes()
+                    .await
+                    .unwrap();
+                let r =
+                    datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(
+                        bytes, rows,
+                    )
+                    .unwrap();
+                let b = r.into_iter().next().unwrap().unwrap();
+                let xs = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                firsts.push((
+                    m.location.filename().unwrap().to_string(),
+                    xs.value(0),
+                    b.num_rows(),
+                ));
+            }
+            listings.push(firsts);
+        }
+        assert_eq!(listings[0], listings[1]);
+        assert_eq!(listings[0][4].1, (4 * rows) as i64);
+    }
 
     #[test]
     fn root_urls_parse_into_store_and_prefix() {

@@ -525,7 +525,9 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
             .put(&format!("{}/{DEFINITION_FILE}", id.dir()), text)
             .await?;
     }
-    let mut writer = store.part_writer(&id.dir(), Table::Scores.schema(), "part");
+    let mut writer = store
+        .part_writer(&id.dir(), Table::Scores.schema(), "part")
+        .pipelined(crate::query::resources().threads.max(1));
     // Parquet encoding runs on its own task: inline, it would stop the joins and scoring
     // of the next parts (polled only by this loop) while a part is encoded.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(4);
