@@ -239,14 +239,19 @@ pub async fn run(a: CheckArgs) -> Result<(), CliError> {
         .collect();
     out.push_str(&render_table(&["language", "rows", "share"], &t));
 
-    // 5. Twenty random scored rows for hand-reading.
+    // 5. Twenty random scored rows for hand-reading. The twenty are drawn from `scores`
+    // alone (a top-k: memory for twenty rows), and only they are joined with their answers
+    // and reasons: a join of the whole tables would hold one of them in memory (1.2 GB for
+    // a 1M-call run). Ties (the versions of one call) go by scorer and version.
     let sample = ctx
         .sql(&format!(
-            "SELECT s.call_id, s.test, k.response AS answer, s.label, s.passed, s.validity, v.validity_reason AS reason, \
-             s.scorer || '@' || s.scoring_version AS scoring_version \
-             FROM scores s JOIN calls k ON s.call_id = k.call_id JOIN validity v ON s.call_id = v.call_id \
-             ORDER BY md5(s.call_id || '{}') LIMIT 20",
-            a.seed
+            "WITH s AS (SELECT call_id, test, label, passed, validity, scorer, scoring_version AS version, \
+             md5(call_id || '{seed}') AS draw FROM scores ORDER BY draw, scorer, version LIMIT 20) \
+             SELECT s.call_id, s.test, k.response AS answer, s.label, s.passed, s.validity, v.validity_reason AS reason, \
+             s.scorer || '@' || s.version AS scoring_version \
+             FROM s JOIN calls k ON s.call_id = k.call_id JOIN validity v ON s.call_id = v.call_id \
+             ORDER BY s.draw, s.scorer, s.version",
+            seed = a.seed
         ))
         .await
         .map_err(internal)?
