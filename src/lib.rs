@@ -7,6 +7,7 @@
 pub mod cli;
 #[cfg(feature = "ballista")]
 pub mod cluster;
+pub mod config;
 pub mod import;
 pub mod judge;
 pub mod mock;

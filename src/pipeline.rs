@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use toml::Spanned;
 
+pub use crate::config::{JudgeChecklist, JudgeQuestion, KNOWN_PROVIDERS, ModelConfig};
+
 /// Errors in a pipeline file. Every variant names the file and, where known, the line.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -144,9 +146,6 @@ impl Spans {
     }
 }
 
-/// Provider names accepted in `[model] provider`.
-pub const KNOWN_PROVIDERS: &[&str] = &["builtin:vader", "openai", "anthropic"];
-
 /// `[run]`: naming of runs.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -166,59 +165,6 @@ impl RunConfig {
             .map(crate::query::parse_bytes)
             .transpose()
     }
-}
-
-/// `[model]` (and `[judge]`): the model under test. See DESIGN.md, "Pipeline file".
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ModelConfig {
-    /// `openai` (any OpenAI-compatible server), `anthropic`, or `builtin:vader`.
-    pub provider: String,
-    pub base_url: Option<String>,
-    /// The model name sent to the server.
-    pub name: String,
-    /// The NAME of the environment variable holding the key; the key itself never appears.
-    pub api_key_env: Option<String>,
-    #[serde(default = "default_concurrency")]
-    pub concurrency: usize,
-    /// K samples per case.
-    #[serde(default = "default_samples")]
-    pub samples: u32,
-    pub max_tokens: Option<u32>,
-    /// Omitted means the server's default; never changed silently.
-    pub temperature: Option<f64>,
-    pub requests_per_minute: Option<u32>,
-    pub tokens_per_minute: Option<u32>,
-    /// Per-request timeout in seconds.
-    #[serde(default = "default_timeout")]
-    pub timeout_secs: f64,
-    #[serde(default = "default_retries")]
-    pub max_retries: u32,
-    /// Retry once at double max_tokens when the answer is empty with finish_reason `length`.
-    #[serde(default)]
-    pub retry_empty_length: bool,
-    /// Extra HTTP headers (values must not be secrets; use `api_key_env`).
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    /// Extra JSON body parameters merged into each request.
-    #[serde(default)]
-    pub params: BTreeMap<String, serde_json::Value>,
-    pub system_prompt: Option<String>,
-    /// How a case's input becomes the user message; `{input}` is replaced.
-    pub prompt_template: Option<String>,
-}
-
-fn default_concurrency() -> usize {
-    16
-}
-fn default_samples() -> u32 {
-    1
-}
-fn default_timeout() -> f64 {
-    60.0
-}
-fn default_retries() -> u32 {
-    5
 }
 
 /// `[suite]`: the CheckList suite's global options.
@@ -416,24 +362,6 @@ pub struct ScoreConfig {
     /// changed scorer file scores the same run again under a new version.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scorer_files: Vec<PathBuf>,
-}
-
-/// `[score.judge]`: a checklist of atomic YES/NO questions for the judge scorer.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct JudgeChecklist {
-    /// Question ids and texts, in order; the answers vector follows this order.
-    pub questions: Vec<JudgeQuestion>,
-    /// Extra instructions placed before the questions.
-    pub instructions: Option<String>,
-}
-
-/// One checklist question.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct JudgeQuestion {
-    pub id: String,
-    pub text: String,
 }
 
 impl Default for ScoreConfig {

@@ -183,6 +183,63 @@ pub mod col {
     pub const CALL_ID: &str = "call_id";
 }
 
+/// One generated case (a row of `cases`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Case {
+    pub case_id: String,
+    pub suite: String,
+    pub test: String,
+    pub capability: String,
+    pub test_type: String,
+    pub template_id: String,
+    pub group_id: String,
+    pub role: String,
+    pub input: String,
+    pub expected: Option<String>,
+    pub expectation: Option<String>,
+    pub tolerance: Option<f64>,
+    pub perturbation: Option<String>,
+}
+
+/// Builds a `cases` record batch.
+pub fn cases_batch(cases: &[Case]) -> RecordBatch {
+    let s = |f: fn(&Case) -> &str| -> datafusion::arrow::array::ArrayRef {
+        Arc::new(datafusion::arrow::array::StringArray::from_iter_values(
+            cases.iter().map(f),
+        ))
+    };
+    let o = |f: fn(&Case) -> Option<&str>| -> datafusion::arrow::array::ArrayRef {
+        Arc::new(
+            cases
+                .iter()
+                .map(f)
+                .collect::<datafusion::arrow::array::StringArray>(),
+        )
+    };
+    let cols: Vec<datafusion::arrow::array::ArrayRef> = vec![
+        s(|c| &c.case_id),
+        s(|c| &c.suite),
+        s(|c| &c.test),
+        s(|c| &c.capability),
+        s(|c| &c.test_type),
+        s(|c| &c.template_id),
+        s(|c| &c.group_id),
+        s(|c| &c.role),
+        s(|c| &c.input),
+        o(|c| c.expected.as_deref()),
+        o(|c| c.expectation.as_deref()),
+        Arc::new(
+            cases
+                .iter()
+                .map(|c| c.tolerance)
+                .collect::<datafusion::arrow::array::Float64Array>(),
+        ),
+        o(|c| c.perturbation.as_deref()),
+    ];
+    RecordBatch::try_new(Table::Cases.schema(), cols)
+        .expect("cases batch matches schemas/cases.json")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 
 use super::CallRequest;
 use super::http::Parsed;
-use crate::pipeline::ModelConfig;
+use crate::config::ModelConfig;
 
 /// The path under `base_url`.
 pub const PATH: &str = "/messages";

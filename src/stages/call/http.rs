@@ -19,7 +19,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::limits::{Limits, backoff, parse_retry_after};
 use super::{CallError, CallRequest, CallResult, Provider, anthropic, openai};
-use crate::pipeline::ModelConfig;
+use crate::config::ModelConfig;
 
 /// Header carrying the request hash, so servers (and the mock) can log it.
 pub const REQUEST_HASH_HEADER: &str = "x-evalflow-request-hash";

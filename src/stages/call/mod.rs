@@ -31,12 +31,12 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use crate::pipeline::ModelConfig;
+use crate::config::ModelConfig;
 use crate::schema::Table;
 use crate::storage::{RunStore, StorageError};
 
 /// The providers a `[model]` may name (declared with the pipeline format).
-pub use crate::pipeline::KNOWN_PROVIDERS;
+pub use crate::config::KNOWN_PROVIDERS;
 
 /// Errors of the call stage (per-call failures are rows, not errors).
 #[derive(Debug, thiserror::Error)]

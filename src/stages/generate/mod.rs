@@ -21,13 +21,12 @@ pub mod suggest;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use sha2::{Digest, Sha256};
 
 use crate::pipeline::{ModelConfig, PerturbSpec, Pipeline, PipelineError, TestConfig};
-use crate::schema::Table;
+pub use crate::schema::{Case, cases_batch as to_batch};
 use crate::stages::call::{CallError, Provider};
 
 /// Errors of the generate stage.
@@ -46,24 +45,6 @@ pub enum GenerateError {
         input: String,
         msg: String,
     },
-}
-
-/// One generated case (a row of `cases`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Case {
-    pub case_id: String,
-    pub suite: String,
-    pub test: String,
-    pub capability: String,
-    pub test_type: String,
-    pub template_id: String,
-    pub group_id: String,
-    pub role: String,
-    pub input: String,
-    pub expected: Option<String>,
-    pub expectation: Option<String>,
-    pub tolerance: Option<f64>,
-    pub perturbation: Option<String>,
 }
 
 /// A stable id from the parts that define a case's content.
@@ -842,33 +823,6 @@ pub fn expand(p: &Pipeline) -> Result<Vec<Case>, GenerateError> {
         all.extend(b);
     }
     Ok(all)
-}
-
-/// Builds a `cases` record batch.
-pub fn to_batch(cases: &[Case]) -> RecordBatch {
-    let s = |f: fn(&Case) -> &str| -> ArrayRef {
-        Arc::new(StringArray::from_iter_values(cases.iter().map(f)))
-    };
-    let o = |f: fn(&Case) -> Option<&str>| -> ArrayRef {
-        Arc::new(cases.iter().map(f).collect::<StringArray>())
-    };
-    let cols: Vec<ArrayRef> = vec![
-        s(|c| &c.case_id),
-        s(|c| &c.suite),
-        s(|c| &c.test),
-        s(|c| &c.capability),
-        s(|c| &c.test_type),
-        s(|c| &c.template_id),
-        s(|c| &c.group_id),
-        s(|c| &c.role),
-        s(|c| &c.input),
-        o(|c| c.expected.as_deref()),
-        o(|c| c.expectation.as_deref()),
-        Arc::new(cases.iter().map(|c| c.tolerance).collect::<Float64Array>()),
-        o(|c| c.perturbation.as_deref()),
-    ];
-    RecordBatch::try_new(Table::Cases.schema(), cols)
-        .expect("cases batch matches schemas/cases.json")
 }
 
 #[cfg(test)]

@@ -333,7 +333,7 @@ pub async fn build_for_run(
             .into_iter()
             .find(|d| d.name == name)
     {
-        let judge_model: Option<crate::pipeline::ModelConfig> = pipeline
+        let judge_model: Option<crate::config::ModelConfig> = pipeline
             .get("judge")
             .filter(|v| !v.is_null())
             .and_then(|v| serde_json::from_value(v.clone()).ok());
@@ -347,14 +347,14 @@ pub async fn build_for_run(
         spec: spec.to_string(),
         msg,
     };
-    let model: crate::pipeline::ModelConfig = pipeline
+    let model: crate::config::ModelConfig = pipeline
         .get("judge")
         .filter(|v| !v.is_null())
         .ok_or_else(|| bad("the run's pipeline has no [judge] model".into()))
         .and_then(|v| {
             serde_json::from_value(v.clone()).map_err(|e| bad(format!("[judge]: {e}")))
         })?;
-    let checklist: crate::pipeline::JudgeChecklist = pipeline
+    let checklist: crate::config::JudgeChecklist = pipeline
         .get("score")
         .and_then(|s| s.get("judge"))
         .filter(|v| !v.is_null())
@@ -1007,7 +1007,7 @@ mod tests {
             );
         }
         let judge = judge::JudgeScorer::with_replies(
-            crate::pipeline::JudgeChecklist {
+            crate::config::JudgeChecklist {
                 questions: vec![],
                 instructions: None,
             },

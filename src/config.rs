@@ -1,0 +1,81 @@
+//! The configuration types the stages read and `pipeline.rs` parses: the model (`[model]`,
+//! `[judge]`) and the judge's checklist (`[score.judge]`). A leaf module: the stages that
+//! take them and the pipeline parser that fills them do not import each other through it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Provider names accepted in `[model] provider`.
+pub const KNOWN_PROVIDERS: &[&str] = &["builtin:vader", "openai", "anthropic"];
+
+/// `[model]` (and `[judge]`): the model under test. See DESIGN.md, "Pipeline file".
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// `openai` (any OpenAI-compatible server), `anthropic`, or `builtin:vader`.
+    pub provider: String,
+    pub base_url: Option<String>,
+    /// The model name sent to the server.
+    pub name: String,
+    /// The NAME of the environment variable holding the key; the key itself never appears.
+    pub api_key_env: Option<String>,
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// K samples per case.
+    #[serde(default = "default_samples")]
+    pub samples: u32,
+    pub max_tokens: Option<u32>,
+    /// Omitted means the server's default; never changed silently.
+    pub temperature: Option<f64>,
+    pub requests_per_minute: Option<u32>,
+    pub tokens_per_minute: Option<u32>,
+    /// Per-request timeout in seconds.
+    #[serde(default = "default_timeout")]
+    pub timeout_secs: f64,
+    #[serde(default = "default_retries")]
+    pub max_retries: u32,
+    /// Retry once at double max_tokens when the answer is empty with finish_reason `length`.
+    #[serde(default)]
+    pub retry_empty_length: bool,
+    /// Extra HTTP headers (values must not be secrets; use `api_key_env`).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Extra JSON body parameters merged into each request.
+    #[serde(default)]
+    pub params: BTreeMap<String, serde_json::Value>,
+    pub system_prompt: Option<String>,
+    /// How a case's input becomes the user message; `{input}` is replaced.
+    pub prompt_template: Option<String>,
+}
+
+fn default_concurrency() -> usize {
+    16
+}
+fn default_samples() -> u32 {
+    1
+}
+fn default_timeout() -> f64 {
+    60.0
+}
+fn default_retries() -> u32 {
+    5
+}
+
+/// `[score.judge]`: a checklist of atomic YES/NO questions for the judge scorer.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JudgeChecklist {
+    /// Question ids and texts, in order; the answers vector follows this order.
+    pub questions: Vec<JudgeQuestion>,
+    /// Extra instructions placed before the questions.
+    pub instructions: Option<String>,
+}
+
+/// One checklist question.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JudgeQuestion {
+    pub id: String,
+    pub text: String,
+}
