@@ -20,7 +20,9 @@ fn cmd(args: &[&str]) -> Command {
     c.args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("EVALFLOW_CACHE_DIR", "off")
-        .env("EVALFLOW_PART_ROWS", PART_ROWS);
+        .env("EVALFLOW_PART_ROWS", PART_ROWS)
+        // Import's duplicate check and first-record search in many slices.
+        .env("EVALFLOW_IMPORT_PASS_ROWS", "700");
     c
 }
 

@@ -468,6 +468,8 @@ pub struct ImportSink {
     case_staging: Option<PartWriter>,
     score_staging: Option<PartWriter>,
     rows: u64,
+    /// Rows of the staged case fields.
+    case_rows: u64,
     direct_rows: u64,
     staged_rows: u64,
     missing_samples: u64,
@@ -484,6 +486,8 @@ const SCORE_STAGING: &str = "_import/scores";
 const STAGED_CALLS: &str = "_import/calls";
 /// Calls of staged records, with their `seq`.
 const PLANNED_CALLS: &str = "_import/planned_calls";
+/// Each case's first `seq` ([`firsts_schema`]).
+const FIRSTS: &str = "_import/firsts";
 
 impl ImportSink {
     /// Starts an import into `store` (which must hold no run yet).
@@ -510,6 +514,7 @@ impl ImportSink {
             case_staging: scratch(CASE_STAGING, case_staging_schema()),
             score_staging: scratch(SCORE_STAGING, scores_staging_schema()),
             rows: 0,
+            case_rows: 0,
             direct_rows: 0,
             staged_rows: 0,
             missing_samples: 0,
@@ -627,6 +632,7 @@ impl ImportSink {
             c.input.append_value(&r.input);
             c.expected.append_option(r.expected.as_deref());
             c.rows += 1;
+            self.case_rows += 1;
             self.last_case = Some(k.case_id.clone());
             if c.rows >= STAGE_ROWS {
                 let batch = c.finish();
@@ -820,6 +826,24 @@ impl ImportSink {
         self.check_duplicates(&ctx, direct, staged).await?;
         tracing::debug!(secs = t.elapsed().as_secs_f64(), "import: duplicate check");
         let t = std::time::Instant::now();
+        // Each case's first record, found slice by slice of the case ids (see `id_ranges`)
+        // so no aggregation holds every case.
+        let passes = (self.case_rows as usize).div_ceil(pass_rows());
+        for (i, range) in id_ranges("case_id", passes).iter().enumerate() {
+            write_partitioned(
+                &ctx,
+                &format!(
+                    "SELECT min(seq) AS first_seq, bool_or(cluster IS NOT NULL) AS clustered \
+                     FROM cs {range} GROUP BY case_id"
+                ),
+                &self.store,
+                FIRSTS,
+                &format!("slice-{i:02}"),
+                firsts_schema(),
+            )
+            .await?;
+        }
+        crate::query::register_parquet(&ctx, "firsts", &self.store.table_url(FIRSTS)).await?;
         let cases = write_partitioned(
             &ctx,
             &self.cases_sql(),
@@ -829,14 +853,12 @@ impl ImportSink {
             Table::Cases.schema(),
         )
         .await?;
-        let clustered = crate::query::text_rows(
-            &ctx,
-            "SELECT count(DISTINCT case_id) FROM cs WHERE cluster IS NOT NULL",
-        )
-        .await?
-        .first()
-        .and_then(|r| r[0].as_deref().and_then(|v| v.parse().ok()))
-        .unwrap_or(0);
+        let clustered =
+            crate::query::text_rows(&ctx, "SELECT count(*) FROM firsts WHERE clustered")
+                .await?
+                .first()
+                .and_then(|r| r[0].as_deref().and_then(|v| v.parse().ok()))
+                .unwrap_or(0);
         tracing::debug!(secs = t.elapsed().as_secs_f64(), "import: cases");
         let mut scores = Vec::new();
         if has_scores {
@@ -896,10 +918,11 @@ impl ImportSink {
 
     /// The cases: each case's first record (the one with its lowest `seq`).
     ///
-    /// Found by joining the staged case fields with each case's first `seq`, not by a
-    /// `GROUP BY case_id` of `first_value`s: the aggregate would hold every case's input
-    /// text until its end (about 0.7 GB at 10M records); the join holds two integers and
-    /// an id per case. The staging streams past the join in `seq` order, so each part
+    /// Found by joining the staged case fields with each case's first `seq` (`firsts`,
+    /// computed slice by slice of the case ids), not by a `GROUP BY case_id` of
+    /// `first_value`s: the aggregate would hold every case's input text until its end
+    /// (about 0.7 GB at 10M records); the join holds one integer per case. The staging
+    /// streams past the join in `seq` order, so each part
     /// lists its cases in the order the corpus names them, the order of the calls parts:
     /// a calls part's cases sit in a few Parquet pages of `cases`, and the score stage's
     /// join (which filters `cases` by the part's case ids while decoding) skips the rest.
@@ -912,8 +935,7 @@ impl ImportSink {
              cs.case_id AS group_id, {role} AS role, cs.input, cs.expected, \
              CAST(NULL AS VARCHAR) AS expectation, CAST(NULL AS DOUBLE) AS tolerance, \
              CAST(NULL AS VARCHAR) AS perturbation \
-             FROM (SELECT min(seq) AS first_seq FROM cs GROUP BY case_id) f \
-             JOIN cs ON cs.seq = f.first_seq",
+             FROM firsts f JOIN cs ON cs.seq = f.first_seq",
             tt = lit(&d.test_type),
             role = lit(&d.role),
         )
@@ -956,7 +978,7 @@ impl ImportSink {
     ///
     /// Call ids are hex digests, so their first digit splits them into 16 even slices; the
     /// check runs one `GROUP BY call_id` per range of slices, each over at most about
-    /// [`DUPLICATE_PASS_ROWS`] ids, so its hash table stays the same size whatever the
+    /// [`pass_rows`] ids, so its hash table stays the same size whatever the
     /// corpus (one pass over all 10M ids held about 0.6 GB) for one more read of the
     /// ids per pass.
     async fn check_duplicates(
@@ -983,9 +1005,9 @@ impl ImportSink {
             from.join(" UNION ALL ")
         };
         let ids = union("call_id, seq");
-        let passes = (self.rows() as usize).div_ceil(DUPLICATE_PASS_ROWS);
+        let passes = (self.rows() as usize).div_ceil(pass_rows());
         let mut id = None;
-        for range in id_ranges(passes) {
+        for range in id_ranges("call_id", passes) {
             let sql = format!(
                 "SELECT call_id FROM ({ids}) {range} GROUP BY call_id HAVING count(*) > 1 LIMIT 1"
             );
@@ -1039,10 +1061,10 @@ fn direct_call_id(r: &Record, case_id: &str, request_hash: &str) -> Option<Strin
     }
 }
 
-/// `passes` (1 to 16) `WHERE` clauses over `call_id` by its first hex digit: together they
-/// take every id exactly once (the first and last are open-ended, so even an id that is
-/// not hex falls in one).
-fn id_ranges(passes: usize) -> Vec<String> {
+/// `passes` (1 to 16) `WHERE` clauses over the hex digest `column` by its first digit:
+/// together they take every id exactly once (the first and last are open-ended, so even an
+/// id that is not hex falls in one).
+fn id_ranges(column: &str, passes: usize) -> Vec<String> {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let passes = passes.clamp(1, DIGITS.len());
     (0..passes)
@@ -1050,10 +1072,10 @@ fn id_ranges(passes: usize) -> Vec<String> {
             let (lo, hi) = (p * 16 / passes, (p + 1) * 16 / passes);
             let mut bounds = Vec::new();
             if lo > 0 {
-                bounds.push(format!("call_id >= '{}'", DIGITS[lo] as char));
+                bounds.push(format!("{column} >= '{}'", DIGITS[lo] as char));
             }
             if hi < DIGITS.len() {
-                bounds.push(format!("call_id < '{}'", DIGITS[hi] as char));
+                bounds.push(format!("{column} < '{}'", DIGITS[hi] as char));
             }
             if bounds.is_empty() {
                 String::new()
@@ -1064,8 +1086,24 @@ fn id_ranges(passes: usize) -> Vec<String> {
         .collect()
 }
 
-/// Call ids one pass of the duplicate check holds at most (about 150 MB of hash table).
-const DUPLICATE_PASS_ROWS: usize = 2_500_000;
+/// Ids one pass of a `GROUP BY` over call or case ids (the duplicate check, each case's
+/// first record) takes at most: about 60 MB of hash table, the same at any corpus size.
+/// `EVALFLOW_IMPORT_PASS_ROWS` sets another (tests use a small one to run many passes).
+fn pass_rows() -> usize {
+    std::env::var("EVALFLOW_IMPORT_PASS_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(1_000_000)
+}
+
+/// Each case's first `seq`, and whether a record of it named a cluster.
+fn firsts_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("first_seq", DataType::UInt64, true),
+        Field::new("clustered", DataType::Boolean, true),
+    ]))
+}
 
 /// The staged calls: an imported calls table plus the record's `seq`.
 fn staged_calls_schema() -> SchemaRef {
@@ -1239,14 +1277,14 @@ mod tests {
 
     #[test]
     fn duplicate_check_passes_take_every_id_once() {
-        assert_eq!(id_ranges(0), vec![String::new()]);
-        assert_eq!(id_ranges(1), vec![String::new()]);
+        assert_eq!(id_ranges("call_id", 0), vec![String::new()]);
+        assert_eq!(id_ranges("call_id", 1), vec![String::new()]);
         assert_eq!(
-            id_ranges(4)[1],
+            id_ranges("call_id", 4)[1],
             "WHERE call_id >= '4' AND call_id < '8'".to_string()
         );
         for passes in [2, 3, 4, 5, 7, 16, 40] {
-            let ranges = id_ranges(passes);
+            let ranges = id_ranges("call_id", passes);
             assert_eq!(ranges.len(), passes.min(16));
             for id in [
                 "0a", "3f", "4", "7ff", "8", "b0", "f", "ffff", " not hex", "zz",
