@@ -10,6 +10,11 @@
 //!   (how the call stage writes a run);
 //! - `sorted`: rows ordered by model, templates in random order within a model.
 //!
+//! A third layout, `interleaved-dict` (only when named in `EVALFLOW_BENCH_LAYOUT`), is
+//! `interleaved` with `template_id` declared `Dictionary(Int32, Utf8)` in the files' Arrow
+//! schema, so the Parquet reader hands the accumulator dictionary arrays: it measures what
+//! reading cluster keys as dictionaries would gain.
+//!
 //! evalflow runs in the context `evalflow sql` gives users ([`evalflow::query::new_context`],
 //! table registered like `--table`); DuckDB (the Python package, 2 threads) runs
 //! `scripts/bench_duckdb.py` on the same files. Every query runs 3 times; the best
@@ -32,8 +37,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::array::{ArrayRef, DictionaryArray, Float64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::prelude::SessionContext;
 
@@ -53,13 +58,22 @@ fn unit(r: u64) -> f64 {
     (r >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// Writes `rows` rows as parts of `PART_ROWS` rows; `sorted` orders them by model.
-fn write_layout(dir: &Path, rows: usize, sorted: bool) {
+/// Writes `rows` rows as parts of `PART_ROWS` rows; `sorted` orders them by model, `dict`
+/// declares `template_id` a dictionary.
+fn write_layout(dir: &Path, rows: usize, sorted: bool, dict: bool) {
     std::fs::create_dir_all(dir).unwrap();
     let templates = (rows / ROWS_PER_TEMPLATE).max(1);
     let schema = Arc::new(Schema::new(vec![
         Field::new("model", DataType::Utf8, false),
-        Field::new("template_id", DataType::Utf8, false),
+        Field::new(
+            "template_id",
+            if dict {
+                DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
+            } else {
+                DataType::Utf8
+            },
+            false,
+        ),
         Field::new("score", DataType::Float64, true),
         Field::new("baseline", DataType::Float64, true),
     ]));
@@ -97,7 +111,15 @@ fn write_layout(dir: &Path, rows: usize, sorted: bool) {
         }
         let cols: Vec<ArrayRef> = vec![
             Arc::new(StringArray::from(models)),
-            Arc::new(StringArray::from(tpls)),
+            if dict {
+                Arc::new(
+                    tpls.iter()
+                        .map(String::as_str)
+                        .collect::<DictionaryArray<Int32Type>>(),
+                )
+            } else {
+                Arc::new(StringArray::from(tpls))
+            },
             Arc::new(Float64Array::from(scores)),
             Arc::new(Float64Array::from(bases)),
         ];
@@ -118,7 +140,7 @@ fn data(rows: usize, layout: &str) -> PathBuf {
     if !done.exists() {
         let _ = std::fs::remove_dir_all(&dir);
         let t = Instant::now();
-        write_layout(&dir, rows, layout == "sorted");
+        write_layout(&dir, rows, layout == "sorted", layout.ends_with("-dict"));
         std::fs::write(&done, "").unwrap();
         println!(
             "wrote {rows} rows ({layout}) in {:.1}s to {}",

@@ -182,6 +182,27 @@ fn hash_bytes(b: &[u8]) -> u64 {
     fold(h, K1)
 }
 
+/// Whether `prefix` starts with `b` (at most [`INLINE`] bytes): 8-byte words, the last one
+/// overlapping, rather than a call to `memcmp` for a key of a few words.
+#[inline(always)]
+fn prefix_eq(prefix: &[u8; INLINE], b: &[u8]) -> bool {
+    let len = b.len();
+    if len >= 8 {
+        let mut at = 0;
+        while at + 8 < len {
+            if read8(prefix, at) != read8(b, at) {
+                return false;
+            }
+            at += 8;
+        }
+        read8(prefix, len - 8) == read8(b, len - 8)
+    } else if len >= 4 {
+        read4(prefix, 0) == read4(b, 0) && read4(prefix, len - 4) == read4(b, len - 4)
+    } else {
+        prefix[..len] == *b
+    }
+}
+
 /// Hints the CPU to load `p`'s cache line; never dereferences (any address is fine).
 #[inline(always)]
 pub(crate) fn prefetch<T>(p: *const T) {
@@ -395,7 +416,7 @@ impl ClusterTable {
     #[inline]
     fn same(&self, s: &Slot, b: &[u8]) -> bool {
         let k = b.len().min(INLINE);
-        s.prefix[..k] == b[..k] && (b.len() <= INLINE || self.key(s.id) == b)
+        prefix_eq(&s.prefix, &b[..k]) && (b.len() <= INLINE || self.key(s.id) == b)
     }
 
     #[cold]
@@ -627,6 +648,21 @@ mod tests {
         // Linear probing at load 0.31 expects (1 + 1 / (1 - 0.31)) / 2 = 1.22 probes.
         let avg = probes as f64 / keys.len() as f64;
         assert!(avg < 1.35, "average probe length {avg}");
+    }
+
+    #[test]
+    fn prefix_compare_matches_slice_equality_at_every_length() {
+        let key: Vec<u8> = (0..INLINE as u8).map(|i| b'a' + i % 26).collect();
+        let mut prefix = [0u8; INLINE];
+        prefix.copy_from_slice(&key);
+        for len in 0..=INLINE {
+            assert!(prefix_eq(&prefix, &key[..len]), "len {len}");
+            for at in 0..len {
+                let mut other = key[..len].to_vec();
+                other[at] ^= 0x20;
+                assert!(!prefix_eq(&prefix, &other), "len {len}, differs at {at}");
+            }
+        }
     }
 
     #[test]
