@@ -14,7 +14,7 @@
 //!   (Inspect task, lm-eval task, promptfoo description), else `imported`. The case's
 //!   cluster (`template_id`) is the `--cluster` field where the source has it, else the
 //!   case itself. A sample index the source does not record is the order of repeats of
-//!   the same (case, model).
+//!   the same (case, model), after the highest index recorded for it.
 //! - Calls carry what the source recorded and NULL for the rest, plus the provenance
 //!   columns `source_format`, `source_file`, `source_id` (see `import::calls_schema`).
 //! - The tool's own verdicts become scores versions `<tool>-<scorer>@imported` under
@@ -23,10 +23,10 @@
 //! - Writes `<root>/import.toml`, a pipeline naming the imported model, and a manifest
 //!   with `generate` and `call` complete: `evalflow validate <root>/import.toml --out <root>`
 //!   and `evalflow score ...` then run as on any run.
-//! - The core streams: records go one at a time into staging batches, and one case per key,
-//!   sample indices, call ids and duplicates come from DataFusion plans over the staging
-//!   table (`crate::import::sink`). A bad row or a duplicate leaves no table behind (and no
-//!   root, when the import created it).
+//! - The core streams (`crate::import::sink`): a record that names its sample goes straight
+//!   into an encoded `calls` part; the others, one case per key, the missing sample
+//!   indices and the duplicate check come from DataFusion plans over scratch tables. A bad
+//!   row or a duplicate leaves no table behind (and no root, when the import created it).
 //!
 //! # Errors
 //! A bad row is exit 2, naming `file:line` (the row number for Parquet, the zip entry for

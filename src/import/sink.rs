@@ -755,14 +755,28 @@ impl ImportSink {
 
     /// Commits every buffered batch and waits for the writer tasks.
     async fn commit_scratch(&mut self) -> Result<(), ImportError> {
-        if self.direct.rows > 0 {
-            self.send_direct().await?;
-        }
+        let mut failed = if self.direct.rows > 0 {
+            self.send_direct().await.err()
+        } else {
+            None
+        };
+        // Every writer is joined, even after an error, so none puts a part once `_import/`
+        // is deleted; after an error they are not told to commit what they hold.
         let mut written = 0;
         for w in std::mem::take(&mut self.writers) {
-            // A closed channel means the task stopped on an error, which `join` returns.
-            let _ = w.tx.send(ToWriter::Finish).await;
-            written += w.join().await?;
+            if failed.is_none() {
+                // A closed channel means the task stopped on an error, which `join` returns.
+                let _ = w.tx.send(ToWriter::Finish).await;
+            }
+            match w.join().await {
+                Ok(n) => written += n,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         debug_assert_eq!(written, self.direct_rows);
         let batches = [
