@@ -505,20 +505,21 @@ fn import_numbers_missing_samples_after_given_ones_with_the_same_call_ids() {
         line("case b", "m1", None, "b-second"),
         line("case a", "m1", None, "a-last"),
     ];
-    let write = |name: &str, rows: &[serde_json::Value]| {
-        let p = dir.path().join(name);
+    // Writes `rows` as `<name>.jsonl` and imports it into the run root `<name>`.
+    let import = |name: &str, rows: &[serde_json::Value]| {
+        let file = dir.path().join(format!("{name}.jsonl"));
         let body: String = rows.iter().map(|r| format!("{r}\n")).collect();
-        std::fs::write(&p, body).unwrap();
-        p
+        std::fs::write(&file, body).unwrap();
+        let root = dir.path().join(name);
+        ok(&[
+            "import",
+            file.to_str().unwrap(),
+            "--out",
+            root.to_str().unwrap(),
+        ]);
+        root
     };
-    let mixed = write("mixed.jsonl", &records);
-    let root = dir.path().join("mixed");
-    ok(&[
-        "import",
-        mixed.to_str().unwrap(),
-        "--out",
-        root.to_str().unwrap(),
-    ]);
+    let root = import("mixed", &records);
     let q = "SELECT c.input, k.model, k.sample_idx, k.response, k.call_id FROM calls k \
              JOIN cases c ON k.case_id = c.case_id ORDER BY c.input, k.model, k.sample_idx";
     let got = sql(&root, q, &[]);
@@ -558,13 +559,6 @@ fn import_numbers_missing_samples_after_given_ones_with_the_same_call_ids() {
             r
         })
         .collect();
-    let full = write("numbered.jsonl", &numbered);
-    let root2 = dir.path().join("numbered");
-    ok(&[
-        "import",
-        full.to_str().unwrap(),
-        "--out",
-        root2.to_str().unwrap(),
-    ]);
+    let root2 = import("numbered", &numbered);
     assert_eq!(sql(&root2, q, &[]), got, "the same call ids either way");
 }
