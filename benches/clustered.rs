@@ -18,8 +18,9 @@
 //! evalflow runs in the context `evalflow sql` gives users ([`evalflow::query::new_context`],
 //! table registered like `--table`); DuckDB (the Python package, 2 threads) runs
 //! `scripts/bench_duckdb.py` on the same files. Every query runs 3 times; the best
-//! in-process time counts. Prints each time, the peak RSS of each evalflow query (VmHWM,
-//! reset before each query), and the ratios the targets are stated in.
+//! in-process time counts. Prints each time, the peak RSS of each evalflow query (VmHWM of a
+//! fresh process running that query once, as `evalflow sql` would), and the ratios the
+//! targets are stated in.
 //!
 //! ```text
 //! cargo bench --bench clustered                          # 20 M rows, both layouts
@@ -41,6 +42,11 @@ use datafusion::arrow::array::{ArrayRef, DictionaryArray, Float64Array, RecordBa
 use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::prelude::SessionContext;
+
+/// The allocator the `evalflow` binary runs with, so the times are those of `evalflow sql`.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const MODELS: usize = 20;
 const ROWS_PER_TEMPLATE: usize = 1000; // 50 per (model, template)
@@ -161,9 +167,26 @@ fn peak_rss_mb() -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
-/// Resets the peak RSS counter (Linux: writing 5 to clear_refs resets VmHWM).
-fn reset_peak_rss() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
+/// Names the query a child process of this bench runs alone (see [`child_peak_rss`]).
+const RSS_CHILD: &str = "EVALFLOW_BENCH_RSS_CHILD";
+
+/// The peak RSS, in MB, of a fresh process that opens the table and runs query `name` once,
+/// as `evalflow sql` would. Measured in a child because an earlier query's freed memory,
+/// still held by the allocator, would count in this process (resetting VmHWM through
+/// `/proc/self/clear_refs` only lowers it to the RSS at that moment).
+fn child_peak_rss(rows: usize, layout: &str, name: &str) -> f64 {
+    let out = Command::new(std::env::current_exe().expect("the bench's own path"))
+        .env(RSS_CHILD, name)
+        .env("EVALFLOW_BENCH_ROWS", rows.to_string())
+        .env("EVALFLOW_BENCH_LAYOUT", layout)
+        .env_remove("EVALFLOW_BENCH_ONLY")
+        .output()
+        .expect("the bench runs itself");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(f64::NAN)
 }
 
 async fn time(ctx: &SessionContext, sql: &str) -> Duration {
@@ -254,6 +277,13 @@ async fn run_layout(rows: usize, layout: &str, only: Option<&str>) {
             "SELECT model, variance_components(score, template_id) FROM t GROUP BY model".into(),
         ),
     ];
+    if let Ok(name) = std::env::var(RSS_CHILD) {
+        // The child of `child_peak_rss`: the one query, once, then this process's peak.
+        let (_, sql) = q.iter().find(|(n, _)| *n == name).expect("a query name");
+        ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        println!("{}", peak_rss_mb());
+        return;
+    }
     if let Some(only) = only {
         if let Some((_, sql)) = q.iter().find(|(n, _)| *n == only) {
             for _ in 0..20 {
@@ -274,7 +304,8 @@ async fn run_layout(rows: usize, layout: &str, only: Option<&str>) {
             .unwrap();
         let mut worst: f64 = 0.0;
         for b in &got {
-            let m = b.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+            let m = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+            let m = m.as_any().downcast_ref::<StringArray>().unwrap();
             let se = b.column(1).as_any().downcast_ref::<Float64Array>().unwrap();
             for i in 0..b.num_rows() {
                 let want = check[m.value(i)].as_f64().unwrap();
@@ -291,9 +322,8 @@ async fn run_layout(rows: usize, layout: &str, only: Option<&str>) {
         "query", "evalflow", "peak RSS", "DuckDB", "ratio"
     );
     for (name, sql) in &q {
-        reset_peak_rss();
         let d = time(&ctx, sql).await.as_secs_f64();
-        let rss = peak_rss_mb();
+        let rss = child_peak_rss(rows, layout, name);
         secs.insert(*name, d);
         let (duck_col, ratio) = match duck_secs(name) {
             Some(s) => (format!("{s:9.3}s"), format!("{:8.2}x", d / s)),

@@ -5,6 +5,13 @@ use std::process::ExitCode;
 use clap::Parser;
 use evalflow::cli::{self, Cli};
 
+/// jemalloc rather than the system allocator: stages allocate on some threads and free on
+/// others (rayon parses, tokio writes), which glibc's arenas serialise and do not give back
+/// (see Cargo.toml).
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     // A closed pipe (`evalflow sql ... | head`) is not an error: exit quietly.
     let default_hook = std::panic::take_hook();

@@ -250,6 +250,32 @@ fn context_with(partitions: usize, join_reordering: bool) -> SessionContext {
     ctx
 }
 
+/// `passes` (1 to 16) SQL conditions slicing the hex digest `column` by its first digit:
+/// together they take every id exactly once (the first and last are open-ended, so even an
+/// id that is not hex falls in one; a single pass is `TRUE`). A join or `GROUP BY` over
+/// ids run slice by slice holds one slice's ids at a time, however large the table.
+pub fn id_slices(column: &str, passes: usize) -> Vec<String> {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let passes = passes.clamp(1, DIGITS.len());
+    (0..passes)
+        .map(|p| {
+            let (lo, hi) = (p * 16 / passes, (p + 1) * 16 / passes);
+            let mut bounds = Vec::new();
+            if lo > 0 {
+                bounds.push(format!("{column} >= '{}'", DIGITS[lo] as char));
+            }
+            if hi < DIGITS.len() {
+                bounds.push(format!("{column} < '{}'", DIGITS[hi] as char));
+            }
+            if bounds.is_empty() {
+                "TRUE".into()
+            } else {
+                bounds.join(" AND ")
+            }
+        })
+        .collect()
+}
+
 /// Registers a Parquet folder or file (any URL DataFusion can list) as `name`.
 pub async fn register_parquet(
     ctx: &SessionContext,
@@ -471,4 +497,42 @@ pub async fn open_run(
     let ctx = new_context();
     register_run(&ctx, &store, "").await?;
     Ok((ctx, store, manifest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::id_slices;
+
+    /// Whether `id` satisfies one `id_slices` condition (`call_id >= 'x'`, `call_id < 'y'`).
+    fn takes(cond: &str, id: &str) -> bool {
+        cond == "TRUE"
+            || cond.split(" AND ").all(|c| {
+                let bound = c.rsplit('\'').nth(1).expect("quoted bound");
+                if c.contains(">=") {
+                    id >= bound
+                } else {
+                    id < bound
+                }
+            })
+    }
+
+    #[test]
+    fn id_slices_take_every_id_once() {
+        assert_eq!(id_slices("call_id", 0), vec!["TRUE".to_string()]);
+        assert_eq!(id_slices("call_id", 1), vec!["TRUE".to_string()]);
+        assert_eq!(
+            id_slices("call_id", 4)[1],
+            "call_id >= '4' AND call_id < '8'".to_string()
+        );
+        for passes in [2, 3, 4, 5, 7, 16, 40] {
+            let slices = id_slices("call_id", passes);
+            assert_eq!(slices.len(), passes.min(16));
+            for id in [
+                "0a", "3f", "4", "7ff", "8", "b0", "f", "ffff", " not hex", "zz",
+            ] {
+                let n = slices.iter().filter(|r| takes(r, id)).count();
+                assert_eq!(n, 1, "{id} in {n} of {passes} slices: {slices:?}");
+            }
+        }
+    }
 }

@@ -7,13 +7,19 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
+use futures::StreamExt;
 use serde_json::json;
 
 use super::{CliError, internal};
-use crate::query::{new_context, open_run, register_run, text_rows};
+use crate::query::{QueryError, id_slices, new_context, open_run, register_run, text_rows};
 use crate::stages::aggregate::render_table;
 use crate::stages::score::{self, MetricKind, Scorer, ScorerId, user};
+use crate::storage::RunStore;
 
 #[derive(Debug, clap::Args)]
 pub struct RescoreArgs {
@@ -169,9 +175,109 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
     };
     let ctx = new_context();
     register_run(&ctx, &store, "").await.map_err(internal)?;
-    print_diff(&ctx, &old, &id, scorer.metric_kind())
-        .await
-        .map_err(internal)
+    let diff = match register_pairs(&ctx, &store, &old, &id, rows).await {
+        Ok(()) => print_diff(&ctx, &old, &id, scorer.metric_kind()).await,
+        Err(e) => Err(e),
+    };
+    // The pairs are scratch whether or not the diff could be printed.
+    let _ = store.delete_dir(PAIRS_ROOT).await;
+    if store.table_url("x").starts_with("file:") {
+        // The local store leaves the emptied folders behind.
+        let _ = std::fs::remove_dir_all(std::path::Path::new(store.display()).join(PAIRS_ROOT));
+    }
+    // A diff that does not fit the memory limit is exit 2, as for any query.
+    diff.map_err(|e| {
+        if e.is_bad_input() {
+            CliError::BadInput(e.to_string())
+        } else {
+            internal(e)
+        }
+    })
+}
+
+/// Where a diff's pairs are written (see [`register_pairs`]); deleted after the diff.
+const PAIRS_ROOT: &str = "_rescore";
+const PAIRS: &str = "_rescore/pairs";
+
+/// Rows of the new version one slice of [`register_pairs`] joins at most: its hash table
+/// is about 100 MB, the same at any run size. `EVALFLOW_RESCORE_SLICE_ROWS` sets another
+/// (tests use a small one to pair in many slices).
+fn pair_slice_rows() -> usize {
+    std::env::var("EVALFLOW_RESCORE_SLICE_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(1_000_000)
+}
+
+/// Pairs each call's row of `old` with its row of `new` once, into scratch Parquet
+/// registered as `rescore_pairs`: struct columns `o` and `n` holding the fields the diff
+/// reads, so each of its queries reads `o.label`, `n.passed`, ... with no join of its own.
+///
+/// The join runs slice by slice of the call ids ([`crate::query::id_slices`]), one slice
+/// per [`pair_slice_rows`] rescored rows: a hash join holds its whole build side and
+/// DataFusion 55 cannot spill one, so joining the two versions whole failed at 10M calls
+/// with a 1 GiB limit.
+async fn register_pairs(
+    ctx: &SessionContext,
+    store: &RunStore,
+    old: &ScorerId,
+    new: &ScorerId,
+    rows: u64,
+) -> Result<(), QueryError> {
+    const WHAT: &str = "rescore: pairing the two versions";
+    store.delete_dir(PAIRS_ROOT).await?;
+    let version = |t: &str, s: &ScorerId| {
+        format!(
+            "{t}.scorer = {} AND {t}.scoring_version = {}",
+            lit(&s.name),
+            lit(&s.version)
+        )
+    };
+    let passes = (rows as usize).div_ceil(pair_slice_rows());
+    let mut writer: Option<crate::storage::PartWriter> = None;
+    let mut schema = None;
+    for (os, ns) in id_slices("o.call_id", passes)
+        .iter()
+        .zip(id_slices("n.call_id", passes))
+    {
+        let sql = format!(
+            "SELECT named_struct('label', o.label, 'passed', o.passed, 'score', o.score) AS o, \
+             named_struct('label', n.label, 'passed', n.passed, 'score', n.score, \
+             'template_id', n.template_id, 'test', n.test, 'role', n.role) AS n \
+             FROM scores o JOIN scores n ON o.call_id = n.call_id \
+             WHERE {} AND {} AND {os} AND {ns}",
+            version("o", old),
+            version("n", new)
+        );
+        let df = ctx.sql(&sql).await.map_err(QueryError::df(WHAT))?;
+        let s: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        let mut stream = df.execute_stream().await.map_err(QueryError::df(WHAT))?;
+        // Compressed and dictionary-encoded (labels, roles and tests repeat): every query of
+        // the diff reads these parts again.
+        let w = writer.get_or_insert_with(|| {
+            store
+                .part_writer(PAIRS, s.clone(), "pairs")
+                .pipelined(crate::query::resources().threads.max(1))
+        });
+        schema = Some(s);
+        while let Some(b) = stream.next().await {
+            w.write(b.map_err(QueryError::df(WHAT))?).await?;
+        }
+    }
+    let (written, _) = match writer {
+        Some(w) => w.finish().await?,
+        None => (0, vec![]),
+    };
+    if written > 0 {
+        return crate::query::register_parquet(ctx, "rescore_pairs", &store.table_url(PAIRS)).await;
+    }
+    // Nothing pairs: an empty table of the same columns.
+    let schema = schema.expect("at least one slice was planned");
+    let empty = MemTable::try_new(schema, vec![vec![]]).map_err(QueryError::df(WHAT))?;
+    ctx.register_table("rescore_pairs", Arc::new(empty))
+        .map_err(QueryError::df(WHAT))?;
+    Ok(())
 }
 
 /// Refuses a version already scored: rescoring never overwrites (exit 2).
@@ -245,14 +351,9 @@ async fn print_diff(
     new: &ScorerId,
     kind: MetricKind,
 ) -> Result<(), crate::query::QueryError> {
-    let pair = format!(
-        "FROM scores o JOIN scores n ON o.call_id = n.call_id \
-         WHERE o.scorer = {} AND o.scoring_version = {} AND n.scorer = {} AND n.scoring_version = {}",
-        lit(&old.name),
-        lit(&old.version),
-        lit(&new.name),
-        lit(&new.version)
-    );
+    // Every query below reads the pairs of `register_pairs` (each `o.x` / `n.x` is a field
+    // of its struct column) and appends its own conditions.
+    let pair = "FROM rescore_pairs WHERE TRUE";
     let c = |v: &Option<String>| v.clone().unwrap_or_else(|| "0".into());
     let totals = text_rows(
         ctx,

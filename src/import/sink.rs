@@ -46,7 +46,7 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 
 use super::Record;
-use crate::query::{QueryError, new_context};
+use crate::query::{QueryError, id_slices, new_context};
 use crate::schema::Table;
 use crate::stages::call;
 use crate::storage::{PartWriter, RunStore, StorageError};
@@ -840,15 +840,15 @@ impl ImportSink {
         self.check_duplicates(&ctx, direct, staged).await?;
         tracing::debug!(secs = t.elapsed().as_secs_f64(), "import: duplicate check");
         let t = std::time::Instant::now();
-        // Each case's first record, found slice by slice of the case ids (see `id_ranges`)
-        // so no aggregation holds every case.
+        // Each case's first record, found slice by slice of the case ids (see
+        // `query::id_slices`) so no aggregation holds every case.
         let passes = (self.case_rows as usize).div_ceil(pass_rows());
-        for (i, range) in id_ranges("case_id", passes).iter().enumerate() {
+        for (i, range) in id_slices("case_id", passes).iter().enumerate() {
             write_partitioned(
                 &ctx,
                 &format!(
                     "SELECT min(seq) AS first_seq, bool_or(cluster IS NOT NULL) AS clustered \
-                     FROM cs {range} GROUP BY case_id"
+                     FROM cs WHERE {range} GROUP BY case_id"
                 ),
                 &self.store,
                 FIRSTS,
@@ -1021,9 +1021,9 @@ impl ImportSink {
         let ids = union("call_id, seq");
         let passes = (self.rows() as usize).div_ceil(pass_rows());
         let mut id = None;
-        for range in id_ranges("call_id", passes) {
+        for range in id_slices("call_id", passes) {
             let sql = format!(
-                "SELECT call_id FROM ({ids}) {range} GROUP BY call_id HAVING count(*) > 1 LIMIT 1"
+                "SELECT call_id FROM ({ids}) WHERE {range} GROUP BY call_id HAVING count(*) > 1 LIMIT 1"
             );
             let rows = crate::query::text_rows(ctx, &sql).await?;
             id = rows.first().and_then(|r| r[0].clone());
@@ -1073,31 +1073,6 @@ fn direct_call_id(r: &Record, case_id: &str, request_hash: &str) -> Option<Strin
         Some(s) if r.scores.is_empty() => Some(call::call_id(case_id, &r.model, s, request_hash)),
         _ => None,
     }
-}
-
-/// `passes` (1 to 16) `WHERE` clauses over the hex digest `column` by its first digit:
-/// together they take every id exactly once (the first and last are open-ended, so even an
-/// id that is not hex falls in one).
-fn id_ranges(column: &str, passes: usize) -> Vec<String> {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let passes = passes.clamp(1, DIGITS.len());
-    (0..passes)
-        .map(|p| {
-            let (lo, hi) = (p * 16 / passes, (p + 1) * 16 / passes);
-            let mut bounds = Vec::new();
-            if lo > 0 {
-                bounds.push(format!("{column} >= '{}'", DIGITS[lo] as char));
-            }
-            if hi < DIGITS.len() {
-                bounds.push(format!("{column} < '{}'", DIGITS[hi] as char));
-            }
-            if bounds.is_empty() {
-                String::new()
-            } else {
-                format!("WHERE {}", bounds.join(" AND "))
-            }
-        })
-        .collect()
 }
 
 /// Ids one pass of a `GROUP BY` over call or case ids (the duplicate check, each case's
@@ -1267,45 +1242,4 @@ fn call_id_udf() -> ScalarUDF {
             Ok(ColumnarValue::Array(Arc::new(out)))
         }),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::id_ranges;
-
-    /// Whether `id` satisfies one `id_ranges` clause (`call_id >= 'x'`, `call_id < 'y'`).
-    fn takes(clause: &str, id: &str) -> bool {
-        clause
-            .trim_start_matches("WHERE ")
-            .split(" AND ")
-            .filter(|c| !c.is_empty())
-            .all(|c| {
-                let bound = c.rsplit('\'').nth(1).expect("quoted bound");
-                if c.contains(">=") {
-                    id >= bound
-                } else {
-                    id < bound
-                }
-            })
-    }
-
-    #[test]
-    fn duplicate_check_passes_take_every_id_once() {
-        assert_eq!(id_ranges("call_id", 0), vec![String::new()]);
-        assert_eq!(id_ranges("call_id", 1), vec![String::new()]);
-        assert_eq!(
-            id_ranges("call_id", 4)[1],
-            "WHERE call_id >= '4' AND call_id < '8'".to_string()
-        );
-        for passes in [2, 3, 4, 5, 7, 16, 40] {
-            let ranges = id_ranges("call_id", passes);
-            assert_eq!(ranges.len(), passes.min(16));
-            for id in [
-                "0a", "3f", "4", "7ff", "8", "b0", "f", "ffff", " not hex", "zz",
-            ] {
-                let n = ranges.iter().filter(|r| takes(r, id)).count();
-                assert_eq!(n, 1, "{id} in {n} of {passes} passes: {ranges:?}");
-            }
-        }
-    }
 }

@@ -379,7 +379,6 @@ impl RunStore {
             scratch: false,
             inflight: Default::default(),
             max_inflight: 0,
-            landed: 0,
         }
     }
 }
@@ -588,8 +587,6 @@ pub struct PartWriter {
         std::collections::VecDeque<(String, tokio::task::JoinHandle<Result<(), StorageError>>)>,
     /// How many parts may be in flight at once; 0 encodes each part inside `flush`.
     max_inflight: usize,
-    /// Parts landed by a pipelined writer.
-    landed: usize,
 }
 
 impl Drop for PartWriter {
@@ -694,24 +691,10 @@ impl PartWriter {
         let Some((location, task)) = self.inflight.pop_front() else {
             return Ok(());
         };
-        let landed = task.await.map_err(|e| StorageError::Task {
+        task.await.map_err(|e| StorageError::Task {
             location,
             msg: e.to_string(),
-        })?;
-        // A part's batches and its encoded bytes (tens of MB) are freed on other threads
-        // than the ones that allocated them; glibc keeps such memory in the allocating
-        // thread's arena, so without a trim the process grows with the run's length (score
-        // at 10M calls: 878 MB against 742 MB trimmed). A trim after every part costs
-        // more in page faults than it saves (27.9 s against 32.3 s): every 8th part.
-        self.landed += 1;
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        if self.landed.is_multiple_of(8) {
-            // SAFETY: malloc_trim only returns free heap pages to the OS.
-            unsafe {
-                libc::malloc_trim(0);
-            }
-        }
-        landed
+        })?
     }
 
     /// Commits the remainder and returns (rows written, part names).
