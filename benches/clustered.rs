@@ -43,7 +43,8 @@ use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::prelude::SessionContext;
 
-/// The allocator the `evalflow` binary runs with, so the times are those of `evalflow sql`.
+/// The allocator the `evalflow` binary runs with (src/main.rs), so the times are those of
+/// `evalflow sql`.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

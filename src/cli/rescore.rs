@@ -199,15 +199,16 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
 const PAIRS_ROOT: &str = "_rescore";
 const PAIRS: &str = "_rescore/pairs";
 
-/// Rows of the new version one slice of [`register_pairs`] joins at most: its hash table
-/// is about 100 MB, the same at any run size. `EVALFLOW_RESCORE_SLICE_ROWS` sets another
-/// (tests use a small one to pair in many slices).
+/// Rows of the new version one slice of [`register_pairs`] joins at most: a quarter of
+/// the memory limit at about 100 bytes of hash table a row (2.7M rows at 1 GiB), the same
+/// at any run size. `EVALFLOW_RESCORE_SLICE_ROWS` sets another (tests use a small one to
+/// pair in many slices).
 fn pair_slice_rows() -> usize {
     std::env::var("EVALFLOW_RESCORE_SLICE_ROWS")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|n| *n > 0)
-        .unwrap_or(1_000_000)
+        .unwrap_or_else(|| (crate::query::resources().memory_limit / 400).max(100_000))
 }
 
 /// Pairs each call's row of `old` with its row of `new` once, into scratch Parquet
