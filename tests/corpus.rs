@@ -116,14 +116,18 @@ fn write_corpus(path: &Path, n: usize) {
 fn imported(dir: &Path, name: &str, n: usize) -> PathBuf {
     let corpus = dir.join(format!("{name}.jsonl"));
     write_corpus(&corpus, n);
-    let root = dir.join(name);
+    import_file(&corpus, &dir.join(name))
+}
+
+/// `evalflow import FILE --out ROOT`, which must succeed; returns ROOT.
+fn import_file(file: &Path, root: &Path) -> PathBuf {
     ok(&[
         "import",
-        corpus.to_str().unwrap(),
+        file.to_str().unwrap(),
         "--out",
         root.to_str().unwrap(),
     ]);
-    root
+    root.to_path_buf()
 }
 
 fn stage(verb: &str, root: &Path, extra: &[&str]) -> String {
@@ -510,14 +514,7 @@ fn import_numbers_missing_samples_after_given_ones_with_the_same_call_ids() {
         let file = dir.path().join(format!("{name}.jsonl"));
         let body: String = rows.iter().map(|r| format!("{r}\n")).collect();
         std::fs::write(&file, body).unwrap();
-        let root = dir.path().join(name);
-        ok(&[
-            "import",
-            file.to_str().unwrap(),
-            "--out",
-            root.to_str().unwrap(),
-        ]);
-        root
+        import_file(&file, &dir.path().join(name))
     };
     let root = import("mixed", &records);
     let q = "SELECT c.input, k.model, k.sample_idx, k.response, k.call_id FROM calls k \

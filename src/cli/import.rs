@@ -280,12 +280,12 @@ async fn import_into(a: ImportArgs) -> Result<(), CliError> {
     if let Err(e) = pushed {
         // A bad row: nothing of the import stays.
         sink.abort().await;
-        let _ = store.delete_dir("_import").await;
+        let _ = store.delete_scratch("_import").await;
         return Err(e);
     }
     if sink.rows() == 0 {
         sink.abort().await;
-        let _ = store.delete_dir("_import").await;
+        let _ = store.delete_scratch("_import").await;
         return Err(CliError::BadInput(format!(
             "{}: no records",
             sources.join(", ")

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
@@ -180,11 +179,7 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
         Err(e) => Err(e),
     };
     // The pairs are scratch whether or not the diff could be printed.
-    let _ = store.delete_dir(PAIRS_ROOT).await;
-    if store.table_url("x").starts_with("file:") {
-        // The local store leaves the emptied folders behind.
-        let _ = std::fs::remove_dir_all(std::path::Path::new(store.display()).join(PAIRS_ROOT));
-    }
+    let _ = store.delete_scratch(PAIRS_ROOT).await;
     // A diff that does not fit the memory limit is exit 2, as for any query.
     diff.map_err(|e| {
         if e.is_bad_input() {

@@ -737,12 +737,7 @@ impl ImportSink {
             Err(e) => Err(e),
         };
         // Staging is scratch either way; a failed import leaves no table behind.
-        let cleanup = self.store.delete_dir("_import").await;
-        if self.store.table_url("x").starts_with("file:") {
-            // The local store leaves the emptied folders behind.
-            let _ =
-                std::fs::remove_dir_all(std::path::Path::new(self.store.display()).join("_import"));
-        }
+        let cleanup = self.store.delete_scratch("_import").await;
         if result.is_err() {
             self.store.delete_dir("cases").await?;
             self.store.delete_dir("calls").await?;

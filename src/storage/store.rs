@@ -183,6 +183,16 @@ impl RunStore {
         }
     }
 
+    /// Deletes a scratch folder (`_import/`, `_rescore/`) and, on the local store, the
+    /// emptied folders that deleting its files leaves behind.
+    pub async fn delete_scratch(&self, rel: &str) -> Result<(), StorageError> {
+        let deleted = self.delete_dir(rel).await;
+        if self.table_url("x").starts_with("file:") {
+            let _ = std::fs::remove_dir_all(std::path::Path::new(self.display()).join(rel));
+        }
+        deleted
+    }
+
     /// Deletes every object under `rel` (used to restart a stage that never committed).
     pub async fn delete_dir(&self, rel: &str) -> Result<(), StorageError> {
         let prefix = self.path(rel);
