@@ -15,10 +15,12 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::disk_manager::DiskManagerBuilder;
 use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::schema::Table;
 use crate::storage::{RunStore, StorageError};
+use crate::udaf::dictionary_keys::DictionaryClusterKeys;
 
 /// The start of the message of a plan refused by `--cluster` (a table or function the
 /// cluster lacks): bad input, exit 2.
@@ -245,7 +247,15 @@ fn context_with(partitions: usize, join_reordering: bool) -> SessionContext {
         .with_disk_manager_builder(DiskManagerBuilder::default())
         .build_arc()
         .expect("a runtime with the OS temp folder for spills");
-    let ctx = SessionContext::new_with_config_rt(config, runtime);
+    // Clustered aggregates over a Parquet scan read their cluster keys as dictionaries.
+    let footers = runtime.cache_manager.get_file_metadata_cache();
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_runtime_env(runtime)
+        .with_default_features()
+        .with_physical_optimizer_rule(Arc::new(DictionaryClusterKeys::new(footers)))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
     crate::udaf::register_all(&ctx);
     ctx
 }

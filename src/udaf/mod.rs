@@ -17,6 +17,7 @@ pub mod cluster_interval;
 pub mod cluster_keys;
 pub mod clustered_acc;
 pub mod common;
+pub mod dictionary_keys;
 pub mod moments_acc;
 pub mod single_group;
 pub mod spec;
