@@ -218,6 +218,10 @@ impl DictionaryClusterKeys {
             let mut hinted = Vec::with_capacity(group.len());
             for file in group.iter() {
                 let Some(schema) = self.file_hint(file, &name) else {
+                    tracing::debug!(
+                        file = %file.object_meta.location,
+                        "no cached footer: `{name}` stays a string column"
+                    );
                     return Ok(None);
                 };
                 let mut file = file.clone();
@@ -252,6 +256,7 @@ impl DictionaryClusterKeys {
             .with_source(rebuilt)
             .with_file_groups(groups)
             .build();
+        tracing::debug!("`{name}` read as a dictionary for a clustered aggregate");
         Ok(Some(DataSourceExec::from_data_source(config)))
     }
 
