@@ -277,7 +277,7 @@ fn group_sql(
     format!(
         "WITH s AS (SELECT {keys}, template_id, validity, role, score, {} FROM scores \
          WHERE scorer = {} AND scoring_version = {}) \
-         SELECT {keys}, count(*) AS n_rows, {} FROM s GROUP BY {keys} ORDER BY {keys}",
+         SELECT {keys}, count(*) AS n_rows, {} FROM s GROUP BY {keys}",
         vals.join(", "),
         lit(&scorer.name),
         lit(&scorer.version),
@@ -345,7 +345,19 @@ pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRo
             .enumerate()
             .map(|(k, n)| (n.clone(), k))
             .collect();
-        for r in text_rows(&ctx, &sql).await? {
+        // Sorted here, not by an ORDER BY: a sort is a second consumer of the memory pool,
+        // and the fair pool would then give the aggregate, whose per-template sums are the
+        // whole of the memory this query needs, half of the limit.
+        let mut rows = text_rows(&ctx, &sql).await?;
+        let n_keys = keys.split(", ").count();
+        // As `ORDER BY` would: ascending, NULLs last.
+        rows.sort_by_cached_key(|r| {
+            r[..n_keys]
+                .iter()
+                .map(|v| (v.is_none(), v.clone()))
+                .collect::<Vec<_>>()
+        });
+        for r in rows {
             let r = Named {
                 idx: idx.clone(),
                 row: &r,
