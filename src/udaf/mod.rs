@@ -132,7 +132,16 @@ pub async fn reference_markdown() -> Result<String> {
          used and the statistics that need more rows are NULL. A `cluster` or `case_id` argument \
          may be any integer or string column. `level` and `alpha` arguments of aggregates must be \
          constants. All aggregates work under GROUP BY and with partial aggregation; results \
-         agree across partitionings up to floating-point rounding.\n\n",
+         agree across partitionings up to floating-point rounding.\n\n\
+         Memory of the clustered aggregates (`clustered_se*`, `clustered_mean_ci`, \
+         `paired_diff_clustered`, `variance_components`): each group keeps one set of sums per \
+         cluster it saw (32 to about 128 bytes a (group, cluster) pair, plus each key once), and \
+         a group's state cannot be split by spilling; on several partitions each partition holds \
+         its own until they are merged, so with hundreds of thousands of clusters per group \
+         `--threads 1` can be both faster and smaller. In an `evalflow` session, a string \
+         cluster column read straight from Parquet and used by nothing else in the aggregate is \
+         read as a dictionary (each distinct key looked up once per column chunk), with the same \
+         results.\n\n",
     );
     for d in docs() {
         let _ = writeln!(md, "- [`{}`](#{})", d.syntax, d.name);
