@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """An independent numpy re-simulation of benches/coverage.rs's designs for the pass-rate
 interval (`cr2_score`: before the size-weighted variance, before the floored-variance
-multiplier away from 1/2, and now) and the paired difference (`cr2`, `cr2_ri`), used to
+multiplier away from 1/2, and now) and the paired difference (`cr2`, `cr2_ri`, and
+`cr2_score`, the clustered Tango score interval for pass/fail pairs), used to
 choose between variants at more replications than the bench runs (the figures in parentheses
 in docs/functions.md: 10,000 replications, seeds 2026 and 9090).
 Nothing here calls evalflow; the formulas are written out again.
@@ -162,6 +163,35 @@ def diff_interval(n, x, ss, floor):
     return d - h, d + h
 
 
+def tango_var(D, pos, neg, N):
+    """Tango's variance of the mean difference at hypothesised differences D (rows x points)."""
+    b, c, n = pos[:, None], neg[:, None], N[:, None]
+    W = -b - c + (2 * n - b + c) * D
+    q = (np.sqrt(np.maximum(W * W + 8 * n * c * D * (1 - D), 0)) - W) / (4 * n)
+    return np.maximum(2 * q + D * (1 - D), 0) / n
+
+
+def paired_score(n, x, ss):
+    """`cr2_score` for pass/fail pairs: Tango's score interval times the design effect of the
+    CR2-RI variance where Tango's variance grows, of the CR2 variance where it shrinks."""
+    N, d, Vc, df = cr2(n, x)
+    msw, sb, sq = anova(n, x, ss)
+    Vr = np.maximum(Vc, np.nan_to_num(msw / N + sb * sq / N ** 2, nan=-np.inf))
+    S1, S2 = x.sum(1), ss.sum(1)
+    pos, neg = (S2 + S1) / 2, (S2 - S1) / 2
+    naive = (S2 / N - d * d) / N
+    t = stats.t.ppf(0.975, df)
+    nz = np.where(naive > 0, naive, 1)
+    up = np.where(naive > 0, np.where(Vr > 0, Vr / nz, 1), 1)
+    down = np.where(naive > 0, np.where(Vc > 0, Vc / nz, up), 1)
+
+    def inside(D):
+        vt = tango_var(D, pos, neg, N)
+        v = vt * np.where(vt > naive[:, None], up[:, None], down[:, None])
+        return (d[:, None] - D) ** 2 <= (t * t)[:, None] * v
+    return outer(d, inside, -1.0), outer(d, inside, 1.0)
+
+
 def table(rows, names):
     print("design".ljust(22), " ".join(f"{m:>20}" for m in names))
     summ = {m: [99, 0, 99, 0, 0] for m in names}
@@ -204,7 +234,7 @@ def main_rates(R, seed):
 
 def main_paired(R, seed, delta=0.5):
     rng = np.random.default_rng(seed)
-    names = ["cr2", "cr2_ri"]
+    names = ["cr2", "cr2_ri", "cr2_score"]
     rows = []
     for mu in (0.5, 0.1):
         for uneq in (False, True):
@@ -227,8 +257,9 @@ def main_paired(R, seed, delta=0.5):
                     x = (Bv.sum(2) - A.sum(2)).astype(float)
                     ss = (A ^ Bv).sum(2).astype(float)  # sum of d^2 per cluster
                     est = x.sum(1) / n.sum(1)
-                    rows.append((f'{G:3d} {"1-50" if uneq else "10  "} {rho:4} {mu:4}', G,
-                                 [cell(*diff_interval(n, x, ss, fl), truth, est) for fl in (False, True)]))
+                    cells = [cell(*diff_interval(n, x, ss, fl), truth, est) for fl in (False, True)]
+                    cells.append(cell(*paired_score(n, x, ss), truth, est))
+                    rows.append((f'{G:3d} {"1-50" if uneq else "10  "} {rho:4} {mu:4}', G, cells))
     table(rows, names)
 
 

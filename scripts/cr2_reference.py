@@ -8,7 +8,9 @@ p_g = (I - H)_g' A_g X_g M, df = (sum_g p_g'p_g)^2 / sum_{g,h} (p_g'p_h)^2. Noth
 evalflow's closed forms, which these numbers check. Also the closed form of the working-model
 df against the matrices, the t quantiles, and the clustered score interval (`cr2_score`, the
 default for 0/1 scores, with the one-way ANOVA between variance weighted in on the side toward 1/2) solved by a fine grid and brentq rather than evalflow's scan and
-bisection, with its hand example and the zero-failure case.
+bisection, with its hand example and the zero-failure case; and the paired score interval
+(`paired_diff_clustered`'s default for 0/1 pairs) with Tango's restricted maximum likelihood
+found numerically, not by its closed form.
 
     python3 scripts/cr2_reference.py
 """
@@ -163,6 +165,70 @@ def score_sql(x, cl, var, t, df, level):
     return score(p, n, var, t, var_half=var_half, t_away=t_away)
 
 
+def tango_var_mle(d0, pos, neg, n):
+    """Var of the mean difference of n trinomial pairs under d0, at the restricted MLE of the
+    share q of d = -1 pairs (share of d = +1 is q + d0), maximised numerically."""
+    lo, hi = max(0.0, -d0), (1 - d0) / 2
+    if hi - lo < 1e-15:
+        q = lo
+    else:
+        def nll(q):
+            ll = 0.0
+            for k, pr in ((pos, q + d0), (neg, q), (n - pos - neg, 1 - 2 * q - d0)):
+                if k > 0:
+                    ll += k * math.log(max(pr, 1e-300))
+            return -ll
+        # The likelihood is concave in q: its maximum is the root of the score equation
+        # (brentq to full precision), or an end of the range when the score keeps its sign.
+        def score_eq(q):
+            z = n - pos - neg
+            return ((pos / (q + d0) if pos else 0.0) + (neg / q if neg else 0.0)
+                    - (2 * z / (1 - 2 * q - d0) if z else 0.0))
+        eps = (hi - lo) * 1e-13
+        a, b = float(lo + eps), float(hi - eps)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if score_eq(a) > 0 and score_eq(b) < 0:
+                q = optimize.brentq(score_eq, a, b, xtol=1e-300, rtol=4 * np.finfo(float).eps,
+                                    maxiter=500)
+            else:
+                q = min([lo, hi], key=nll)
+    return (2 * q + d0 * (1 - d0)) / n
+
+
+def paired_score_ref(a, b, cl, level=0.95):
+    """paired_diff_clustered's default for 0/1 pairs: d0 inside when (d - d0)^2 <= t^2 deff
+    V_T(d0); deff = V_cr2ri / V_T(d) where V_T(d0) > V_T(d), V_cr2 / V_T(d) elsewhere."""
+    d = np.asarray(a, float) - np.asarray(b, float)
+    n = len(d)
+    m, se, df = cr2(d, cl)
+    ri = random_intercept_var(d, cl)
+    v_r = se ** 2 if ri is None else max(se ** 2, ri)
+    pos, neg = int((d == 1).sum()), int((d == -1).sum())
+    naive = tango_var_mle(m, pos, neg, n)
+    up, down = v_r / naive, se ** 2 / naive
+    t = stats.t.ppf(1 - (1 - level) / 2, df)
+
+    def var(d0):
+        v = tango_var_mle(d0, pos, neg, n)
+        return v * (up if v > naive * (1 + 1e-9) else down)
+
+    def gap(d0):
+        return (m - d0) ** 2 - t * t * var(d0)
+
+    def bound(edge):
+        xs = np.linspace(edge, m, 4001)
+        g = np.array([gap(x) for x in xs])
+        if g[0] <= 0:
+            return edge
+        j = int(np.argmax(g <= 0))
+        return optimize.brentq(gap, xs[j - 1], xs[j], xtol=1e-15, rtol=1e-15)
+
+    lo, hi = bound(-1.0), bound(1.0)
+    stat = m / math.sqrt(var(0.0))
+    return dict(n=n, mean=m, se=math.sqrt(v_r), df=df, pos=pos, neg=neg, lo=lo, hi=hi,
+                stat=stat, p=float(2 * stats.t.sf(abs(stat), df)))
+
+
 def report(name, x, cl, level=0.95):
     m, se, df = cr2(x, cl)
     t = stats.t.ppf(1 - (1 - level) / 2, df)
@@ -228,6 +294,22 @@ def main():
     # Zero failures in 120 rows from 3 templates: Wilson at n = 120 with t(2), never zero width.
     z = [0] * 120
     print("0 of 120, 3 templates:", score(0.0, 120, 0.0, stats.t.ppf(0.975, 2)))
+    # The paired score interval (tests/stats.rs paired_score_matches_reference): d = truth -
+    # pred on the fixture (0/1 pairs), all rows and group C at level 0.9, and a hand example of
+    # unequal templates where the random-intercept variance is the larger (the side rule).
+    f = pd.read_csv(FIX)
+    for name, q, level in [("truth - pred", f, 0.95), ("truth - pred, grp C, 0.9", f[f.grp == "C"], 0.9)]:
+        r = paired_score_ref(q.truth.astype(float), q.pred.astype(float), q.cluster_str.to_numpy(), level)
+        print(f"// paired score: {name}")
+        for k, v in r.items():
+            print(f"    {k}: {v!r}")
+    a = [1, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1, 1, 0]
+    b = [0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0]
+    cl = list("aaaaaaabbbccdd")
+    r = paired_score_ref(a, b, cl)
+    print("// paired score: hand example")
+    for k, v in r.items():
+        print(f"    {k}: {v!r}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@
 --
 -- The K samples of a case are averaged per case first, the two runs are joined on case_id, and
 -- d = B - A per case (positive means B passes more). The SE of mean(d) is clustered by
--- template_id (Miller 2024). The MDE is the smallest difference this many cases could
+-- template_id (Miller 2024). The interval is paired_diff_clustered's default: for pass/fail
+-- pairs (one sample per case) the clustered score interval and a clustered McNemar test,
+-- for averaged samples or graded scores CR2 floored at the random-intercept variance
+-- (docs/functions.md). The MDE is the smallest difference this many cases could
 -- detect (alpha 0.05, power 0.8) at the observed clustered SE. Verdict: an interval that
 -- excludes zero decides, otherwise the test could not tell, which is not evidence of no change.
 -- With one template no clustered interval exists, and the verdict says so rather than fall

@@ -100,12 +100,17 @@ async fn build_run(root: &Path, pass: &[bool]) {
 }
 
 /// The paired difference of B - A by hand: (mean, CR2 clustered SE, lo, hi, MDE), as the
-/// default method of `paired_diff_clustered` defines them (docs/functions.md).
+/// default method of `paired_diff_clustered` defines them for pass/fail pairs (`cr2_score`,
+/// docs/functions.md).
 ///
-/// The templates here are of equal size (N / TEMPLATES cases each), where CR2 reduces to
-/// se^2 = G / (G - 1) * sum over templates of (sum of d_i - mean in the template)^2 / n^2 and
-/// its Satterthwaite degrees of freedom to G - 1; the interval is mean -+ t_{0.975, G-1} * se
-/// and MDE = (z_0.975 + z_0.8) * se (`mde(n, se^2 n)`).
+/// The templates here are of equal size (N / TEMPLATES cases each), where CR2 (and the
+/// random-intercept floor, equal to it here) reduces to se^2 = G / (G - 1) * sum over
+/// templates of (sum of d_i - mean in the template)^2 / n^2 and its Satterthwaite degrees of
+/// freedom to G - 1. The interval is Tango's score interval for paired proportions with that
+/// design effect: the d0 with (mean - d0)^2 <= t_{0.975, G-1}^2 * deff * V(d0), V(d0) the
+/// variance of d under d0 at the restricted MLE of the share of d = -1 pairs, deff = se^2 /
+/// V(mean); found here by bisection on a sign change. MDE = (z_0.975 + z_0.8) * se
+/// (`mde(n, se^2 n)`).
 fn by_hand(a: &[bool], b: &[bool]) -> (f64, f64, f64, f64, f64) {
     let d: Vec<f64> = a
         .iter()
@@ -129,7 +134,42 @@ fn by_hand(a: &[bool], b: &[bool]) -> (f64, f64, f64, f64, f64) {
     assert_eq!(TEMPLATES, 8);
     let t7 = 2.364_624_251_592_785;
     let (z, z_power) = (1.959963984540054, 0.8416212335729143);
-    (mean, se, mean - t7 * se, mean + t7 * se, (z + z_power) * se)
+    let pos = d.iter().filter(|&&x| x > 0.0).count() as f64;
+    let neg = d.iter().filter(|&&x| x < 0.0).count() as f64;
+    // Tango (1998), eq. for the restricted MLE of the share of d = -1 pairs under d0.
+    let v = |d0: f64| {
+        let w = -pos - neg + (2.0 * n - pos + neg) * d0;
+        let q = ((w * w + 8.0 * n * neg * d0 * (1.0 - d0)).sqrt() - w) / (4.0 * n);
+        (2.0 * q + d0 * (1.0 - d0)) / n
+    };
+    let deff = se * se / v(mean);
+    let gap = |d0: f64| (mean - d0).powi(2) - t7 * t7 * deff * v(d0);
+    // The outermost root between the mean and the edge: scan from the edge, then bisect.
+    let bound = |edge: f64| {
+        if gap(edge) <= 0.0 {
+            return edge;
+        }
+        let steps = 100_000;
+        let (mut out, mut inn) = (edge, mean);
+        for k in 1..=steps {
+            let x = edge + (mean - edge) * k as f64 / steps as f64;
+            if gap(x) <= 0.0 {
+                inn = x;
+                break;
+            }
+            out = x;
+        }
+        for _ in 0..100 {
+            let mid = 0.5 * (out + inn);
+            if gap(mid) <= 0.0 {
+                inn = mid;
+            } else {
+                out = mid;
+            }
+        }
+        inn
+    };
+    (mean, se, bound(-1.0), bound(1.0), (z + z_power) * se)
 }
 
 /// The `overall` row of `compare`'s output, column name -> cell, and its verdict line.

@@ -1225,8 +1225,9 @@ async fn cr2_ri_takes_the_larger_variance() {
     );
     assert_close(f(&r[0][1]), 5.0 / 3.0, "df");
     assert_eq!(r[0][2], ScalarValue::Utf8(Some("cr2_ri".into())));
-    assert_eq!(r[0][3], ScalarValue::Utf8(Some("cr2_ri".into())));
-    assert_eq!(r[0][4], ScalarValue::Utf8(Some("cr2_ri".into())));
+    // Pass/fail pairs: the paired default is the clustered score interval.
+    assert_eq!(r[0][3], ScalarValue::Utf8(Some("cr2_score".into())));
+    assert_eq!(r[0][4], ScalarValue::Utf8(Some("cr2_score".into())));
     let eq = "(VALUES (1.0, 'a'), (0.0, 'a'), (0.0, 'b'), (0.0, 'b'), (1.0, 'c'), (1.0, 'c')) AS t(x, c)";
     let r = rows(
         &ctx,
@@ -1422,4 +1423,101 @@ async fn interval_methods_agree_across_partitions() {
         }
     }
     assert!(defined > 100);
+}
+
+/// The paired default for pass/fail pairs (`cr2_score`): Tango's score interval with design
+/// effects, against `scripts/cr2_reference.py` (restricted MLE found numerically, bounds by
+/// brentq): d = truth - pred on the fixture, 1 and 3 partitions (the pass/fail flag goes
+/// through the partial states), group C at level 0.9, and a hand example of unequal templates.
+#[tokio::test]
+async fn paired_score_matches_reference() {
+    // (mean, se, df, lo, hi, z, p) from the script.
+    let all = [
+        0.05257936507936508,
+        0.012999378967638286,
+        57.255341220689374,
+        0.026638532262511165,
+        0.07903151912207076,
+        4.013502091087039,
+        0.00017584048896062155,
+    ];
+    let grp_c = [
+        0.07092198581560284,
+        0.025902769711053097,
+        14.031042151505986,
+        0.025519204155790533,
+        0.1187110011482294,
+        2.6972492432411532,
+        0.01732308437520379,
+    ];
+    let fields = |level: &str| {
+        ["mean_diff", "se", "df", "lo", "hi", "z", "p_value"]
+            .iter()
+            .map(|k| format!("paired_diff_clustered(truth, pred, cluster_str{level})['{k}']"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let check = |r: &[ScalarValue], want: &[f64], what: &str| {
+        for (i, w) in want.iter().enumerate() {
+            assert!(
+                f(&r[i]).is_some_and(|g| close(g, *w, 1e-9)),
+                "{what} field {i}: {:?} vs {w}",
+                r[i]
+            );
+        }
+    };
+    for p in [1, 3] {
+        let ctx = fixture_ctx(p).await;
+        let sql = format!(
+            "SELECT {}, paired_diff_clustered(truth, pred, cluster_str)['method'] FROM s",
+            fields("")
+        );
+        let r = rows(&ctx, &sql).await;
+        check(&r[0], &all, &format!("all rows, {p} partitions"));
+        assert_eq!(r[0][7], ScalarValue::Utf8(Some("cr2_score".into())));
+        let sql = format!("SELECT {} FROM s WHERE grp = 'C'", fields(", 0.9"));
+        check(&rows(&ctx, &sql).await[0], &grp_c, "group C, level 0.9");
+        // One graded pair anywhere makes `auto` the CR2-RI interval, and an explicit
+        // `cr2_score` then gives no interval rather than a wrong one.
+        let sql = "SELECT d['method'], d['lo'], e['method'], e['lo'], e['se'] = d['se'] FROM \
+                   (SELECT paired_diff_clustered(t, pred, cluster_str) AS d, \
+                           paired_diff_clustered(t, pred, cluster_str, 0.95, 'cr2_score') AS e \
+                    FROM (SELECT CASE WHEN case_id = 'case0166' THEN 0.5 ELSE CAST(truth AS DOUBLE) END AS t, \
+                                 pred, cluster_str FROM s))";
+        let r = rows(&ctx, sql).await;
+        assert_eq!(r[0][0], ScalarValue::Utf8(Some("cr2_ri".into())), "{p}");
+        assert!(f(&r[0][1]).is_some());
+        assert_eq!(r[0][2], ScalarValue::Utf8(Some("cr2_score".into())));
+        assert_eq!(f(&r[0][3]), None, "{p}");
+        assert_eq!(r[0][4], ScalarValue::Boolean(Some(true)));
+    }
+    // Templates of 7, 3, 2 and 2 pairs: the random-intercept variance exceeds CR2's, so the
+    // side of the interval where Tango's variance grows (here the lower one) uses it.
+    let ctx = ctx_with(2);
+    let t = "(VALUES (1, 0, 'a'), (1, 0, 'a'), (1, 1, 'a'), (1, 0, 'a'), (0, 0, 'a'), (0, 0, 'a'), \
+             (1, 0, 'a'), (0, 0, 'b'), (1, 1, 'b'), (1, 0, 'b'), (0, 1, 'c'), (1, 0, 'c'), \
+             (1, 0, 'd'), (0, 0, 'd')) AS t(a, b, c)";
+    let sql = format!(
+        "SELECT {}, paired_diff_clustered(a, b, c, 0.95, 'cr2')['se'] FROM {t}",
+        ["mean_diff", "se", "df", "lo", "hi", "z", "p_value"]
+            .iter()
+            .map(|k| format!("paired_diff_clustered(a, b, c)['{k}']"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let r = rows(&ctx, &sql).await;
+    let hand = [
+        0.42857142857142855,
+        0.12340510038182122,
+        2.2247191011235943,
+        -0.17418122745644524,
+        0.7808566235538645,
+        2.8608025872252507,
+        0.09165006132259919,
+    ];
+    check(&r[0], &hand, "hand example");
+    assert!(
+        f(&r[0][7]).unwrap() < hand[1],
+        "CR2 below the random-intercept SE"
+    );
 }

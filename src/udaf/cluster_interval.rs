@@ -23,7 +23,9 @@
 //!   ([`clustered_score_quantiles`]), with the t quantile toward 1/2 and, away from it, the
 //!   quantile of a floored variance ([`floored_t_quantile`]).
 //! - [`Method::Cr2Ri`]: CR2 with its variance floored at the random-intercept model's
-//!   ([`random_intercept_var`]), for paired differences.
+//!   ([`random_intercept_var`]), for paired differences of graded scores.
+//! - For paired differences of pass/fail pairs, [`Method::Cr2Score`] is Tango's score interval
+//!   with design effects ([`paired_score`], through [`paired_interval`]).
 //! - [`Method::WildBootstrap`]: the wild cluster bootstrap-t (Rademacher weights, Webb's
 //!   six-point weights below 12 clusters), studentized by the CR2 SE; the interval is the
 //!   symmetric percentile-t one, the p-value imposes the null (WCR).
@@ -44,133 +46,169 @@ use super::common::{Moments, finite, normal_z, two_sided_p};
 /// under `clustered_mean_ci` in docs/functions.md.
 pub const METHOD_GUIDE: &str = r#"**Which method when**
 
-- `auto` (the default): `cr2_score` for pass/fail scores, `cr2` for any other score; `paired_diff_clustered` defaults to `cr2_ri`. Use it unless you must match another tool.
-- `cr2_score`: pass/fail rates. The clustered score interval: the CR2 variance V is split into the binomial part p (1 - p) / n and a between-template part B = V - p (1 - p) / n, and each bound is the outermost rate p0 on its side of p with (p - p0)^2 <= t^2 (p0 (1 - p0) / n + B max(r, r^1.25)), r = p0 (1 - p0) / (p (1 - p)), t the CR2 quantile. For the bound toward 1/2, B becomes B + |1 - 2p| max(0, B_anova - B), B_anova the one-way ANOVA (random-intercept) estimate of the between-template part, which weighs a template by its size n_g where CR2 weighs it by n_g^2: with unequal sizes a few large templates otherwise set both the rate and its variance, and a rate that came out low came with a variance that came out low. The weight |1 - 2p| follows the skewness of a rate's estimate: nothing at 1/2, nearly all of it for rare outcomes. Toward the nearer bound (r <= 1) it is the Wilson interval at the effective size n / deff, with the multiplier |1 - 2p| c + (1 - |1 - 2p|) t: B is floored at zero, so that side's variance is never below its binomial part, and a t quantile on a floored variance counts twice the chance that a few templates make the variance come out low. If the variance estimate is the truth V times U, U ~ chi^2_df / df (the model behind the t quantile), the floored statistic (p - p0) / sqrt(max(kappa V, V U)) has the quantile c of Z / sqrt(max(kappa, U)), with kappa = 1 / deff the binomial share; c runs from the normal quantile (no template variance seen) to t (kappa near 0). Toward 1/2 the floor does not lighten the tail, as a low rate comes with a low variance (the studentized rate is skewed), so that bound keeps t, and the lighter multiplier counts by the same skewness weight, nothing at 1/2. Toward 1/2 the template part grows faster than p0 (1 - p0), as it does when template effects act on the logit scale (there as about r^1.5 to r^2 in the simulated designs), which the Wilson interval missed for rare outcomes. A side whose B is not positive (template effects are not assumed to cancel noise), or a rate of 0 or 1, gets Wilson at n, never a zero width. Not for differences.
-- `cr2_ri`: paired differences (the default of `paired_diff_clustered`): `cr2` with the variance at least the random-intercept model's, MSW / n + sigma_b^2 sum n_g^2 / n^2 from the one-way ANOVA, in the spirit of Morel, Bokossa and Neerchal's floor on the sandwich. It equals `cr2` for equal template sizes; with unequal sizes it keeps the few largest templates from setting the variance alone.
+- `auto` (the default): `cr2_score` for pass/fail scores, `cr2` for any other score; for `paired_diff_clustered`, `cr2_score` when every a and b is 0 or 1 and `cr2_ri` otherwise (averaged samples, judge scores). Use it unless you must match another tool.
+- `cr2_score`: pass/fail rates. The clustered score interval: the CR2 variance V is split into the binomial part p (1 - p) / n and a between-template part B = V - p (1 - p) / n, and each bound is the outermost rate p0 on its side of p with (p - p0)^2 <= t^2 (p0 (1 - p0) / n + B max(r, r^1.25)), r = p0 (1 - p0) / (p (1 - p)), t the CR2 quantile. For the bound toward 1/2, B becomes B + |1 - 2p| max(0, B_anova - B), B_anova the one-way ANOVA (random-intercept) estimate of the between-template part, which weighs a template by its size n_g where CR2 weighs it by n_g^2: with unequal sizes a few large templates otherwise set both the rate and its variance, and a rate that came out low came with a variance that came out low. The weight |1 - 2p| follows the skewness of a rate's estimate: nothing at 1/2, nearly all of it for rare outcomes. Toward the nearer bound (r <= 1) it is the Wilson interval at the effective size n / deff, with the multiplier |1 - 2p| c + (1 - |1 - 2p|) t: B is floored at zero, so that side's variance is never below its binomial part, and a t quantile on a floored variance counts twice the chance that a few templates make the variance come out low. If the variance estimate is the truth V times U, U ~ chi^2_df / df (the model behind the t quantile), the floored statistic (p - p0) / sqrt(max(kappa V, V U)) has the quantile c of Z / sqrt(max(kappa, U)), with kappa = 1 / deff the binomial share; c runs from the normal quantile (no template variance seen) to t (kappa near 0). Toward 1/2 the floor does not lighten the tail, as a low rate comes with a low variance (the studentized rate is skewed), so that bound keeps t, and the lighter multiplier counts by the same skewness weight, nothing at 1/2. Toward 1/2 the template part grows faster than p0 (1 - p0), as it does when template effects act on the logit scale (there as about r^1.5 to r^2 in the simulated designs), which the Wilson interval missed for rare outcomes. A side whose B is not positive (template effects are not assumed to cancel noise), or a rate of 0 or 1, gets Wilson at n, never a zero width.
+- `cr2_score` for paired differences of pass/fail pairs (the default of `paired_diff_clustered` for them): Tango's (1998) score interval for paired proportions, with the template variance carried by design effects. With n_pos pairs where d = +1 and n_neg where d = -1, V(d0) = (2 q + d0 (1 - d0)) / n is the variance of the mean difference if the truth were d0, q the share of d = -1 pairs at its maximum likelihood under d0 (closed form); each bound is the outermost d0 with (d - d0)^2 <= t^2 deff V(d0), t the CR2 quantile. The design effect is the `cr2_ri` variance over V(d) on the side where V(d0) grows, the `cr2` variance over V(d) where it shrinks (the same split as for rates: the size-weighted floor where a low difference comes with a low variance). It fixes the paired intervals' misses on one side: for rare outcomes with strong template effects `cr2_ri` missed above 5-7% of the time against 2.5%. The test of d = 0 is the score test at 0, a clustered McNemar test: z = d / sqrt(deff (n_pos + n_neg) / n^2), the same rule as the interval, so the verdict and the p-value agree.
+- `cr2_ri`: paired differences of graded scores (the default of `paired_diff_clustered` when a pair is not 0/1): `cr2` with the variance at least the random-intercept model's, MSW / n + sigma_b^2 sum n_g^2 / n^2 from the one-way ANOVA, in the spirit of Morel, Bokossa and Neerchal's floor on the sandwich. It equals `cr2` for equal template sizes; with unequal sizes it keeps the few largest templates from setting the variance alone.
 - `cr2_wilson`: Wilson at the CR2 effective size, an earlier default: narrower for rare outcomes with strong template effects, where it covers only 92-93%.
 - `cr2`: means of graded scores (judge scores, averaged samples); the bias reduction and the degrees of freedom account for few and unequal templates.
 - `wild_bootstrap`: a cross-check of `cr2` (its p-value imposes the null); no better than `cr2` in the simulation, and it costs `reps` x G work per group.
 - `cr1_t`: to match statsmodels and Inspect AI standard errors, with the t(G-1) quantile they omit; it undercovers when template sizes differ.
 - `miller`: evalflow's original interval, kept for comparison; it undercovers below about 40 templates.
 
-**Where the defaults still miss the target** (issue 16: 94-96% from 20 templates, at least 93% at 10, mean width at most 1.15x the oracle's). The table below has 2,000 replications per cell, so each coverage has a Monte Carlo SE of about 0.5 points, and among 24 cells a method at exactly 95% would show a range of about 94-96%; the figures in parentheses are from 10,000-replication numpy re-simulations of the same designs with two fresh seeds (`python3 scripts/coverage_sim.py 10000 2026`, then seed 9090; Monte Carlo SE about 0.2 points). There the default for pass/fail scores covers 94.2% to 96.5% from 20 templates (seed 9090: 94.0% to 96.8%) and at least 95.2% at 10 (95.3%), with width at most 1.16x (1.15x) the oracle from 20 templates and 1.37x (1.38x) at 10; `cr2_score` before the multiplier away from 1/2 had 94.2% to 96.8% (94.1% to 96.9%), 95.5% (95.6%), 1.18x (1.16x) and 1.41x (1.42x). The bench at 10,000 replications (`EVALFLOW_COVERAGE_REPS=10000`, about 27 minutes) was last run before that change (pass/fail: 94.2% to 96.8%, 95.2% at 10, width 1.17x and 1.42x); for paired differences, unchanged since, it gives `cr2_ri` 93.9% to 95.8%, 93.2% at 10, width 1.12x and 1.25x (`cr2`: 92.7% to 95.3%, 91.6%).
+**Where the defaults stand against the target** (issue 16: 94-96% from 20 templates, at least 93% at 10, mean width at most 1.15x the oracle's). The tables below have 2,000 replications per cell, so each coverage has a Monte Carlo SE of about 0.5 points, and among 24 cells a method at exactly 95% would show a range of about 94-96%; the figures in parentheses are from 10,000-replication numpy re-simulations of the same designs with two fresh seeds (`python3 scripts/coverage_sim.py 10000 2026`, then seed 9090, and `--paired`; Monte Carlo SE about 0.2 points).
 
-- Rare failures (rate 0.05) with weak template effects (ICC 0.05), 20 templates of 10 cases: 96.1% (96.5%, 96.8%). No honest interval gets under 96% here: with 200 cases the lattice of the counts decides, and the plain Wilson interval at n, which ignores the templates and is narrower than the oracle (0.98x), already covers 96.0% and 96.3% of the same replications; any interval at least that wide covers more.
-- Rare failures, ICC 0.05, sizes 1 to 50: 95.6% at 20 templates and 96.5% at 40 (96.2% and 95.6% with either seed; before the multiplier away from 1/2, 96.3% and 96.5% in this table and 96.8% and 95.9% in numpy). What is left is the bound toward 1/2, which misses 1.0-1.3% of the time against 2.5%: it keeps the full t, which strong template effects need.
-- Rare failures with strong template effects (latent ICC 0.3), sizes 1 to 50: 94.8% at 20 templates, 93.5% at 40 and 94.0% at 100 (94.3%, 94.4%, 94.8%; seed 9090: 94.0%, 94.3%, 94.7%). The misses are on the upper side: a low rate comes with a low variance estimate.
-- Width: at most 1.16x the oracle from 20 templates (rare failures only; 1.10 or less at rate 0.5), 1.40x at 10 templates for rare failures, where the interval has to reach up to cover a skewed estimate (the t(9) quantile alone is 1.15x the normal one).
-- Paired differences (`cr2_ri`) cover 93.3-96.0% from 20 templates and 92.3% at 10 (`cr2`: 92.5-95.6% and 92.0%): short for rate 0.1 with strong template effects, with equal sizes (93.3% at 20 templates, 92.3% at 10, where `cr2_ri` is `cr2`; 93.9% and 93.3% at 10,000 replications) and with unequal sizes at 20 templates (93.8%, against `cr2`'s 92.5%; 94.0% at 10,000). Width up to 1.25x the oracle at 10 templates.
+- Pass/fail rates (`cr2_score`): 94.0% to 96.3% from 20 templates, at least 94.9% at 10 (94.2% to 96.5% and 95.2%; seed 9090: 94.0% to 96.8% and 95.3%); mean width at most 1.16x the oracle from 20 templates (1.16x, 1.15x), 1.37x at 10, where the interval has to reach up to cover a skewed estimate (the t(9) quantile alone is 1.15x the normal one).
+- Rare failures (rate 0.05) with weak template effects (ICC 0.05) cover more than 96% with 20 or 40 templates of 10 cases (96.3% at 20; numpy 96.5%, 96.8%): the bound toward 1/2 misses about 1% of the time against 2.5%. It is not the lattice of the counts at a rate of exactly 0.05: drawn per replication from [0.04, 0.06] (rows `0.04-0.06`), where the plain Wilson interval covers 95.2% on average (`python3 scripts/lattice_coverage.py`), `cr2_score` still covers 96.5% at 20 templates and 96.8% at 40. The excess is the price of the full t toward 1/2, which strong template effects need: a lighter multiplier there (the floored one used away from 1/2) narrows these cells from 1.13x to 1.08x the oracle, but leaves their coverage where it is and drops the rare, unequal-size, strong-effect cells to 92-93% (numpy, 10,000 replications).
+- Rare failures with strong template effects (latent ICC 0.3), sizes 1 to 50: 94.1% to 95.7% from 20 templates here (numpy 94.3%, 94.4%, 94.8%; seed 9090: 94.0%, 94.3%, 94.7%). The misses are on the upper side: a low rate comes with a low variance estimate.
+- Paired differences of pass/fail pairs, now `cr2_score` by default: 94.2% to 96.3% from 20 templates and at least 94.9% at 10 (94.8% to 95.8% and 94.7%; seed 9090: 94.3% to 95.8% and 94.7%), where `cr2_ri`, the previous default, covers 93.5% to 96.2% and 93.2% (94.0% to 95.6% and 93.1%; 93.5% to 95.8% and 92.5%): `cr2_ri` missed on one side only, above the interval 4-7% of the time against 2.5% for rate 0.1 with strong template effects. The price is width: at most 1.21x the oracle from 20 templates here (numpy 1.16x, 1.14x) against `cr2_ri`'s 1.16x (1.12x, 1.11x), and 1.38x at 10; the width goes where the misses were. `cr2_ri` stays the default for differences of graded scores (averaged samples, judge scores), where no score interval applies.
 
-**Coverage on simulated evals.** `benches/coverage.rs` (2,000 replications per design, bootstrap B = 99, the seed varying by replication; `EVALFLOW_COVERAGE_REPS=2000 EVALFLOW_COVERAGE_BOOT=99 cargo bench --profile dev --bench coverage`): G templates of 10 cases or of 1 to 50 cases (drawn per replication), a template effect on the logit scale with intra-template correlation rho (latent scale), population pass rate 0.5 or 0.05 (known exactly). Each cell is the coverage of the nominal 95% interval and, in parentheses, its mean width over the oracle width (2 x 1.96 x the estimator's true SD across replications). `auto` equals `cr2_score` here, as every score is 0 or 1; `cr2_ri` is listed for the comparison, it is meant for differences.
+**Coverage on simulated evals.** `benches/coverage.rs` (2,000 replications per design, bootstrap B = 99, the seed varying by replication; `EVALFLOW_COVERAGE_REPS=2000 EVALFLOW_COVERAGE_BOOT=99 cargo bench --profile dev --bench coverage`, about 10 minutes): G templates of 10 cases or of 1 to 50 cases (drawn per replication), a template effect on the logit scale with intra-template correlation rho (latent scale), population pass rate 0.5, exactly 0.05, or drawn per replication from 201 evenly spaced rates in [0.04, 0.06] (`0.04-0.06`; known exactly in every case). Each cell is the coverage of the nominal 95% interval and, in parentheses, its mean width over the oracle width (2 x 1.96 x the true SD of the estimator's error across replications). `auto` equals `cr2_score` here, as every score is 0 or 1; `cr2_ri` is listed for the comparison, it is meant for differences of graded scores.
 
 Mean of a pass/fail score:
 
 | G, sizes, rho, mean | auto | miller | cr1_t | cr2 | cr2_wilson | cr2_score | wild_bootstrap | cr2_ri | oracle width |
 |---|---|---|---|---|---|---|---|---|---|
-| 5, 10, 0.05, 0.5 | 98.8% (1.31) | 85.8% (0.86) | 95.5% (1.35) | 95.5% (1.35) | 96.0% (1.21) | 98.8% (1.31) | 95.0% (1.49) | 95.5% (1.35) | 0.3192 |
-| 10, 10, 0.05, 0.5 | 97.2% (1.12) | 89.7% (0.92) | 94.7% (1.12) | 94.7% (1.12) | 95.2% (1.08) | 97.2% (1.12) | 94.2% (1.15) | 94.7% (1.12) | 0.2310 |
-| 20, 10, 0.05, 0.5 | 95.5% (1.04) | 92.2% (0.95) | 94.7% (1.04) | 94.7% (1.04) | 95.0% (1.03) | 95.5% (1.04) | 95.0% (1.07) | 94.7% (1.04) | 0.1635 |
-| 40, 10, 0.05, 0.5 | 95.2% (1.02) | 93.9% (0.98) | 94.7% (1.02) | 94.7% (1.02) | 94.8% (1.01) | 95.2% (1.02) | 94.5% (1.04) | 94.7% (1.02) | 0.1146 |
-| 100, 10, 0.05, 0.5 | 95.1% (1.02) | 94.8% (1.00) | 95.0% (1.02) | 95.0% (1.02) | 95.1% (1.02) | 95.1% (1.02) | 95.0% (1.04) | 95.0% (1.02) | 0.0715 |
-| 5, 10, 0.3, 0.5 | 96.5% (1.12) | 84.3% (0.87) | 94.5% (1.37) | 94.5% (1.37) | 95.7% (1.12) | 96.5% (1.12) | 94.0% (1.59) | 94.5% (1.37) | 0.4733 |
-| 10, 10, 0.3, 0.5 | 95.7% (1.04) | 90.5% (0.92) | 94.3% (1.12) | 94.3% (1.12) | 95.5% (1.04) | 95.7% (1.04) | 94.4% (1.16) | 94.3% (1.12) | 0.3450 |
-| 20, 10, 0.3, 0.5 | 95.6% (1.02) | 93.1% (0.96) | 95.0% (1.06) | 95.0% (1.06) | 95.4% (1.02) | 95.6% (1.02) | 94.8% (1.09) | 95.0% (1.06) | 0.2384 |
-| 40, 10, 0.3, 0.5 | 95.8% (1.03) | 94.6% (1.00) | 95.5% (1.04) | 95.5% (1.04) | 95.8% (1.03) | 95.8% (1.03) | 96.0% (1.07) | 95.5% (1.04) | 0.1664 |
-| 100, 10, 0.3, 0.5 | 95.3% (1.00) | 94.7% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.3% (1.00) | 95.3% (1.00) | 95.2% (1.03) | 95.2% (1.01) | 0.1076 |
-| 5, 1-50, 0.05, 0.5 | 98.5% (1.40) | 79.8% (0.76) | 91.9% (1.20) | 95.0% (1.50) | 95.7% (1.33) | 98.5% (1.40) | 90.2% (1.54) | 95.9% (1.62) | 0.2720 |
-| 10, 1-50, 0.05, 0.5 | 96.4% (1.17) | 88.7% (0.90) | 93.8% (1.10) | 95.0% (1.19) | 95.1% (1.16) | 96.4% (1.17) | 94.2% (1.26) | 96.0% (1.25) | 0.1862 |
-| 20, 1-50, 0.05, 0.5 | 95.8% (1.10) | 92.8% (0.98) | 94.7% (1.07) | 95.3% (1.11) | 95.5% (1.10) | 95.8% (1.10) | 95.6% (1.16) | 96.3% (1.14) | 0.1272 |
-| 40, 1-50, 0.05, 0.5 | 95.0% (1.02) | 92.9% (0.96) | 94.5% (1.01) | 94.7% (1.02) | 94.8% (1.02) | 95.0% (1.02) | 94.8% (1.05) | 95.2% (1.04) | 0.0940 |
-| 100, 1-50, 0.05, 0.5 | 94.8% (1.01) | 94.2% (0.99) | 94.5% (1.01) | 94.8% (1.01) | 94.8% (1.01) | 94.8% (1.01) | 95.2% (1.04) | 95.0% (1.03) | 0.0588 |
-| 5, 1-50, 0.3, 0.5 | 96.7% (1.18) | 78.6% (0.78) | 90.8% (1.23) | 94.3% (1.56) | 95.3% (1.16) | 96.7% (1.18) | 90.0% (1.77) | 95.8% (1.69) | 0.4872 |
-| 10, 1-50, 0.3, 0.5 | 95.0% (1.07) | 86.6% (0.88) | 91.7% (1.07) | 93.0% (1.16) | 94.2% (1.06) | 95.0% (1.07) | 93.0% (1.28) | 94.2% (1.21) | 0.3538 |
-| 20, 1-50, 0.3, 0.5 | 95.1% (1.02) | 90.3% (0.93) | 93.1% (1.02) | 94.2% (1.06) | 94.8% (1.02) | 95.1% (1.02) | 93.8% (1.12) | 95.1% (1.08) | 0.2523 |
-| 40, 1-50, 0.3, 0.5 | 95.1% (1.03) | 93.3% (0.99) | 94.2% (1.03) | 94.7% (1.05) | 95.0% (1.03) | 95.1% (1.03) | 94.7% (1.08) | 95.0% (1.06) | 0.1741 |
-| 100, 1-50, 0.3, 0.5 | 95.1% (0.99) | 93.9% (0.98) | 94.4% (0.99) | 94.6% (1.00) | 95.0% (0.99) | 95.1% (0.99) | 94.7% (1.03) | 94.8% (1.01) | 0.1127 |
-| 5, 10, 0.05, 0.05 | 97.8% (1.77) | 90.2% (0.83) | 91.8% (1.30) | 91.8% (1.30) | 98.0% (1.61) | 97.8% (1.77) | 91.8% (1.67) | 91.8% (1.30) | 0.1246 |
-| 10, 10, 0.05, 0.05 | 96.2% (1.29) | 86.8% (0.90) | 95.2% (1.09) | 95.2% (1.09) | 96.4% (1.19) | 96.2% (1.29) | 90.0% (1.08) | 95.2% (1.09) | 0.0894 |
-| 20, 10, 0.05, 0.05 | 96.1% (1.14) | 91.9% (0.96) | 94.0% (1.04) | 94.0% (1.04) | 93.8% (1.09) | 96.1% (1.14) | 92.9% (1.05) | 94.0% (1.04) | 0.0630 |
-| 40, 10, 0.05, 0.05 | 95.0% (1.05) | 92.7% (0.96) | 93.3% (1.00) | 93.3% (1.00) | 94.3% (1.02) | 95.0% (1.05) | 93.8% (1.01) | 93.3% (1.00) | 0.0453 |
-| 100, 10, 0.05, 0.05 | 95.5% (1.02) | 94.0% (0.99) | 94.3% (1.00) | 94.3% (1.00) | 95.5% (1.01) | 95.5% (1.02) | 94.3% (1.02) | 94.3% (1.00) | 0.0281 |
-| 5, 10, 0.3, 0.05 | 97.7% (1.49) | 83.8% (0.70) | 85.0% (1.10) | 85.0% (1.10) | 98.3% (1.38) | 97.7% (1.49) | 85.0% (1.29) | 85.0% (1.10) | 0.1632 |
-| 10, 10, 0.3, 0.05 | 95.5% (1.23) | 81.7% (0.85) | 90.5% (1.03) | 90.5% (1.03) | 95.8% (1.14) | 95.5% (1.23) | 85.0% (0.96) | 90.5% (1.03) | 0.1147 |
-| 20, 10, 0.3, 0.05 | 94.4% (1.11) | 87.4% (0.92) | 90.7% (1.00) | 90.7% (1.00) | 92.0% (1.06) | 94.4% (1.11) | 88.4% (0.97) | 90.7% (1.00) | 0.0795 |
-| 40, 10, 0.3, 0.05 | 93.9% (1.05) | 90.8% (0.95) | 91.5% (1.00) | 91.5% (1.00) | 93.7% (1.02) | 93.9% (1.05) | 91.2% (0.98) | 91.5% (1.00) | 0.0568 |
-| 100, 10, 0.3, 0.05 | 94.7% (1.05) | 93.9% (1.01) | 94.3% (1.02) | 94.3% (1.02) | 94.5% (1.04) | 94.7% (1.05) | 94.2% (1.03) | 94.3% (1.02) | 0.0349 |
-| 5, 1-50, 0.05, 0.05 | 98.0% (2.24) | 79.4% (0.76) | 91.2% (1.20) | 93.8% (1.49) | 97.6% (1.74) | 98.0% (2.24) | 89.8% (1.53) | 94.1% (1.65) | 0.0887 |
-| 10, 1-50, 0.05, 0.05 | 97.2% (1.40) | 87.5% (0.89) | 92.8% (1.08) | 94.0% (1.17) | 96.1% (1.23) | 97.2% (1.40) | 93.2% (1.19) | 94.7% (1.26) | 0.0605 |
-| 20, 1-50, 0.05, 0.05 | 95.6% (1.16) | 90.8% (0.94) | 93.2% (1.03) | 94.0% (1.06) | 94.6% (1.09) | 95.6% (1.16) | 93.6% (1.09) | 94.5% (1.12) | 0.0427 |
-| 40, 1-50, 0.05, 0.05 | 96.5% (1.09) | 93.8% (0.98) | 95.0% (1.03) | 95.2% (1.04) | 95.3% (1.05) | 96.5% (1.09) | 94.8% (1.06) | 96.0% (1.09) | 0.0301 |
-| 100, 1-50, 0.05, 0.05 | 95.0% (1.01) | 93.3% (0.97) | 94.0% (0.98) | 94.2% (0.99) | 94.5% (0.99) | 95.0% (1.01) | 94.4% (1.01) | 94.8% (1.01) | 0.0195 |
-| 5, 1-50, 0.3, 0.05 | 97.6% (1.86) | 72.6% (0.65) | 83.0% (1.03) | 86.0% (1.28) | 98.0% (1.49) | 97.6% (1.86) | 84.0% (1.40) | 87.0% (1.42) | 0.1438 |
-| 10, 1-50, 0.3, 0.05 | 94.5% (1.33) | 79.4% (0.77) | 84.8% (0.94) | 86.2% (1.02) | 92.0% (1.10) | 94.5% (1.33) | 85.2% (1.00) | 88.2% (1.10) | 0.1047 |
-| 20, 1-50, 0.3, 0.05 | 94.8% (1.14) | 85.0% (0.87) | 87.4% (0.95) | 88.3% (0.98) | 93.0% (1.02) | 94.8% (1.14) | 87.5% (0.94) | 90.0% (1.04) | 0.0739 |
-| 40, 1-50, 0.3, 0.05 | 93.5% (1.07) | 89.0% (0.92) | 90.0% (0.96) | 90.3% (0.98) | 92.6% (1.00) | 93.5% (1.07) | 90.0% (0.96) | 91.7% (1.02) | 0.0524 |
-| 100, 1-50, 0.3, 0.05 | 94.0% (1.04) | 91.0% (0.97) | 91.4% (0.98) | 91.5% (0.99) | 92.8% (1.00) | 94.0% (1.04) | 91.8% (0.99) | 92.5% (1.02) | 0.0326 |
+| 5, 10, 0.05, 0.5 | 98.5% (1.31) | 85.3% (0.87) | 94.9% (1.36) | 94.9% (1.36) | 95.2% (1.22) | 98.5% (1.31) | 94.4% (1.50) | 94.9% (1.36) | 0.3189 |
+| 10, 10, 0.05, 0.5 | 97.2% (1.10) | 90.2% (0.91) | 95.0% (1.10) | 95.0% (1.10) | 95.3% (1.06) | 97.2% (1.10) | 94.0% (1.13) | 95.0% (1.10) | 0.2338 |
+| 20, 10, 0.05, 0.5 | 95.2% (1.02) | 91.5% (0.93) | 94.1% (1.02) | 94.1% (1.02) | 94.8% (1.00) | 95.2% (1.02) | 94.2% (1.04) | 94.1% (1.02) | 0.1677 |
+| 40, 10, 0.05, 0.5 | 94.8% (1.02) | 94.0% (0.98) | 94.5% (1.02) | 94.5% (1.02) | 94.7% (1.01) | 94.8% (1.02) | 95.2% (1.04) | 94.5% (1.02) | 0.1152 |
+| 100, 10, 0.05, 0.5 | 94.8% (0.99) | 94.5% (0.98) | 94.7% (0.99) | 94.7% (0.99) | 94.8% (0.99) | 94.8% (0.99) | 94.4% (1.02) | 94.7% (0.99) | 0.0736 |
+| 5, 10, 0.3, 0.5 | 96.5% (1.10) | 84.0% (0.85) | 94.2% (1.34) | 94.2% (1.34) | 95.5% (1.09) | 96.5% (1.10) | 94.2% (1.55) | 94.2% (1.34) | 0.4876 |
+| 10, 10, 0.3, 0.5 | 95.0% (1.01) | 89.5% (0.90) | 93.2% (1.09) | 93.2% (1.09) | 94.8% (1.01) | 95.0% (1.01) | 93.3% (1.13) | 93.2% (1.09) | 0.3498 |
+| 20, 10, 0.3, 0.5 | 95.8% (1.04) | 93.2% (0.99) | 95.5% (1.08) | 95.5% (1.08) | 95.8% (1.04) | 95.8% (1.04) | 95.3% (1.11) | 95.5% (1.08) | 0.2356 |
+| 40, 10, 0.3, 0.5 | 95.4% (1.01) | 93.8% (0.98) | 94.8% (1.03) | 94.8% (1.03) | 95.3% (1.01) | 95.4% (1.01) | 94.8% (1.05) | 94.8% (1.03) | 0.1698 |
+| 100, 10, 0.3, 0.5 | 95.0% (1.02) | 94.5% (1.01) | 95.0% (1.02) | 95.0% (1.02) | 95.0% (1.02) | 95.0% (1.02) | 94.8% (1.05) | 95.0% (1.02) | 0.1057 |
+| 5, 1-50, 0.05, 0.5 | 98.5% (1.44) | 80.2% (0.78) | 91.7% (1.22) | 94.3% (1.53) | 94.8% (1.36) | 98.5% (1.44) | 90.0% (1.57) | 95.2% (1.66) | 0.2651 |
+| 10, 1-50, 0.05, 0.5 | 96.4% (1.17) | 89.0% (0.90) | 93.3% (1.10) | 95.0% (1.19) | 95.2% (1.16) | 96.4% (1.17) | 94.5% (1.25) | 95.8% (1.24) | 0.1850 |
+| 20, 1-50, 0.05, 0.5 | 95.0% (1.06) | 91.8% (0.95) | 94.2% (1.04) | 94.7% (1.07) | 94.8% (1.06) | 95.0% (1.06) | 94.7% (1.11) | 95.7% (1.11) | 0.1321 |
+| 40, 1-50, 0.05, 0.5 | 94.8% (1.03) | 93.3% (0.98) | 94.3% (1.02) | 94.7% (1.04) | 94.8% (1.03) | 94.8% (1.03) | 94.5% (1.07) | 95.1% (1.06) | 0.0924 |
+| 100, 1-50, 0.05, 0.5 | 94.7% (1.00) | 93.8% (0.98) | 94.3% (0.99) | 94.5% (1.00) | 94.7% (1.00) | 94.7% (1.00) | 94.8% (1.02) | 94.9% (1.01) | 0.0597 |
+| 5, 1-50, 0.3, 0.5 | 96.8% (1.15) | 77.8% (0.76) | 89.7% (1.21) | 93.2% (1.52) | 94.5% (1.14) | 96.8% (1.15) | 90.3% (1.75) | 95.1% (1.64) | 0.4922 |
+| 10, 1-50, 0.3, 0.5 | 95.4% (1.06) | 86.7% (0.88) | 92.2% (1.07) | 93.7% (1.16) | 94.7% (1.06) | 95.4% (1.06) | 93.5% (1.28) | 94.8% (1.21) | 0.3557 |
+| 20, 1-50, 0.3, 0.5 | 94.2% (1.02) | 90.9% (0.93) | 93.0% (1.02) | 93.7% (1.06) | 94.0% (1.02) | 94.2% (1.02) | 93.4% (1.12) | 94.4% (1.08) | 0.2527 |
+| 40, 1-50, 0.3, 0.5 | 94.7% (1.00) | 92.9% (0.95) | 94.0% (1.00) | 94.4% (1.01) | 94.7% (1.00) | 94.7% (1.00) | 94.5% (1.05) | 94.8% (1.03) | 0.1800 |
+| 100, 1-50, 0.3, 0.5 | 94.0% (0.98) | 93.2% (0.96) | 93.8% (0.98) | 93.8% (0.98) | 94.0% (0.98) | 94.0% (0.98) | 94.2% (1.01) | 94.2% (0.99) | 0.1144 |
+| 5, 10, 0.05, 0.05 | 97.9% (1.75) | 89.3% (0.81) | 90.6% (1.26) | 90.6% (1.26) | 98.0% (1.59) | 97.9% (1.75) | 90.5% (1.61) | 90.6% (1.26) | 0.1250 |
+| 10, 10, 0.05, 0.05 | 96.7% (1.31) | 87.0% (0.92) | 96.0% (1.11) | 96.0% (1.11) | 96.4% (1.21) | 96.7% (1.31) | 90.9% (1.11) | 96.0% (1.11) | 0.0884 |
+| 20, 10, 0.05, 0.05 | 96.3% (1.14) | 91.6% (0.95) | 92.8% (1.04) | 92.8% (1.04) | 94.2% (1.08) | 96.3% (1.14) | 92.5% (1.05) | 92.8% (1.04) | 0.0625 |
+| 40, 10, 0.05, 0.05 | 95.8% (1.05) | 93.5% (0.96) | 94.0% (1.00) | 94.0% (1.00) | 95.2% (1.02) | 95.8% (1.05) | 93.5% (1.01) | 94.0% (1.00) | 0.0449 |
+| 100, 10, 0.05, 0.05 | 95.8% (1.03) | 94.0% (0.99) | 94.2% (1.01) | 94.2% (1.01) | 95.4% (1.02) | 95.8% (1.03) | 94.1% (1.03) | 94.2% (1.01) | 0.0279 |
+| 5, 10, 0.3, 0.05 | 97.8% (1.56) | 84.4% (0.73) | 85.5% (1.15) | 85.5% (1.15) | 98.3% (1.45) | 97.8% (1.56) | 85.5% (1.31) | 85.5% (1.15) | 0.1575 |
+| 10, 10, 0.3, 0.05 | 94.9% (1.22) | 80.8% (0.84) | 91.7% (1.02) | 91.7% (1.02) | 95.3% (1.14) | 94.9% (1.22) | 84.7% (0.96) | 91.7% (1.02) | 0.1152 |
+| 20, 10, 0.3, 0.05 | 95.2% (1.12) | 88.8% (0.93) | 91.8% (1.01) | 91.8% (1.01) | 93.2% (1.07) | 95.2% (1.12) | 89.5% (0.98) | 91.8% (1.01) | 0.0799 |
+| 40, 10, 0.3, 0.05 | 94.5% (1.08) | 92.0% (0.98) | 92.5% (1.02) | 92.5% (1.02) | 94.2% (1.05) | 94.5% (1.08) | 92.4% (1.01) | 92.5% (1.02) | 0.0555 |
+| 100, 10, 0.3, 0.05 | 94.9% (1.03) | 93.3% (0.99) | 93.8% (1.01) | 93.8% (1.01) | 94.8% (1.02) | 94.9% (1.03) | 93.4% (1.02) | 93.8% (1.01) | 0.0356 |
+| 5, 1-50, 0.05, 0.05 | 98.0% (2.26) | 80.2% (0.77) | 91.7% (1.21) | 94.0% (1.51) | 97.5% (1.76) | 98.0% (2.26) | 90.5% (1.58) | 94.2% (1.67) | 0.0879 |
+| 10, 1-50, 0.05, 0.05 | 96.7% (1.37) | 86.5% (0.87) | 91.5% (1.06) | 93.0% (1.15) | 95.3% (1.21) | 96.7% (1.37) | 92.3% (1.17) | 93.6% (1.22) | 0.0618 |
+| 20, 1-50, 0.05, 0.05 | 95.9% (1.14) | 91.0% (0.93) | 93.7% (1.01) | 94.2% (1.05) | 95.2% (1.07) | 95.9% (1.14) | 94.1% (1.07) | 94.8% (1.10) | 0.0433 |
+| 40, 1-50, 0.05, 0.05 | 95.8% (1.07) | 92.9% (0.97) | 94.1% (1.01) | 94.5% (1.02) | 95.0% (1.03) | 95.8% (1.07) | 94.3% (1.04) | 95.0% (1.07) | 0.0305 |
+| 100, 1-50, 0.05, 0.05 | 95.8% (1.03) | 94.1% (0.98) | 94.5% (1.00) | 94.5% (1.01) | 95.3% (1.01) | 95.8% (1.03) | 94.5% (1.02) | 95.2% (1.03) | 0.0192 |
+| 5, 1-50, 0.3, 0.05 | 98.1% (1.81) | 71.4% (0.64) | 83.0% (1.02) | 86.4% (1.26) | 98.0% (1.46) | 98.1% (1.81) | 84.2% (1.42) | 87.5% (1.39) | 0.1475 |
+| 10, 1-50, 0.3, 0.05 | 95.7% (1.31) | 80.8% (0.77) | 85.3% (0.94) | 86.8% (1.01) | 94.1% (1.09) | 95.7% (1.31) | 86.2% (0.99) | 88.6% (1.10) | 0.1075 |
+| 20, 1-50, 0.3, 0.05 | 95.7% (1.16) | 84.9% (0.88) | 87.2% (0.96) | 88.0% (1.00) | 93.5% (1.04) | 95.7% (1.16) | 87.5% (0.96) | 90.5% (1.06) | 0.0723 |
+| 40, 1-50, 0.3, 0.05 | 94.4% (1.09) | 89.7% (0.93) | 90.5% (0.98) | 90.7% (0.99) | 93.0% (1.01) | 94.4% (1.09) | 90.5% (0.97) | 91.8% (1.04) | 0.0513 |
+| 100, 1-50, 0.3, 0.05 | 94.1% (1.02) | 91.7% (0.95) | 92.3% (0.96) | 92.5% (0.97) | 92.8% (0.98) | 94.1% (1.02) | 91.8% (0.97) | 93.1% (1.00) | 0.0332 |
+| 5, 10, 0.05, 0.04-0.06 | 98.2% (1.77) | 85.3% (0.82) | 90.1% (1.28) | 90.1% (1.28) | 98.5% (1.61) | 98.2% (1.77) | 89.0% (1.61) | 90.1% (1.28) | 0.1232 |
+| 10, 10, 0.05, 0.04-0.06 | 97.2% (1.29) | 87.7% (0.90) | 91.0% (1.09) | 91.0% (1.09) | 97.2% (1.20) | 97.2% (1.29) | 90.2% (1.08) | 91.0% (1.09) | 0.0889 |
+| 20, 10, 0.05, 0.04-0.06 | 96.5% (1.13) | 91.0% (0.95) | 92.5% (1.04) | 92.5% (1.04) | 95.3% (1.08) | 96.5% (1.13) | 92.4% (1.04) | 92.5% (1.04) | 0.0626 |
+| 40, 10, 0.05, 0.04-0.06 | 96.8% (1.11) | 94.2% (1.01) | 95.1% (1.06) | 95.1% (1.06) | 95.7% (1.08) | 96.8% (1.11) | 94.8% (1.07) | 95.1% (1.06) | 0.0427 |
+| 100, 10, 0.05, 0.04-0.06 | 95.8% (1.03) | 94.7% (0.99) | 95.0% (1.01) | 95.0% (1.01) | 95.3% (1.02) | 95.8% (1.03) | 94.8% (1.03) | 95.0% (1.01) | 0.0279 |
+| 5, 10, 0.3, 0.04-0.06 | 97.5% (1.49) | 77.8% (0.71) | 84.0% (1.11) | 84.0% (1.11) | 98.4% (1.39) | 97.5% (1.49) | 83.3% (1.28) | 84.0% (1.11) | 0.1651 |
+| 10, 10, 0.3, 0.04-0.06 | 96.5% (1.22) | 82.5% (0.84) | 86.0% (1.02) | 86.0% (1.02) | 96.8% (1.14) | 96.5% (1.22) | 85.0% (0.96) | 86.0% (1.02) | 0.1111 |
+| 20, 10, 0.3, 0.04-0.06 | 94.8% (1.10) | 87.3% (0.91) | 89.3% (0.99) | 89.3% (0.99) | 94.0% (1.05) | 94.8% (1.10) | 89.0% (0.96) | 89.3% (0.99) | 0.0805 |
+| 40, 10, 0.3, 0.04-0.06 | 94.7% (1.04) | 91.1% (0.95) | 92.0% (0.99) | 92.0% (0.99) | 94.3% (1.01) | 94.7% (1.04) | 91.8% (0.98) | 92.0% (0.99) | 0.0573 |
+| 100, 10, 0.3, 0.04-0.06 | 94.4% (1.02) | 93.8% (0.98) | 94.5% (1.00) | 94.5% (1.00) | 94.5% (1.01) | 94.4% (1.02) | 93.9% (1.00) | 94.5% (1.00) | 0.0359 |
+| 5, 1-50, 0.05, 0.04-0.06 | 97.8% (2.18) | 79.0% (0.74) | 90.4% (1.17) | 93.5% (1.47) | 97.3% (1.69) | 97.8% (2.18) | 90.2% (1.47) | 93.7% (1.63) | 0.0901 |
+| 10, 1-50, 0.05, 0.04-0.06 | 96.6% (1.35) | 85.5% (0.87) | 91.5% (1.05) | 93.0% (1.14) | 95.8% (1.19) | 96.6% (1.35) | 92.0% (1.15) | 93.8% (1.21) | 0.0615 |
+| 20, 1-50, 0.05, 0.04-0.06 | 96.0% (1.13) | 90.1% (0.91) | 92.8% (1.00) | 93.2% (1.03) | 94.4% (1.05) | 96.0% (1.13) | 93.4% (1.05) | 94.2% (1.09) | 0.0440 |
+| 40, 1-50, 0.05, 0.04-0.06 | 95.4% (1.07) | 92.8% (0.96) | 93.7% (1.01) | 93.9% (1.02) | 94.7% (1.03) | 95.4% (1.07) | 94.2% (1.04) | 94.8% (1.06) | 0.0304 |
+| 100, 1-50, 0.05, 0.04-0.06 | 95.3% (1.01) | 93.4% (0.97) | 93.8% (0.99) | 94.0% (0.99) | 95.0% (1.00) | 95.3% (1.01) | 93.7% (1.01) | 94.7% (1.02) | 0.0195 |
+| 5, 1-50, 0.3, 0.04-0.06 | 97.7% (1.81) | 70.6% (0.63) | 82.2% (1.00) | 85.6% (1.26) | 97.3% (1.45) | 97.7% (1.81) | 83.1% (1.42) | 86.8% (1.40) | 0.1542 |
+| 10, 1-50, 0.3, 0.04-0.06 | 95.8% (1.34) | 80.2% (0.79) | 84.9% (0.97) | 86.2% (1.05) | 93.0% (1.13) | 95.8% (1.34) | 85.8% (1.03) | 87.5% (1.12) | 0.1006 |
+| 20, 1-50, 0.3, 0.04-0.06 | 94.1% (1.14) | 84.8% (0.87) | 86.8% (0.95) | 87.4% (0.98) | 92.0% (1.03) | 94.1% (1.14) | 87.6% (0.95) | 89.1% (1.04) | 0.0724 |
+| 40, 1-50, 0.3, 0.04-0.06 | 94.5% (1.06) | 89.5% (0.91) | 91.0% (0.95) | 91.4% (0.97) | 93.0% (0.99) | 94.5% (1.06) | 90.9% (0.95) | 92.3% (1.01) | 0.0527 |
+| 100, 1-50, 0.3, 0.04-0.06 | 94.8% (1.03) | 91.5% (0.96) | 92.2% (0.98) | 92.3% (0.98) | 93.8% (0.99) | 94.8% (1.03) | 92.0% (0.99) | 93.6% (1.01) | 0.0330 |
+
+Summary with the rare rate at exactly 0.05:
 
 | method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 20 | worst width / oracle, G = 10 |
 |---|---|---|---|---|
-| auto | 93.5% to 96.5% | 94.5% | 1.16 | 1.40 |
-| miller | 85.0% to 94.8% | 79.4% | 1.01 | 0.92 |
-| cr1_t | 87.4% to 95.5% | 84.8% | 1.07 | 1.12 |
-| cr2 | 88.3% to 95.5% | 86.2% | 1.11 | 1.19 |
-| cr2_wilson | 92.0% to 95.8% | 92.0% | 1.10 | 1.23 |
-| cr2_score | 93.5% to 96.5% | 94.5% | 1.16 | 1.40 |
-| wild_bootstrap | 87.5% to 96.0% | 85.0% | 1.16 | 1.28 |
-| cr2_ri | 90.0% to 96.3% | 88.2% | 1.14 | 1.26 |
+| auto | 94.0% to 96.3% | 94.9% | 1.16 | 1.37 |
+| miller | 84.9% to 94.5% | 80.8% | 1.01 | 0.92 |
+| cr1_t | 87.2% to 95.5% | 85.3% | 1.08 | 1.11 |
+| cr2 | 88.0% to 95.5% | 86.8% | 1.08 | 1.19 |
+| cr2_wilson | 92.8% to 95.8% | 94.1% | 1.08 | 1.21 |
+| cr2_score | 94.0% to 96.3% | 94.9% | 1.16 | 1.37 |
+| wild_bootstrap | 87.5% to 95.3% | 84.7% | 1.12 | 1.28 |
+| cr2_ri | 90.5% to 95.7% | 88.6% | 1.11 | 1.24 |
 
-Paired difference d = b - a (B's logit shifted by 0.5 plus a template-specific shift, A's rate near the given mean):
-
-| G, sizes, rho, mean A | miller | cr1_t | cr2 | wild_bootstrap | cr2_ri | oracle width |
-|---|---|---|---|---|---|---|
-| 5, 10, 0.05, 0.5 | 84.2% (0.85) | 95.5% (1.33) | 95.5% (1.33) | 94.4% (1.46) | 95.5% (1.33) | 0.3056 |
-| 10, 10, 0.05, 0.5 | 91.5% (0.93) | 95.7% (1.13) | 95.7% (1.13) | 95.8% (1.15) | 95.7% (1.13) | 0.2146 |
-| 20, 10, 0.05, 0.5 | 93.1% (0.97) | 95.3% (1.06) | 95.3% (1.06) | 95.0% (1.08) | 95.3% (1.06) | 0.1534 |
-| 40, 10, 0.05, 0.5 | 94.3% (1.02) | 95.5% (1.06) | 95.5% (1.06) | 95.2% (1.08) | 95.5% (1.06) | 0.1058 |
-| 100, 10, 0.05, 0.5 | 94.8% (0.98) | 94.9% (1.00) | 94.9% (1.00) | 94.8% (1.02) | 94.9% (1.00) | 0.0691 |
-| 5, 10, 0.3, 0.5 | 85.1% (0.84) | 94.7% (1.32) | 94.7% (1.32) | 94.8% (1.42) | 94.7% (1.32) | 0.3409 |
-| 10, 10, 0.3, 0.5 | 90.7% (0.94) | 95.0% (1.14) | 95.0% (1.14) | 95.2% (1.16) | 95.0% (1.14) | 0.2313 |
-| 20, 10, 0.3, 0.5 | 93.4% (0.99) | 95.6% (1.08) | 95.6% (1.08) | 95.2% (1.10) | 95.6% (1.08) | 0.1645 |
-| 40, 10, 0.3, 0.5 | 93.7% (0.98) | 94.8% (1.02) | 94.8% (1.02) | 94.8% (1.04) | 94.8% (1.02) | 0.1194 |
-| 100, 10, 0.3, 0.5 | 94.8% (0.99) | 95.2% (1.00) | 95.2% (1.00) | 95.0% (1.02) | 95.2% (1.00) | 0.0762 |
-| 5, 1-50, 0.05, 0.5 | 81.7% (0.78) | 93.3% (1.23) | 96.3% (1.53) | 91.0% (1.48) | 96.5% (1.67) | 0.2156 |
-| 10, 1-50, 0.05, 0.5 | 89.3% (0.89) | 94.0% (1.08) | 95.3% (1.16) | 94.0% (1.19) | 96.2% (1.23) | 0.1493 |
-| 20, 1-50, 0.05, 0.5 | 92.7% (0.95) | 94.8% (1.05) | 95.2% (1.08) | 95.3% (1.11) | 95.8% (1.12) | 0.1045 |
-| 40, 1-50, 0.05, 0.5 | 93.3% (0.94) | 94.5% (0.98) | 94.8% (1.00) | 94.4% (1.02) | 95.5% (1.02) | 0.0762 |
-| 100, 1-50, 0.05, 0.5 | 94.9% (1.00) | 95.2% (1.02) | 95.3% (1.03) | 95.5% (1.05) | 95.7% (1.04) | 0.0460 |
-| 5, 1-50, 0.3, 0.5 | 80.8% (0.76) | 93.0% (1.20) | 96.0% (1.51) | 91.2% (1.56) | 96.6% (1.65) | 0.2893 |
-| 10, 1-50, 0.3, 0.5 | 87.7% (0.87) | 93.0% (1.06) | 94.8% (1.15) | 94.2% (1.19) | 95.5% (1.20) | 0.2064 |
-| 20, 1-50, 0.3, 0.5 | 92.5% (0.95) | 94.3% (1.04) | 95.0% (1.08) | 95.0% (1.11) | 95.8% (1.11) | 0.1426 |
-| 40, 1-50, 0.3, 0.5 | 92.7% (0.95) | 93.6% (0.99) | 94.1% (1.01) | 94.0% (1.03) | 94.7% (1.03) | 0.1036 |
-| 100, 1-50, 0.3, 0.5 | 94.5% (1.00) | 94.8% (1.02) | 95.0% (1.03) | 95.7% (1.05) | 95.5% (1.04) | 0.0638 |
-| 5, 10, 0.05, 0.1 | 88.0% (0.84) | 94.5% (1.31) | 94.5% (1.31) | 92.7% (1.43) | 94.5% (1.31) | 0.2144 |
-| 10, 10, 0.05, 0.1 | 90.0% (0.91) | 95.1% (1.11) | 95.1% (1.11) | 94.2% (1.13) | 95.1% (1.11) | 0.1499 |
-| 20, 10, 0.05, 0.1 | 93.2% (0.98) | 94.8% (1.07) | 94.8% (1.07) | 94.6% (1.08) | 94.8% (1.07) | 0.1036 |
-| 40, 10, 0.05, 0.1 | 94.0% (0.96) | 95.2% (1.01) | 95.2% (1.01) | 95.2% (1.03) | 95.2% (1.01) | 0.0756 |
-| 100, 10, 0.05, 0.1 | 95.2% (1.01) | 95.5% (1.03) | 95.5% (1.03) | 95.2% (1.05) | 95.5% (1.03) | 0.0461 |
-| 5, 10, 0.3, 0.1 | 83.5% (0.79) | 92.5% (1.24) | 92.5% (1.24) | 89.4% (1.30) | 92.5% (1.24) | 0.2477 |
-| 10, 10, 0.3, 0.1 | 88.0% (0.87) | 92.3% (1.05) | 92.3% (1.05) | 90.3% (1.04) | 92.3% (1.05) | 0.1758 |
-| 20, 10, 0.3, 0.1 | 91.0% (0.94) | 93.3% (1.03) | 93.3% (1.03) | 93.6% (1.03) | 93.3% (1.03) | 0.1208 |
-| 40, 10, 0.3, 0.1 | 92.9% (0.96) | 94.0% (1.00) | 94.0% (1.00) | 93.7% (1.01) | 94.0% (1.00) | 0.0865 |
-| 100, 10, 0.3, 0.1 | 94.8% (0.99) | 95.2% (1.01) | 95.2% (1.01) | 95.5% (1.03) | 95.2% (1.01) | 0.0537 |
-| 5, 1-50, 0.05, 0.1 | 83.2% (0.80) | 94.5% (1.26) | 96.8% (1.56) | 92.8% (1.55) | 97.2% (1.72) | 0.1450 |
-| 10, 1-50, 0.05, 0.1 | 88.4% (0.86) | 93.6% (1.05) | 95.2% (1.14) | 93.8% (1.15) | 95.8% (1.20) | 0.1048 |
-| 20, 1-50, 0.05, 0.1 | 92.5% (0.96) | 94.5% (1.05) | 95.5% (1.09) | 94.6% (1.11) | 96.0% (1.13) | 0.0713 |
-| 40, 1-50, 0.05, 0.1 | 93.5% (0.99) | 94.5% (1.03) | 94.9% (1.05) | 94.4% (1.07) | 95.4% (1.08) | 0.0496 |
-| 100, 1-50, 0.05, 0.1 | 94.2% (0.98) | 94.7% (0.99) | 94.7% (1.00) | 94.7% (1.02) | 95.1% (1.02) | 0.0323 |
-| 5, 1-50, 0.3, 0.1 | 75.2% (0.71) | 88.3% (1.11) | 91.7% (1.40) | 86.8% (1.43) | 92.8% (1.56) | 0.2093 |
-| 10, 1-50, 0.3, 0.1 | 85.0% (0.82) | 89.9% (1.00) | 92.0% (1.09) | 90.7% (1.10) | 93.7% (1.16) | 0.1496 |
-| 20, 1-50, 0.3, 0.1 | 89.5% (0.92) | 91.8% (1.01) | 92.5% (1.04) | 92.5% (1.05) | 93.8% (1.09) | 0.1045 |
-| 40, 1-50, 0.3, 0.1 | 92.4% (0.98) | 93.3% (1.02) | 93.7% (1.04) | 94.0% (1.05) | 94.2% (1.07) | 0.0717 |
-| 100, 1-50, 0.3, 0.1 | 94.5% (0.99) | 94.8% (1.01) | 94.8% (1.01) | 95.0% (1.03) | 95.4% (1.03) | 0.0459 |
+Summary with the rare rate drawn from [0.04, 0.06]:
 
 | method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 20 | worst width / oracle, G = 10 |
 |---|---|---|---|---|
-| miller | 89.5% to 95.2% | 85.0% | 1.02 | 0.94 |
-| cr1_t | 91.8% to 95.6% | 89.9% | 1.08 | 1.14 |
-| cr2 | 92.5% to 95.6% | 92.0% | 1.09 | 1.16 |
-| wild_bootstrap | 92.5% to 95.7% | 90.3% | 1.11 | 1.19 |
-| cr2_ri | 93.3% to 96.0% | 92.3% | 1.13 | 1.23 |
+| auto | 94.0% to 96.8% | 95.0% | 1.14 | 1.35 |
+| miller | 84.8% to 94.7% | 80.2% | 1.01 | 0.91 |
+| cr1_t | 86.8% to 95.5% | 84.9% | 1.08 | 1.10 |
+| cr2 | 87.4% to 95.5% | 86.0% | 1.08 | 1.19 |
+| cr2_wilson | 92.0% to 95.8% | 93.0% | 1.08 | 1.20 |
+| cr2_score | 94.0% to 96.8% | 95.0% | 1.14 | 1.35 |
+| wild_bootstrap | 87.6% to 95.3% | 85.0% | 1.12 | 1.28 |
+| cr2_ri | 89.1% to 95.7% | 86.0% | 1.11 | 1.24 |
+
+Paired difference d = b - a of pass/fail pairs (B's logit shifted by 0.5 plus a template-specific shift, A's rate near the given mean); `auto` is `cr2_score` here, as every pair is 0/1:
+
+| G, sizes, rho, mean A | auto = cr2_score | miller | cr1_t | cr2 | wild_bootstrap | cr2_ri | oracle width |
+|---|---|---|---|---|---|---|---|
+| 5, 10, 0.05, 0.5 | 95.8% (1.43) | 85.5% (0.85) | 95.2% (1.32) | 95.2% (1.32) | 94.6% (1.46) | 95.2% (1.32) | 0.3072 |
+| 10, 10, 0.05, 0.5 | 94.9% (1.17) | 91.5% (0.94) | 94.5% (1.13) | 94.5% (1.13) | 95.0% (1.16) | 94.5% (1.13) | 0.2138 |
+| 20, 10, 0.05, 0.5 | 95.3% (1.06) | 92.8% (0.95) | 95.2% (1.04) | 95.2% (1.04) | 94.9% (1.06) | 95.2% (1.04) | 0.1547 |
+| 40, 10, 0.05, 0.5 | 94.2% (1.00) | 92.8% (0.95) | 94.0% (0.99) | 94.0% (0.99) | 93.9% (1.01) | 94.0% (0.99) | 0.1122 |
+| 100, 10, 0.05, 0.5 | 94.3% (1.01) | 94.0% (0.99) | 94.2% (1.01) | 94.2% (1.01) | 94.5% (1.03) | 94.2% (1.01) | 0.0685 |
+| 5, 10, 0.3, 0.5 | 95.5% (1.46) | 84.1% (0.83) | 94.8% (1.30) | 94.8% (1.30) | 94.2% (1.41) | 94.8% (1.30) | 0.3451 |
+| 10, 10, 0.3, 0.5 | 96.6% (1.19) | 91.0% (0.92) | 96.0% (1.12) | 96.0% (1.12) | 95.5% (1.14) | 96.0% (1.12) | 0.2394 |
+| 20, 10, 0.3, 0.5 | 94.7% (1.05) | 92.7% (0.94) | 94.7% (1.02) | 94.7% (1.02) | 94.2% (1.04) | 94.7% (1.02) | 0.1729 |
+| 40, 10, 0.3, 0.5 | 94.5% (1.04) | 93.7% (0.99) | 94.4% (1.03) | 94.4% (1.03) | 94.9% (1.05) | 94.4% (1.03) | 0.1184 |
+| 100, 10, 0.3, 0.5 | 95.3% (1.04) | 95.0% (1.02) | 95.3% (1.04) | 95.3% (1.04) | 94.8% (1.06) | 95.3% (1.04) | 0.0734 |
+| 5, 1-50, 0.05, 0.5 | 96.6% (1.78) | 81.1% (0.79) | 93.2% (1.24) | 96.1% (1.55) | 91.5% (1.51) | 96.5% (1.69) | 0.2137 |
+| 10, 1-50, 0.05, 0.5 | 95.5% (1.26) | 88.4% (0.89) | 93.2% (1.08) | 95.0% (1.16) | 94.2% (1.19) | 95.7% (1.23) | 0.1492 |
+| 20, 1-50, 0.05, 0.5 | 94.7% (1.12) | 91.2% (0.95) | 93.5% (1.04) | 94.2% (1.07) | 94.2% (1.10) | 94.8% (1.11) | 0.1047 |
+| 40, 1-50, 0.05, 0.5 | 96.2% (1.08) | 94.2% (0.99) | 95.5% (1.04) | 95.8% (1.05) | 95.9% (1.08) | 96.2% (1.08) | 0.0726 |
+| 100, 1-50, 0.05, 0.5 | 95.7% (1.03) | 95.0% (0.99) | 95.3% (1.01) | 95.5% (1.01) | 95.4% (1.03) | 95.9% (1.03) | 0.0465 |
+| 5, 1-50, 0.3, 0.5 | 96.5% (1.82) | 80.1% (0.75) | 92.2% (1.19) | 95.4% (1.50) | 90.2% (1.55) | 96.2% (1.64) | 0.2915 |
+| 10, 1-50, 0.3, 0.5 | 95.5% (1.29) | 87.5% (0.88) | 92.3% (1.07) | 94.2% (1.16) | 93.7% (1.21) | 95.4% (1.22) | 0.2047 |
+| 20, 1-50, 0.3, 0.5 | 96.2% (1.12) | 92.5% (0.94) | 94.2% (1.03) | 94.8% (1.06) | 95.2% (1.10) | 96.0% (1.10) | 0.1442 |
+| 40, 1-50, 0.3, 0.5 | 95.7% (1.10) | 94.3% (1.00) | 95.1% (1.05) | 95.4% (1.07) | 95.3% (1.09) | 95.8% (1.09) | 0.0987 |
+| 100, 1-50, 0.3, 0.5 | 95.5% (1.04) | 94.9% (1.00) | 95.1% (1.02) | 95.2% (1.03) | 95.1% (1.05) | 95.7% (1.04) | 0.0635 |
+| 5, 10, 0.05, 0.1 | 96.3% (1.73) | 88.9% (0.85) | 95.0% (1.33) | 95.0% (1.33) | 92.3% (1.45) | 95.0% (1.33) | 0.2109 |
+| 10, 10, 0.05, 0.1 | 95.3% (1.27) | 90.0% (0.93) | 94.8% (1.13) | 94.8% (1.13) | 94.2% (1.14) | 94.8% (1.13) | 0.1477 |
+| 20, 10, 0.05, 0.1 | 95.8% (1.16) | 93.9% (1.00) | 95.5% (1.10) | 95.5% (1.10) | 95.7% (1.11) | 95.5% (1.10) | 0.1007 |
+| 40, 10, 0.05, 0.1 | 94.5% (1.05) | 93.1% (0.98) | 94.2% (1.02) | 94.2% (1.02) | 94.2% (1.04) | 94.2% (1.02) | 0.0745 |
+| 100, 10, 0.05, 0.1 | 95.0% (1.02) | 94.5% (0.99) | 94.7% (1.01) | 94.7% (1.01) | 95.0% (1.03) | 94.7% (1.01) | 0.0472 |
+| 5, 10, 0.3, 0.1 | 95.9% (1.74) | 85.2% (0.81) | 92.2% (1.27) | 92.2% (1.27) | 88.8% (1.33) | 92.2% (1.27) | 0.2412 |
+| 10, 10, 0.3, 0.1 | 95.2% (1.30) | 89.0% (0.91) | 93.2% (1.10) | 93.2% (1.10) | 92.0% (1.09) | 93.2% (1.10) | 0.1687 |
+| 20, 10, 0.3, 0.1 | 94.5% (1.12) | 91.5% (0.95) | 93.5% (1.04) | 93.5% (1.04) | 93.2% (1.04) | 93.5% (1.04) | 0.1209 |
+| 40, 10, 0.3, 0.1 | 94.3% (1.03) | 92.8% (0.95) | 93.6% (0.99) | 93.6% (0.99) | 93.2% (1.00) | 93.6% (0.99) | 0.0874 |
+| 100, 10, 0.3, 0.1 | 94.2% (0.99) | 93.4% (0.96) | 93.9% (0.97) | 93.9% (0.97) | 94.0% (0.99) | 93.9% (0.97) | 0.0558 |
+| 5, 1-50, 0.05, 0.1 | 96.8% (2.15) | 80.9% (0.78) | 93.2% (1.23) | 95.7% (1.54) | 91.2% (1.54) | 96.2% (1.69) | 0.1467 |
+| 10, 1-50, 0.05, 0.1 | 95.5% (1.34) | 88.5% (0.88) | 93.0% (1.07) | 94.5% (1.15) | 93.7% (1.17) | 95.5% (1.23) | 0.1033 |
+| 20, 1-50, 0.05, 0.1 | 96.3% (1.18) | 93.0% (0.98) | 94.8% (1.07) | 95.6% (1.11) | 95.5% (1.13) | 96.1% (1.16) | 0.0690 |
+| 40, 1-50, 0.05, 0.1 | 95.3% (1.06) | 93.8% (0.97) | 94.8% (1.01) | 95.0% (1.03) | 94.8% (1.05) | 95.6% (1.06) | 0.0504 |
+| 100, 1-50, 0.05, 0.1 | 94.7% (1.00) | 93.8% (0.96) | 94.3% (0.98) | 94.4% (0.98) | 94.7% (1.00) | 94.8% (1.00) | 0.0328 |
+| 5, 1-50, 0.3, 0.1 | 95.3% (2.16) | 75.8% (0.71) | 88.8% (1.13) | 92.2% (1.42) | 87.5% (1.45) | 93.2% (1.57) | 0.2095 |
+| 10, 1-50, 0.3, 0.1 | 95.4% (1.38) | 86.5% (0.84) | 91.2% (1.03) | 92.3% (1.11) | 90.6% (1.11) | 93.8% (1.18) | 0.1479 |
+| 20, 1-50, 0.3, 0.1 | 96.1% (1.21) | 90.8% (0.96) | 93.2% (1.05) | 93.8% (1.09) | 93.5% (1.09) | 95.1% (1.14) | 0.1004 |
+| 40, 1-50, 0.3, 0.1 | 94.5% (1.08) | 92.2% (0.97) | 93.2% (1.01) | 93.5% (1.03) | 93.8% (1.04) | 94.2% (1.06) | 0.0720 |
+| 100, 1-50, 0.3, 0.1 | 94.7% (1.03) | 93.5% (0.99) | 93.8% (1.00) | 94.0% (1.01) | 94.3% (1.03) | 94.5% (1.03) | 0.0462 |
+
+| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 20 | worst width / oracle, G = 10 |
+|---|---|---|---|---|
+| auto = cr2_score | 94.2% to 96.3% | 94.9% | 1.21 | 1.38 |
+| miller | 90.8% to 95.0% | 86.5% | 1.02 | 0.94 |
+| cr1_t | 93.2% to 95.5% | 91.2% | 1.10 | 1.13 |
+| cr2 | 93.5% to 95.8% | 92.3% | 1.11 | 1.16 |
+| wild_bootstrap | 93.2% to 95.9% | 90.6% | 1.13 | 1.21 |
+| cr2_ri | 93.5% to 96.2% | 93.2% | 1.16 | 1.23 |
 "#;
 
 /// An interval method for a clustered mean.
@@ -186,15 +224,17 @@ pub enum Method {
     Cr2Wilson,
     /// Clustered score interval (proportions): the CR2 variance split into a binomial and a
     /// between-template part that grows toward 1/2, inverted with the CR2 t quantile toward 1/2
-    /// and a floored-variance quantile (between z and t) away from it.
+    /// and a floored-variance quantile (between z and t) away from it. For a difference of
+    /// pass/fail pairs, Tango's score interval with design effects ([`paired_score`]).
     Cr2Score,
     /// Wild cluster bootstrap-t, seeded.
     WildBootstrap,
     /// CR2 with its variance floored at the random-intercept model's (the larger of the two),
-    /// Satterthwaite df, t quantile: the default for paired differences.
+    /// Satterthwaite df, t quantile: the default for paired differences of graded scores.
     Cr2Ri,
     /// The default: [`Method::Cr2Score`] when every row is 0 or 1 (a pass/fail score),
-    /// [`Method::Cr2`] otherwise. Results name the method that was used.
+    /// [`Method::Cr2`] otherwise; for paired differences ([`paired_interval`]) `Cr2Score` for
+    /// pass/fail pairs, [`Method::Cr2Ri`] otherwise. Results name the method that was used.
     Auto,
 }
 
@@ -1003,6 +1043,114 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
     out
 }
 
+/// Tango's (1998) variance of the mean difference of `n` pass/fail pairs at a hypothesised
+/// difference `d0`: `pos` pairs have d = +1 and `neg` have d = -1, and the share of d = -1
+/// pairs is its maximum-likelihood value under `d0` (closed form). At `d0` = the observed
+/// difference it is the sample variance of d over `n`; at 0 it is McNemar's, (pos + neg) / n^2.
+pub fn tango_var(d0: f64, pos: f64, neg: f64, n: f64) -> f64 {
+    let w = -pos - neg + (2.0 * n - pos + neg) * d0;
+    let q = ((w * w + 8.0 * n * neg * d0 * (1.0 - d0)).max(0.0).sqrt() - w) / (4.0 * n);
+    (2.0 * q + d0 * (1.0 - d0)).max(0.0) / n
+}
+
+/// The clustered score interval of a mean difference of pass/fail pairs, and its test of 0.
+///
+/// Tango's score interval with the template part carried by design effects: a hypothesised
+/// difference `d0` is inside when `(d - d0)^2 <= t^2 deff V_T(d0)`, `V_T` from [`tango_var`].
+/// The design effect is `var_up / V_T(d)` where `V_T(d0)` exceeds `V_T(d)` (the side where a
+/// difference would come with more variance) and `var_down / V_T(d)` on the other side; with
+/// no discordant spread (every pair agrees, or all differ the same way) it is 1.
+/// Returns `(lo, hi, stat)`, `stat = d / sqrt(deff V_T(0))` the clustered McNemar statistic.
+pub fn paired_score(
+    d: f64,
+    n: f64,
+    pos: f64,
+    neg: f64,
+    var_down: f64,
+    var_up: f64,
+    t: f64,
+) -> (f64, f64, Option<f64>) {
+    let naive = tango_var(d, pos, neg, n);
+    let (deff_down, deff_up) = if naive > 0.0 {
+        let up = if var_up > 0.0 { var_up / naive } else { 1.0 };
+        let down = if var_down > 0.0 { var_down / naive } else { up };
+        (down, up)
+    } else {
+        (1.0, 1.0)
+    };
+    let var = |d0: f64| {
+        let v = tango_var(d0, pos, neg, n);
+        v * if v > naive { deff_up } else { deff_down }
+    };
+    let inside = |d0: f64| (d - d0).powi(2) <= t * t * var(d0);
+    let lo = outermost(d, -1.0, &inside);
+    let hi = outermost(d, 1.0, &inside);
+    let v0 = var(0.0);
+    let stat = if v0 > 0.0 {
+        finite(d / v0.sqrt())
+    } else {
+        None
+    };
+    (lo, hi, stat)
+}
+
+/// The mean difference of per-cluster moments of `d = a - b` with its interval by
+/// `spec.method`, as [`cluster_interval`], for `paired_diff_clustered`.
+///
+/// `pairs_binary` says every pair was 0/1: then [`Method::Auto`] is [`Method::Cr2Score`], the
+/// clustered score interval of [`paired_score`] with the design effect of the CR2 variance on
+/// the side where the variance shrinks and of the [`Method::Cr2Ri`] variance where it grows;
+/// otherwise `Auto` is `Cr2Ri`. For `Cr2Score`, `se` is the `Cr2Ri` SE and `stat`, `p_value` are
+/// the clustered McNemar test (the score test at 0, the same rule as the interval); on pairs
+/// that are not all 0/1 it gives no interval and no test.
+pub fn paired_interval(
+    cells: &[Moments],
+    spec: &IntervalSpec,
+    pairs_binary: bool,
+) -> ClusterInterval {
+    let method = match spec.method {
+        Method::Auto if pairs_binary => Method::Cr2Score,
+        Method::Auto => Method::Cr2Ri,
+        m => m,
+    };
+    if method != Method::Cr2Score {
+        return cluster_interval(cells, &IntervalSpec { method, ..*spec });
+    }
+    let mut out = cluster_interval(
+        cells,
+        &IntervalSpec {
+            method: Method::Cr2Ri,
+            ..*spec
+        },
+    );
+    out.method = Method::Cr2Score;
+    (out.lo, out.hi, out.stat, out.p_value) = (None, None, None, None);
+    let (Some(se), Some(d), true) = (out.se, out.mean, pairs_binary) else {
+        return out;
+    };
+    let Some(t) = t_quantile(spec.level, out.df) else {
+        return out;
+    };
+    let total = merged(cells);
+    let n = total.n as f64;
+    // Sums of d and d^2; with 0/1 pairs these count the discordant pairs exactly.
+    let s1 = n * d;
+    let s2: f64 = cells
+        .iter()
+        .map(|c| c.m2.max(0.0) + c.n as f64 * c.mean * c.mean)
+        .sum();
+    let pos = ((s2 + s1) / 2.0).round().max(0.0);
+    let neg = ((s2 - s1) / 2.0).round().max(0.0);
+    let r = Residuals::new(cells, &total);
+    let var_cr2 = cr2_var(n, r.cells.iter().copied());
+    let (lo, hi, stat) = paired_score(d, n, pos, neg, var_cr2, se * se, t);
+    out.lo = Some(lo);
+    out.hi = Some(hi);
+    out.stat = stat;
+    out.p_value = stat.and_then(|s| t_p_value(s, out.df));
+    out
+}
+
 /// Relative tolerance under which a bootstrap statistic ties the observed one.
 const TIE_TOL: f64 = 1e-9;
 
@@ -1279,6 +1427,28 @@ mod tests {
         let t = t_quantile(0.95, Some(4.0)).unwrap();
         let c = floored_t_quantile(0.95, Some(4.0), 1e-9).unwrap();
         assert!((c - t).abs() < 1e-7, "{c} vs {t}");
+    }
+
+    #[test]
+    fn tango_variance_is_the_sample_one_at_the_estimate_and_mcnemar_at_zero() {
+        // 40 pairs: 9 with d = +1, 3 with d = -1.
+        let (pos, neg, n) = (9.0, 3.0, 40.0);
+        let d = (pos - neg) / n;
+        let sample = ((pos + neg) / n - d * d) / n;
+        assert!((tango_var(d, pos, neg, n) - sample).abs() < 1e-15);
+        assert!((tango_var(0.0, pos, neg, n) - (pos + neg) / (n * n)).abs() < 1e-15);
+        // No discordant pair: the variance at d0 > 0 is d0 (1 - d0) / n (all mass on +1, 0).
+        assert!((tango_var(0.25, 0.0, 0.0, n) - 0.25 * 0.75 / n).abs() < 1e-15);
+        // The score test agrees with the interval: 0 is inside exactly when |stat| <= t.
+        for (t, var) in [(2.0, 0.004), (2.6, 0.004), (2.0, 0.02)] {
+            let (lo, hi, stat) = paired_score(d, n, pos, neg, var, var, t);
+            assert_eq!(
+                lo <= 0.0 && 0.0 <= hi,
+                stat.unwrap().abs() <= t,
+                "t {t}, var {var}"
+            );
+            assert!(lo < d && d < hi);
+        }
     }
 
     #[test]

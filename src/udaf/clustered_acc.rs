@@ -6,8 +6,10 @@
 //! how a row becomes a value ([`Input`]) and in the `finish` function.
 //!
 //! State: four lists aligned by cluster: `keys` (Int64 or Utf8), `counts` (UInt64), `means`
-//! and `m2s` (Float64). The group's overall moments are the merge of its clusters' moments,
-//! computed once when a group is emitted, so the per-row loop updates one cell only.
+//! and `m2s` (Float64); for a difference ([`Input::Diff`]) also `pairs_binary` (Boolean), whether
+//! every pair of the group was 0/1, which per-cluster moments of `a - b` cannot tell. The
+//! group's overall moments are the merge of its clusters' moments, computed once when a group
+//! is emitted, so the per-row loop updates one cell only.
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,7 +20,9 @@ use datafusion::arrow::array::{
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::compute::{cast, concat, filter};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
-use datafusion::common::cast::{as_float64_array, as_list_array, as_uint64_array};
+use datafusion::common::cast::{
+    as_boolean_array, as_float64_array, as_list_array, as_uint64_array,
+};
 use datafusion::common::{Result, ScalarValue, plan_datafusion_err, plan_err};
 use datafusion::logical_expr::function::AccumulatorArgs;
 use datafusion::logical_expr::utils::format_state_name;
@@ -39,6 +43,8 @@ pub struct GroupCells {
     pub total: Moments,
     /// `(cluster id, moments of that cluster)`.
     pub cells: Vec<(u32, Moments)>,
+    /// [`Input::Diff`] only: every pair `(a, b)` of the group was 0 or 1 (pass/fail pairs).
+    pub pairs_binary: bool,
 }
 
 impl GroupCells {
@@ -85,6 +91,12 @@ impl GroupCells {
         super::cluster_interval::cluster_interval(&self.moments(), spec)
     }
 
+    /// The mean difference with its interval by `spec` (see
+    /// [`super::cluster_interval::paired_interval`]).
+    pub fn paired_interval(&self, spec: &IntervalSpec) -> super::cluster_interval::ClusterInterval {
+        super::cluster_interval::paired_interval(&self.moments(), spec, self.pairs_binary)
+    }
+
     /// CR1 cluster-robust SE: sqrt(G / (G - 1) * A) / n. `None` below two clusters.
     pub fn cr1_se(&self) -> Option<f64> {
         let g = self.n_clusters();
@@ -105,15 +117,26 @@ fn list_of(t: DataType) -> DataType {
     DataType::List(Arc::new(Field::new_list_field(t, true)))
 }
 
-/// State fields of the clustered accumulator for cluster keys of `kind`.
-pub fn state_fields(name: &str, kind: KeyKind) -> Vec<FieldRef> {
+/// State fields of the clustered accumulator for cluster keys of `kind` and rows read as
+/// `input`.
+pub fn state_fields(name: &str, kind: KeyKind, input: Input) -> Vec<FieldRef> {
     let f = |n: &str, t: DataType| Arc::new(Field::new(format_state_name(name, n), t, true));
-    vec![
+    let mut fields = vec![
         f("cluster_keys", list_of(kind.state_type())),
         f("cluster_counts", list_of(DataType::UInt64)),
         f("cluster_means", list_of(DataType::Float64)),
         f("cluster_m2s", list_of(DataType::Float64)),
-    ]
+    ];
+    if input == Input::Diff {
+        fields.push(f("pairs_binary", DataType::Boolean));
+    }
+    fields
+}
+
+/// Whether a score is a pass/fail value.
+#[inline(always)]
+fn is_01(v: f64) -> bool {
+    v == 0.0 || v == 1.0
 }
 
 /// Coerces `(scores..., cluster [, level])`: `names` names every argument in order, the
@@ -506,6 +529,8 @@ pub struct ClusteredGroups {
     table: ClusterTable,
     cells: Cells,
     n_groups: usize,
+    /// [`Input::Diff`] only: per group, every pair so far was 0/1 (see [`GroupCells::pairs_binary`]).
+    pairs_binary: Vec<bool>,
     /// Per-batch scratch: each row's cluster id.
     ids: Vec<u32>,
     finish: ClusterFinish,
@@ -529,6 +554,7 @@ impl ClusteredGroups {
             table: ClusterTable::new(kind),
             cells: Cells::default(),
             n_groups: 0,
+            pairs_binary: Vec::new(),
             ids: Vec::new(),
             finish,
         }
@@ -548,6 +574,12 @@ impl ClusteredGroups {
         let mut groups = vec![GroupCells::default(); self.n_groups];
         for (g, c, m) in self.cells.drain() {
             groups[g].cells.push((c, m));
+        }
+        if self.input == Input::Diff {
+            for (g, b) in groups.iter_mut().zip(&self.pairs_binary) {
+                g.pairs_binary = *b;
+            }
+            emit_to.take_needed(&mut self.pairs_binary);
         }
         let out = emit_to.take_needed(&mut groups);
         self.n_groups = groups.len();
@@ -582,7 +614,8 @@ impl ClusteredGroups {
         let mut chunk: Vec<GroupCells> = Vec::new();
         let mut in_chunk = 0;
         for g in 0..self.n_groups {
-            let gc = self.cells.group(g);
+            let mut gc = self.cells.group(g);
+            gc.pairs_binary = self.pairs_binary.get(g).copied().unwrap_or(false);
             in_chunk += gc.cells.len();
             chunk.push(gc);
             if in_chunk >= CHUNK_CELLS {
@@ -595,6 +628,7 @@ impl ClusteredGroups {
         }
         self.cells = Cells::default();
         self.n_groups = 0;
+        self.pairs_binary.clear();
         self.forget_clusters_if_empty();
         if parts.len() == 1 {
             return Ok(parts.pop().expect("one part"));
@@ -613,6 +647,9 @@ impl ClusteredGroups {
 impl Grow for ClusteredGroups {
     fn grow(&mut self, total_num_groups: usize) {
         self.n_groups = self.n_groups.max(total_num_groups);
+        if self.input == Input::Diff {
+            self.pairs_binary.resize(self.n_groups, true);
+        }
     }
 }
 
@@ -639,6 +676,17 @@ impl GroupsAccumulator for ClusteredGroups {
                 && (dense_input || (x.is_valid(i) && filter_ok(opt_filter, i)))
         };
         self.cells.push_rows(group_indices, &ids, xs, keep);
+        if self.input == Input::Diff {
+            let (a, b) = (
+                f64_array(&values[0])?.values(),
+                f64_array(&values[1])?.values(),
+            );
+            for (i, &g) in group_indices.iter().enumerate() {
+                if self.pairs_binary[g] && keep(i) && !(is_01(a[i]) && is_01(b[i])) {
+                    self.pairs_binary[g] = false;
+                }
+            }
+        }
         self.ids = ids;
         Ok(())
     }
@@ -688,6 +736,14 @@ impl GroupsAccumulator for ClusteredGroups {
                 self.cells.get(g, id).merge(&cell);
             }
         }
+        if self.input == Input::Diff {
+            let binary = as_boolean_array(&values[4])?;
+            for (i, &g) in group_indices.iter().enumerate() {
+                if binary.is_valid(i) && !binary.value(i) {
+                    self.pairs_binary[g] = false;
+                }
+            }
+        }
         self.ids = ids;
         Ok(())
     }
@@ -715,7 +771,12 @@ impl GroupsAccumulator for ClusteredGroups {
             let field = Arc::new(Field::new_list_field(v.data_type().clone(), true));
             Arc::new(ListArray::new(field, offsets.clone(), v, None))
         };
-        Ok(vec![list(keys), list(counts), list(means), list(m2s)])
+        let mut state = vec![list(keys), list(counts), list(means), list(m2s)];
+        if self.input == Input::Diff {
+            let binary: BooleanArray = emitted.iter().map(|g| Some(g.pairs_binary)).collect();
+            state.push(Arc::new(binary));
+        }
+        Ok(state)
     }
 
     fn convert_to_state(
@@ -745,12 +806,23 @@ impl GroupsAccumulator for ClusteredGroups {
             Arc::new(ListArray::new(field, offsets.clone(), v, None))
         };
         let xs = filter(x, &mask)?;
-        Ok(vec![
+        let mut state = vec![
             list(keys),
             list(Arc::new(UInt64Array::from(vec![1u64; kept]))),
             list(xs),
             list(Arc::new(Float64Array::from(vec![0.0; kept]))),
-        ])
+        ];
+        if self.input == Input::Diff {
+            let (a, b) = (f64_array(&values[0])?, f64_array(&values[1])?);
+            let binary: BooleanArray = (0..len)
+                .map(|i| {
+                    let used = mask.value(i);
+                    Some(!used || (is_01(a.value(i)) && is_01(b.value(i))))
+                })
+                .collect();
+            state.push(Arc::new(binary));
+        }
+        Ok(state)
     }
 
     fn size(&self) -> usize {

@@ -108,7 +108,7 @@ impl AggSpec for ClusteredMeanCi {
                   at n; \
                   `'cr2_ri'`: as `'cr2'` with the variance at least the random-intercept \
                   model's, MSW / n + sigma_b^2 sum n_g^2 / n^2 from the one-way ANOVA (the \
-                  default of `paired_diff_clustered`); \
+                  default of `paired_diff_clustered` for graded scores); \
                   `'wild_bootstrap'`: the symmetric wild cluster bootstrap-t interval studentized \
                   by the CR2 SE, with `reps` replications (default 999) drawn from `seed` \
                   (default 20160101): Rademacher weights, Webb's six-point weights below 12 \
@@ -160,6 +160,7 @@ impl AggSpec for ClusteredMeanCi {
         Ok(clustered_acc::state_fields(
             args.name,
             key_kind(args.input_fields, 1),
+            Input::Single,
         ))
     }
 

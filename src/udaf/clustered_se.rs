@@ -67,6 +67,7 @@ impl AggSpec for ClusteredSe {
         Ok(clustered_acc::state_fields(
             args.name,
             key_kind(args.input_fields, 1),
+            Input::Single,
         ))
     }
 

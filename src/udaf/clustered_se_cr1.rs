@@ -65,6 +65,7 @@ impl AggSpec for ClusteredSeCr1 {
         Ok(clustered_acc::state_fields(
             args.name,
             key_kind(args.input_fields, 1),
+            Input::Single,
         ))
     }
 

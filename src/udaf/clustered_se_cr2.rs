@@ -72,6 +72,7 @@ impl AggSpec for ClusteredSeCr2 {
         Ok(clustered_acc::state_fields(
             args.name,
             key_kind(args.input_fields, 1),
+            Input::Single,
         ))
     }
 

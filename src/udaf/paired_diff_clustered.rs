@@ -23,9 +23,10 @@ use super::spec::{AggSpec, StatUdaf};
 #[derive(Debug, PartialEq, Eq, Hash, Default)]
 pub struct PairedDiffClustered;
 
-/// The methods that apply to a difference (`cr2_wilson` and `cr2_score` need a proportion).
-pub const METHODS: [Method; 6] = [
+/// The methods that apply to a difference (`cr2_wilson` needs a proportion).
+pub const METHODS: [Method; 7] = [
     Method::Auto,
+    Method::Cr2Score,
     Method::Miller,
     Method::Cr1T,
     Method::Cr2,
@@ -45,7 +46,7 @@ pub fn fields() -> Fields {
 }
 
 fn finish(g: &[GroupCells], spec: &IntervalSpec) -> Result<ArrayRef> {
-    let rows: Vec<ClusterInterval> = g.iter().map(|g| g.interval(spec)).collect();
+    let rows: Vec<ClusterInterval> = g.iter().map(|g| g.paired_interval(spec)).collect();
     struct_array(
         &fields(),
         vec![
@@ -63,18 +64,13 @@ fn finish(g: &[GroupCells], spec: &IntervalSpec) -> Result<ArrayRef> {
 }
 
 fn groups(args: &AccumulatorArgs) -> Result<ClusteredGroups> {
-    let mut spec = interval_spec_arg(
+    let spec = interval_spec_arg(
         args,
         3,
         PairedDiffClustered::DOC.name,
         &METHODS,
-        Method::Cr2Ri,
+        Method::Auto,
     )?;
-    // A difference is not a proportion: `auto` is CR2 floored at the random-intercept
-    // variance here (it held coverage best for differences in `benches/coverage.rs`).
-    if spec.method == Method::Auto {
-        spec.method = Method::Cr2Ri;
-    }
     Ok(ClusteredGroups::new(
         Input::Diff,
         key_kind(args.expr_fields, 2),
@@ -88,22 +84,33 @@ impl AggSpec for PairedDiffClustered {
         syntax: "paired_diff_clustered(a, b, cluster [, level [, method [, reps [, seed]]]])",
         returns: "Struct{n: Int64, mean_diff: Float64, se: Float64, z: Float64, p_value: Float64, lo: Float64, hi: Float64, method: Utf8, df: Float64}",
         summary: "As `paired_diff`, but for cases that share a template: the interval and the test \
-                  of mean(d) = 0, d = a - b, are clustered by `method` (default `'cr2_ri'`; `'auto'` \
-                  is the same here), one of \
-                  `'miller'` (Miller's SE, normal quantile and p-value), `'cr1_t'` (CR1 SE, t(G-1)), \
-                  `'cr2'` (bias-reduced CR2 SE, t at the Satterthwaite df), `'cr2_ri'` (as `'cr2'` \
-                  with the variance at least the random-intercept model's, MSW / n + sigma_b^2 \
-                  sum n_g^2 / n^2 from the one-way ANOVA, which keeps unequal template sizes from \
-                  leaving the interval short) and `'wild_bootstrap'` \
-                  (symmetric wild cluster bootstrap-t interval; the p-value is the restricted \
-                  wild bootstrap's, with the null d = 0 imposed), as in `clustered_mean_ci`. `z` \
-                  is mean_diff / se (a t statistic for the t methods); `df` is the t degrees of \
-                  freedom used (NULL for the normal and bootstrap methods).",
+                  of mean(d) = 0, d = a - b, are clustered by `method`: `'auto'` (the default) is \
+                  `'cr2_score'` when every a and b is 0 or 1 (pass/fail pairs) and `'cr2_ri'` \
+                  otherwise. `'cr2_score'` is Tango's score interval for paired proportions with \
+                  the template variance carried by design effects: a difference d0 is inside \
+                  when (mean_diff - d0)^2 <= t^2 deff V(d0), V(d0) the variance of d when the \
+                  true difference is d0 (the share of d = -1 pairs at its restricted maximum \
+                  likelihood), deff = V_cr2_ri / V(mean_diff) on the side where V grows and \
+                  V_cr2 / V(mean_diff) where it shrinks, t at the CR2 Satterthwaite df; its `z` \
+                  and `p_value` are the clustered McNemar test, mean_diff / sqrt(deff V(0)), \
+                  V(0) = (n_pos + n_neg) / n^2, and `se` is the `'cr2_ri'` SE. The other \
+                  methods: `'miller'` (Miller's SE, normal quantile and p-value), `'cr1_t'` \
+                  (CR1 SE, t(G-1)), `'cr2'` (bias-reduced CR2 SE, t at the Satterthwaite df), \
+                  `'cr2_ri'` (as `'cr2'` with the variance at least the random-intercept \
+                  model's, MSW / n + sigma_b^2 sum n_g^2 / n^2 from the one-way ANOVA, which \
+                  keeps unequal template sizes from leaving the interval short) and \
+                  `'wild_bootstrap'` (symmetric wild cluster bootstrap-t interval; the p-value is \
+                  the restricted wild bootstrap's, with the null d = 0 imposed), as in \
+                  `clustered_mean_ci`. `z` is mean_diff / se for the others (a t statistic for \
+                  the t methods); `df` is the t degrees of freedom used (NULL for the normal and \
+                  bootstrap methods).",
         behavior: "Only rows where `a`, `b` and `cluster` are non-NULL (and d is not NaN) are used. The \
                    struct is never NULL: `n` counts the pairs; `mean_diff` is NULL when n = 0; `se`, \
                    `lo`, `hi` are NULL with fewer than two rows or two clusters; `z` and `p_value` \
-                   are NULL when se is NULL or 0. `'cr2_wilson'` and `'cr2_score'` do not apply to a \
-                   difference and are errors, as is an unknown method.",
+                   are NULL when se is NULL or 0 (for `'cr2_score'`, when no pair differs). \
+                   `'cr2_score'` asked for pairs that are not all 0/1 gives NULL `lo`, `hi`, `z` \
+                   and `p_value`; `'cr2_wilson'` does not apply to a difference and is an error, \
+                   as is an unknown method.",
         arguments: &[
             ("a", "Score of version A (numeric or boolean)."),
             ("b", "Score of version B on the same case."),
@@ -114,7 +121,7 @@ impl AggSpec for PairedDiffClustered {
             ("level", "Optional constant confidence level, default 0.95."),
             (
                 "method",
-                "Optional constant string: 'cr2_ri' (default, also 'auto'), 'cr2', 'miller', 'cr1_t' or 'wild_bootstrap'.",
+                "Optional constant string: 'auto' (default: 'cr2_score' for 0/1 pairs, else 'cr2_ri'), 'cr2_score', 'cr2_ri', 'cr2', 'miller', 'cr1_t' or 'wild_bootstrap'. The result's `method` field names the method used.",
             ),
             (
                 "reps",
@@ -141,6 +148,7 @@ impl AggSpec for PairedDiffClustered {
         Ok(clustered_acc::state_fields(
             args.name,
             key_kind(args.input_fields, 2),
+            Input::Diff,
         ))
     }
 

@@ -110,6 +110,7 @@ impl AggSpec for VarianceComponents {
         Ok(clustered_acc::state_fields(
             args.name,
             key_kind(args.input_fields, 1),
+            Input::Single,
         ))
     }
 
