@@ -12,7 +12,6 @@
 //! never a silent NULL or a value wrapped through `as u32`.
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -20,15 +19,25 @@ use serde_json::value::RawValue;
 
 use super::{ImportError, Options, Provenance, Record, RecordIter, bad, bad_file};
 
-/// Lines parsed per chunk: enough to keep every core busy, small enough that memory holds
-/// a few chunks, never the file.
-const CHUNK_LINES: usize = 4096;
+/// Bytes the reader thread takes from the file at a time (whole lines; a longer line makes
+/// a longer block): big enough that a parse of a block keeps every core busy, small enough
+/// that memory holds a few blocks, never the file.
+const BLOCK_BYTES: usize = 4 << 20;
+
+/// Whole lines read from the file, with the number of the first.
+struct Block {
+    first_line: usize,
+    data: Vec<u8>,
+}
 
 /// Opens a pairs file: one record per non-empty line, in file order.
 ///
-/// A reader thread takes the file in chunks of lines and parses each chunk's lines on
-/// rayon's pool (sized by `--threads`), so JSON parsing uses every core while the import
-/// sink stages the previous chunk; a bounded channel keeps at most a few chunks in memory.
+/// Two threads: one reads the file in blocks of whole lines ([`read_blocks`]), the other
+/// splits each block into lines and parses them on rayon's pool (sized by `--threads`).
+/// Reading the next block overlaps the parse of this one, so a file that is not in the page
+/// cache costs its disk time beside the parsing rather than before it; bounded channels keep
+/// at most a few blocks and parsed chunks in memory. Lines are split and checked for UTF-8
+/// in the parse, on every core, not one line at a time on the reader.
 ///
 /// # Errors
 /// The file cannot be opened.
@@ -37,37 +46,40 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
     let f = std::fs::File::open(path).map_err(|e| bad_file(path, e))?;
     let file: PathBuf = path.to_path_buf();
     let model = opts.model.clone();
+    let (btx, brx) = std::sync::mpsc::sync_channel::<std::io::Result<Block>>(2);
+    std::thread::spawn(move || read_blocks(f, &btx));
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Result<Record, ImportError>>>(2);
     std::thread::spawn(move || {
-        let mut lines = std::io::BufReader::new(f).lines();
-        let mut n = 0usize;
-        loop {
-            let mut chunk: Vec<(usize, std::io::Result<String>)> = Vec::with_capacity(CHUNK_LINES);
-            for l in lines.by_ref().take(CHUNK_LINES) {
-                n += 1;
-                chunk.push((n, l));
-            }
-            if chunk.is_empty() {
-                return;
-            }
-            let failed = chunk.iter().any(|(_, l)| l.is_err());
+        let mut next_line = 1;
+        for block in brx {
+            let block = match block {
+                Ok(b) => b,
+                Err(e) => {
+                    let _ = tx.send(vec![Err(bad(&file, next_line, "(line)", e))]);
+                    return;
+                }
+            };
+            let lines = split_lines(&block);
+            next_line = block.first_line + lines.len();
             // Slices in order, each remembering its last request: the samples and models
             // of a case usually sit together and send the same request text.
-            let records: Vec<Result<Record, ImportError>> = chunk
+            let records: Vec<Result<Record, ImportError>> = lines
                 .par_chunks(SLICE_LINES)
                 .flat_map_iter(|slice| {
                     let mut last: Option<(String, Request)> = None;
                     slice
                         .iter()
-                        .filter_map(|(n, line)| match line {
-                            Err(e) => Some(Err(bad(&file, n, "(line)", e))),
+                        .filter_map(|&(n, line)| match std::str::from_utf8(line) {
+                            Err(e) => {
+                                Some(Err(bad(&file, n, "(line)", format!("invalid UTF-8: {e}"))))
+                            }
                             Ok(l) if l.trim().is_empty() => None,
-                            Ok(l) => Some(record(&file, *n, l, &model, &mut last)),
+                            Ok(l) => Some(record(&file, n, l, &model, &mut last)),
                         })
                         .collect::<Vec<_>>()
                 })
                 .collect();
-            let stop = failed || records.iter().any(Result::is_err);
+            let stop = records.iter().any(Result::is_err);
             // The receiver stops at the first error (or was dropped): read no further.
             if tx.send(records).is_err() || stop {
                 return;
@@ -75,6 +87,67 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
         }
     });
     Ok(Box::new(rx.into_iter().flatten()))
+}
+
+/// A block's lines with their numbers, as `BufRead::lines` gives them (without `\n` or
+/// `\r\n`; a last line without newline is a line).
+fn split_lines(block: &Block) -> Vec<(usize, &[u8])> {
+    let data = &block.data;
+    let mut out = Vec::with_capacity(data.len() / 256);
+    let mut start = 0;
+    let mut push = |start: usize, end: usize| {
+        let l = &data[start..end];
+        out.push((
+            block.first_line + out.len(),
+            l.strip_suffix(b"\r").unwrap_or(l),
+        ));
+    };
+    for end in memchr::memchr_iter(b'\n', data) {
+        push(start, end);
+        start = end + 1;
+    }
+    if start < data.len() {
+        push(start, data.len());
+    }
+    out
+}
+
+/// Sends the file as [`Block`]s of about [`BLOCK_BYTES`] of whole lines (the last line may
+/// lack its newline), until the end, a read error, or a receiver that hung up.
+fn read_blocks(mut f: std::fs::File, tx: &std::sync::mpsc::SyncSender<std::io::Result<Block>>) {
+    use std::io::Read;
+    let mut carry: Vec<u8> = Vec::new();
+    let mut first_line = 1;
+    loop {
+        let mut data = std::mem::take(&mut carry);
+        data.reserve(BLOCK_BYTES);
+        let read = (&mut f).take(BLOCK_BYTES as u64).read_to_end(&mut data);
+        match read {
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+            Ok(0) => {
+                if !data.is_empty() {
+                    let _ = tx.send(Ok(Block { first_line, data }));
+                }
+                return;
+            }
+            Ok(_) => {}
+        }
+        // Cut after the last newline; the partial line starts the next block.
+        let Some(end) = memchr::memrchr(b'\n', &data) else {
+            carry = data;
+            continue;
+        };
+        carry = data[end + 1..].to_vec();
+        data.truncate(end + 1);
+        let lines = memchr::memchr_iter(b'\n', &data).count();
+        if tx.send(Ok(Block { first_line, data })).is_err() {
+            return;
+        }
+        first_line += lines;
+    }
 }
 
 /// Lines a parse task takes in order (and so the reach of the last-request reuse).
@@ -409,5 +482,65 @@ mod tests {
         assert_eq!(records[0].response.as_deref(), Some("ok"));
         assert_eq!(records[3].response, None);
         assert_eq!(records[3].error.as_deref(), Some("boom"));
+    }
+
+    /// Over several read blocks: every line read once, in order, `source_id` its line number
+    /// (CRLF, blank lines and a last line without newline as `BufRead::lines` sees them), and
+    /// a bad line in the third block named by its own number.
+    #[test]
+    fn lines_across_blocks_keep_their_numbers() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.jsonl");
+        let line = |i: usize| {
+            // About 1 kB a line, so the file spans three blocks.
+            let pad = "x".repeat(900 + i % 97);
+            format!(
+                r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "q{i} {pad}"}}]}}, "response": {{"choices": [{{"message": {{"content": "a{i}"}}}}]}}}}"#
+            )
+        };
+        let n = 3 * BLOCK_BYTES / 1000;
+        let mut text = String::new();
+        for i in 1..=n {
+            text.push_str(&line(i));
+            // CRLF on every seventh line, a blank line after every 1000th.
+            text.push_str(if i % 7 == 0 { "\r\n" } else { "\n" });
+            if i % 1000 == 0 && i < n {
+                text.push('\n');
+            }
+        }
+        text.pop(); // no newline after the last line
+        assert!(text.len() > 2 * BLOCK_BYTES);
+        std::fs::write(&p, &text).unwrap();
+        let records: Vec<Record> = open(&p, &Options::default())
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(records.len(), n);
+        for (k, r) in records.iter().enumerate() {
+            let i = k + 1;
+            // Line numbers count the blank lines before this record.
+            let line_no = i + (i - 1) / 1000;
+            assert_eq!(
+                r.source.id.as_deref(),
+                Some(line_no.to_string().as_str()),
+                "record {i}"
+            );
+            assert!(r.input.starts_with(&format!("q{i} ")), "record {i}");
+            assert_eq!(r.response.as_deref(), Some(format!("a{i}").as_str()));
+        }
+        // A line that is not JSON, deep in the file: its number, found across the blocks.
+        let bad_at = 2 * n / 3 + 5;
+        let mut lines: Vec<String> = (1..=n).map(line).collect();
+        lines[bad_at - 1] = "{not json".into();
+        std::fs::write(&p, lines.join("\n")).unwrap();
+        let err = open(&p, &Options::default())
+            .unwrap()
+            .find_map(Result::err)
+            .expect("the bad line is an error");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("{}:{bad_at}: field `(line)`", p.display())),
+            "{err}"
+        );
     }
 }
