@@ -107,7 +107,10 @@ impl AggSpec for PairedDiffClustered {
         behavior: "Only rows where `a`, `b` and `cluster` are non-NULL (and d is not NaN) are used. The \
                    struct is never NULL: `n` counts the pairs; `mean_diff` is NULL when n = 0; `se`, \
                    `lo`, `hi` are NULL with fewer than two rows or two clusters; `z` and `p_value` \
-                   are NULL when se is NULL or 0 (for `'cr2_score'`, when no pair differs). \
+                   are NULL when se is NULL or 0, except for `'cr2_score'`, whose test does not \
+                   divide by se: there they are NULL when no pair differs. With no template \
+                   variance seen (se 0), `'cr2_score'` takes a design effect of 1, never a \
+                   zero width. \
                    `'cr2_score'` asked for pairs that are not all 0/1 gives NULL `lo`, `hi`, `z` \
                    and `p_value`; `'cr2_wilson'` does not apply to a difference and is an error, \
                    as is an unknown method.",
