@@ -173,7 +173,8 @@ def tango_var(D, pos, neg, N):
 
 def paired_score(n, x, ss):
     """`cr2_score` for pass/fail pairs: Tango's score interval times the design effect of the
-    CR2-RI variance where Tango's variance grows, of the CR2 variance where it shrinks."""
+    CR2-RI variance on the side where Tango's variance grows faster (judged one naive SE either
+    side of the estimate), of the CR2 variance on the other."""
     N, d, Vc, df = cr2(n, x)
     msw, sb, sq = anova(n, x, ss)
     Vr = np.maximum(Vc, np.nan_to_num(msw / N + sb * sq / N ** 2, nan=-np.inf))
@@ -185,11 +186,17 @@ def paired_score(n, x, ss):
     up = np.where(naive > 0, np.where(Vr > 0, Vr / nz, 1), 1)
     down = np.where(naive > 0, np.where(Vc > 0, Vc / nz, up), 1)
 
-    def inside(D):
-        vt = tango_var(D, pos, neg, N)
-        v = vt * np.where(vt > naive[:, None], up[:, None], down[:, None])
-        return (d[:, None] - D) ** 2 <= (t * t)[:, None] * v
-    return outer(d, inside, -1.0), outer(d, inside, 1.0)
+    h = np.sqrt(naive)
+    upper_faster = (tango_var(np.minimum(d + h, 1)[:, None], pos, neg, N)[:, 0]
+                    >= tango_var(np.maximum(d - h, -1)[:, None], pos, neg, N)[:, 0])
+    d_lo, d_hi = np.where(upper_faster, down, up), np.where(upper_faster, up, down)
+
+    def side(dd):
+        def inside(D):
+            v = tango_var(D, pos, neg, N) * dd[:, None]
+            return (d[:, None] - D) ** 2 <= (t * t)[:, None] * v
+        return inside
+    return outer(d, side(d_lo), -1.0), outer(d, side(d_hi), 1.0)
 
 
 def table(rows, names):

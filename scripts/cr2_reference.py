@@ -197,7 +197,8 @@ def tango_var_mle(d0, pos, neg, n):
 
 def paired_score_ref(a, b, cl, level=0.95):
     """paired_diff_clustered's default for 0/1 pairs: d0 inside when (d - d0)^2 <= t^2 deff
-    V_T(d0); deff = V_cr2ri / V_T(d) where V_T(d0) > V_T(d), V_cr2 / V_T(d) elsewhere."""
+    V_T(d0); deff = V_cr2ri / V_T(d) on the side where V_T grows faster (V_T(d + h) against
+    V_T(d - h), h = sqrt(V_T(d))), V_cr2 / V_T(d) on the other."""
     d = np.asarray(a, float) - np.asarray(b, float)
     n = len(d)
     m, se, df = cr2(d, cl)
@@ -208,9 +209,13 @@ def paired_score_ref(a, b, cl, level=0.95):
     up, down = v_r / naive, se ** 2 / naive
     t = stats.t.ppf(1 - (1 - level) / 2, df)
 
+    h = math.sqrt(naive)
+    upper_faster = (tango_var_mle(min(m + h, 1.0), pos, neg, n)
+                    >= tango_var_mle(max(m - h, -1.0), pos, neg, n))
+    d_lo, d_hi = (down, up) if upper_faster else (up, down)
+
     def var(d0):
-        v = tango_var_mle(d0, pos, neg, n)
-        return v * (up if v > naive * (1 + 1e-9) else down)
+        return tango_var_mle(d0, pos, neg, n) * (d_lo if d0 < m else d_hi)
 
     def gap(d0):
         return (m - d0) ** 2 - t * t * var(d0)
@@ -303,10 +308,12 @@ def main():
         print(f"// paired score: {name}")
         for k, v in r.items():
             print(f"    {k}: {v!r}")
-    a = [1, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1, 1, 0]
-    b = [0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0]
-    cl = list("aaaaaaabbbccdd")
+    a = [1, 0, 0, 1, 1, 1, 0, 1, 1, 0, 0, 0, 1]
+    b = [0, 0, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0]
+    cl = list("aabccccccccdd")
     r = paired_score_ref(a, b, cl)
+    d = np.array(a, float) - np.array(b, float)
+    print("    cr2 var:", cr2(d, cl)[1] ** 2, " random-intercept var:", random_intercept_var(d, cl))
     print("// paired score: hand example")
     for k, v in r.items():
         print(f"    {k}: {v!r}")

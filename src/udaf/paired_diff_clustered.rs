@@ -90,8 +90,9 @@ impl AggSpec for PairedDiffClustered {
                   the template variance carried by design effects: a difference d0 is inside \
                   when (mean_diff - d0)^2 <= t^2 deff V(d0), V(d0) the variance of d when the \
                   true difference is d0 (the share of d = -1 pairs at its restricted maximum \
-                  likelihood), deff = V_cr2_ri / V(mean_diff) on the side where V grows and \
-                  V_cr2 / V(mean_diff) where it shrinks, t at the CR2 Satterthwaite df; its `z` \
+                  likelihood), deff = V_cr2_ri / V(mean_diff) on the side where V grows faster \
+                  (judged one naive SE either side) and V_cr2 / V(mean_diff) on the other, t at \
+                  the CR2 Satterthwaite df; its `z` \
                   and `p_value` are the clustered McNemar test, mean_diff / sqrt(deff V(0)), \
                   V(0) = (n_pos + n_neg) / n^2, and `se` is the `'cr2_ri'` SE. The other \
                   methods: `'miller'` (Miller's SE, normal quantile and p-value), `'cr1_t'` \
