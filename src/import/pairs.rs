@@ -119,6 +119,9 @@ fn read_blocks(mut f: std::fs::File, tx: &std::sync::mpsc::SyncSender<std::io::R
     let mut carry: Vec<u8> = Vec::new();
     let mut first_line = 1;
     loop {
+        // Bounded: at most BLOCK_BYTES more than the partial line carried over. Only a line
+        // longer than a block grows the buffer past that, until its newline, as
+        // `BufRead::lines` would also hold it whole: a record is one line.
         let mut data = std::mem::take(&mut carry);
         data.reserve(BLOCK_BYTES);
         let read = (&mut f).take(BLOCK_BYTES as u64).read_to_end(&mut data);
