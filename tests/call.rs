@@ -288,7 +288,10 @@ async fn fault_matrix() {
             "max_retries = 2\ntimeout_secs = 0.3\nconcurrency = 4\nretry_empty_length = {retry_empty}"
         );
         let p = pipeline(dir.path(), &format!("f{i}"), &server.base_url(), 2, &extra);
-        let root = dir.path().join(format!("run-{i}"));
+        // Each case gets its own folder, so its own `.evalflow-cache`: the servers listen on
+        // ports the OS may hand out again, and a cache shared across cases would then serve
+        // one fault's answer (say EmptyLength's "") to another's identical request.
+        let root = dir.path().join(format!("case-{i}")).join("run");
         let rows = generate_and_call(&p, &root).await;
         let v = validity(&root).await;
         assert_eq!(rows.len(), 10, "{fault:?}: one row per case");
