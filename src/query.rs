@@ -21,6 +21,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use crate::schema::Table;
 use crate::storage::{RunStore, StorageError};
 use crate::udaf::dictionary_keys::DictionaryClusterKeys;
+use crate::udaf::single_phase::SinglePhaseClustered;
 
 /// The start of the message of a plan refused by `--cluster` (a table or function the
 /// cluster lacks): bad input, exit 2.
@@ -219,13 +220,6 @@ pub fn ordered_context() -> SessionContext {
     context_with(1, false)
 }
 
-/// A local context whose plans run in one partition: for aggregates whose state per group
-/// is large and whose groups are few (see `stages::aggregate`), where a second partition
-/// only adds a copy of every group's state.
-pub fn serial_context() -> SessionContext {
-    context_with(1, true)
-}
-
 fn context_with(partitions: usize, join_reordering: bool) -> SessionContext {
     let r = resources();
     let config = SessionConfig::new()
@@ -253,6 +247,8 @@ fn context_with(partitions: usize, join_reordering: bool) -> SessionContext {
         .with_config(config)
         .with_runtime_env(runtime)
         .with_default_features()
+        // Clustered aggregates hold their groups' templates once, over every partition's rows.
+        .with_physical_optimizer_rule(Arc::new(SinglePhaseClustered))
         .with_physical_optimizer_rule(Arc::new(DictionaryClusterKeys::new(footers)))
         .build();
     let ctx = SessionContext::new_with_state(state);

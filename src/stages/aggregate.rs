@@ -307,17 +307,10 @@ impl Named<'_> {
 
 /// Computes the results of one scorer version: test-level rows, then capability x test type.
 pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRow>, QueryError> {
-    // One partition here: a group's interval needs every one of its templates in one
-    // accumulator. On several partitions DataFusion aggregates in two phases, each
-    // partition holding a partial accumulator of every group with every template it saw,
-    // then a final phase building them again from lists: about three copies of the
-    // templates (2.4 GB at 10M imported calls, one template per case, against 0.7 GB), and
-    // no faster, since the few groups (one per model and test) leave nothing to share.
-    let ctx = if crate::query::on_cluster() {
-        new_context()
-    } else {
-        crate::query::serial_context()
-    };
+    // Every partition scans and computes the indicators; the clustered aggregate then
+    // accumulates in one phase (`udaf::single_phase`), so each group's templates are held
+    // once, not once per partition and again when merged.
+    let ctx = new_context();
     register_run(&ctx, store, "").await?;
     // The kind a user scorer declared (recorded beside its scores), else the built-in's.
     let kind = crate::stages::score::metric_kind(store, scorer).await?;

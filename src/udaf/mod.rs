@@ -20,6 +20,7 @@ pub mod common;
 pub mod dictionary_keys;
 pub mod moments_acc;
 pub mod single_group;
+pub mod single_phase;
 pub mod spec;
 pub mod values_acc;
 
