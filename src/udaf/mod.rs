@@ -137,9 +137,11 @@ pub async fn reference_markdown() -> Result<String> {
          Memory of the clustered aggregates (`clustered_se*`, `clustered_mean_ci`, \
          `paired_diff_clustered`, `variance_components`): each group keeps one set of sums per \
          cluster it saw (32 to about 128 bytes a (group, cluster) pair, plus each key once), and \
-         a group's state cannot be split by spilling; on several partitions each partition holds \
-         its own until they are merged, so with hundreds of thousands of clusters per group \
-         `--threads 1` can be both faster and smaller. In an `evalflow` session, a string \
+         a group's state cannot be split by spilling. In an `evalflow` session they accumulate \
+         in one phase: the scan, filters and projections below run on every partition and their \
+         rows meet in one accumulator, so each group's clusters are held once. Elsewhere (a plain \
+         DataFusion session, a Ballista cluster) DataFusion's two phases give each partition its \
+         own copy until they are merged. In an `evalflow` session, a string \
          cluster column read straight from Parquet and used by nothing else in the aggregate is \
          read as a dictionary (each distinct key looked up once per column chunk), with the same \
          results.\n\n",
