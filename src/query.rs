@@ -256,22 +256,23 @@ fn context_with(partitions: usize, join_reordering: bool) -> SessionContext {
     ctx
 }
 
-/// `passes` (1 to 16) SQL conditions slicing the hex digest `column` by its first digit:
-/// together they take every id exactly once (the first and last are open-ended, so even an
-/// id that is not hex falls in one; a single pass is `TRUE`). A join or `GROUP BY` over
-/// ids run slice by slice holds one slice's ids at a time, however large the table.
+/// `passes` (1 to 256) SQL conditions slicing the hex digest `column` by its first two
+/// digits: together they take every id exactly once (the first and last are open-ended, so
+/// even an id that is not hex falls in one; a single pass is `TRUE`). A join or `GROUP BY`
+/// over ids run slice by slice holds one slice's ids at a time, however large the table;
+/// with 256 prefixes, `n` passes hold within 1/256 of `1/n` of the ids each.
 pub fn id_slices(column: &str, passes: usize) -> Vec<String> {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let passes = passes.clamp(1, DIGITS.len());
+    const PREFIXES: usize = 256;
+    let passes = passes.clamp(1, PREFIXES);
     (0..passes)
         .map(|p| {
-            let (lo, hi) = (p * 16 / passes, (p + 1) * 16 / passes);
+            let (lo, hi) = (p * PREFIXES / passes, (p + 1) * PREFIXES / passes);
             let mut bounds = Vec::new();
             if lo > 0 {
-                bounds.push(format!("{column} >= '{}'", DIGITS[lo] as char));
+                bounds.push(format!("{column} >= '{lo:02x}'"));
             }
-            if hi < DIGITS.len() {
-                bounds.push(format!("{column} < '{}'", DIGITS[hi] as char));
+            if hi < PREFIXES {
+                bounds.push(format!("{column} < '{hi:02x}'"));
             }
             if bounds.is_empty() {
                 "TRUE".into()
@@ -528,13 +529,17 @@ mod tests {
         assert_eq!(id_slices("call_id", 1), vec!["TRUE".to_string()]);
         assert_eq!(
             id_slices("call_id", 4)[1],
-            "call_id >= '4' AND call_id < '8'".to_string()
+            "call_id >= '40' AND call_id < '80'".to_string()
         );
-        for passes in [2, 3, 4, 5, 7, 16, 40] {
+        assert_eq!(
+            id_slices("call_id", 10)[3],
+            "call_id >= '4c' AND call_id < '66'".to_string()
+        );
+        for passes in [2, 3, 4, 5, 7, 10, 16, 40, 256, 300] {
             let slices = id_slices("call_id", passes);
-            assert_eq!(slices.len(), passes.min(16));
+            assert_eq!(slices.len(), passes.min(256));
             for id in [
-                "0a", "3f", "4", "7ff", "8", "b0", "f", "ffff", " not hex", "zz",
+                "0a", "3f", "4", "4b", "4c", "7ff", "8", "b0", "f", "ffff", " not hex", "zz",
             ] {
                 let n = slices.iter().filter(|r| takes(r, id)).count();
                 assert_eq!(n, 1, "{id} in {n} of {passes} slices: {slices:?}");

@@ -838,8 +838,9 @@ impl ImportSink {
         // Each case's first record, found slice by slice of the case ids (see
         // `query::id_slices`) so no aggregation holds every case.
         let passes = (self.case_rows as usize).div_ceil(pass_rows());
+        let mut n_cases = 0;
         for (i, range) in id_slices("case_id", passes).iter().enumerate() {
-            write_partitioned(
+            n_cases += write_partitioned(
                 &ctx,
                 &format!(
                     "SELECT min(seq) AS first_seq, bool_or(cluster IS NOT NULL) AS clustered \
@@ -853,15 +854,23 @@ impl ImportSink {
             .await?;
         }
         crate::query::register_parquet(&ctx, "firsts", &self.store.table_url(FIRSTS)).await?;
-        let cases = write_partitioned(
-            &ctx,
-            &self.cases_sql(),
-            &self.store,
-            "cases",
-            "part-imported",
-            Table::Cases.schema(),
-        )
-        .await?;
+        // The join's build side is `firsts`: taken by ranges of `seq` (corpus order, so the
+        // parts keep it), half a pass's ids at a time, it holds that many cases, not every
+        // case (about 75 MB at 10M records, 1.25M cases).
+        let passes = (n_cases as usize).div_ceil((pass_rows() / 2).max(1)).max(1) as u64;
+        let step = self.rows.div_ceil(passes).max(1);
+        let mut cases = 0;
+        for i in 0..passes {
+            cases += write_partitioned(
+                &ctx,
+                &self.cases_sql(i * step, (i + 1) * step),
+                &self.store,
+                "cases",
+                &format!("part-imported-{i:02}"),
+                Table::Cases.schema(),
+            )
+            .await?;
+        }
         let clustered =
             crate::query::text_rows(&ctx, "SELECT count(*) FROM firsts WHERE clustered")
                 .await?
@@ -930,12 +939,13 @@ impl ImportSink {
     /// Found by joining the staged case fields with each case's first `seq` (`firsts`,
     /// computed slice by slice of the case ids), not by a `GROUP BY case_id` of
     /// `first_value`s: the aggregate would hold every case's input text until its end
-    /// (about 0.7 GB at 10M records); the join holds one integer per case. The staging
-    /// streams past the join in `seq` order, so each part
+    /// (about 0.7 GB at 10M records); the join holds one integer per case whose first
+    /// record is in `[from_seq, to_seq)`. The staging streams past the join in `seq` order,
+    /// so each part
     /// lists its cases in the order the corpus names them, the order of the calls parts:
     /// a calls part's cases sit in a few Parquet pages of `cases`, and the score stage's
     /// join (which filters `cases` by the part's case ids while decoding) skips the rest.
-    fn cases_sql(&self) -> String {
+    fn cases_sql(&self, from_seq: u64, to_seq: u64) -> String {
         let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
         let d = &self.defaults;
         format!(
@@ -944,7 +954,9 @@ impl ImportSink {
              cs.case_id AS group_id, {role} AS role, cs.input, cs.expected, \
              CAST(NULL AS VARCHAR) AS expectation, CAST(NULL AS DOUBLE) AS tolerance, \
              CAST(NULL AS VARCHAR) AS perturbation \
-             FROM firsts f JOIN cs ON cs.seq = f.first_seq",
+             FROM firsts f JOIN cs ON cs.seq = f.first_seq \
+             WHERE f.first_seq >= {from_seq} AND f.first_seq < {to_seq} \
+             AND cs.seq >= {from_seq} AND cs.seq < {to_seq}",
             tt = lit(&d.test_type),
             role = lit(&d.role),
         )
@@ -985,7 +997,7 @@ impl ImportSink {
 
     /// Fails on the first call id that two records share.
     ///
-    /// Call ids are hex digests, so their first digit splits them into 16 even slices; the
+    /// Call ids are hex digests, so their first two digits split them into 256 even slices; the
     /// check runs one `GROUP BY call_id` per range of slices, each over at most about
     /// [`pass_rows`] ids, so its hash table stays the same size whatever the
     /// corpus (one pass over all 10M ids held about 0.6 GB) for one more read of the
@@ -1071,14 +1083,16 @@ fn direct_call_id(r: &Record, case_id: &str, request_hash: &str) -> Option<Strin
 }
 
 /// Ids one pass of a `GROUP BY` over call or case ids (the duplicate check, each case's
-/// first record) takes at most: about 60 MB of hash table, the same at any corpus size.
+/// first record) takes at most, the same at any corpus size. With 1M, the duplicate check
+/// of a 10M-record import peaked about 80 MB above a 1M-record one (an import's peak);
+/// with 500k it stays under the streaming phase's, for about 1 s more of its 40.
 /// `EVALFLOW_IMPORT_PASS_ROWS` sets another (tests use a small one to run many passes).
 fn pass_rows() -> usize {
     std::env::var("EVALFLOW_IMPORT_PASS_ROWS")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|n| *n > 0)
-        .unwrap_or(1_000_000)
+        .unwrap_or(500_000)
 }
 
 /// Each case's first `seq`, and whether a record of it named a cluster.

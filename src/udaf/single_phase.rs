@@ -176,7 +176,10 @@ mod tests {
                 SessionConfig::new()
                     .with_target_partitions(3)
                     // Joins hash-partitioned on both sides, however small the tables.
-                    .set_usize("datafusion.optimizer.hash_join_single_partition_threshold", 0)
+                    .set_usize(
+                        "datafusion.optimizer.hash_join_single_partition_threshold",
+                        0,
+                    )
                     .set_usize(
                         "datafusion.optimizer.hash_join_single_partition_threshold_rows",
                         0,
