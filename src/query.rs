@@ -230,6 +230,9 @@ fn context_with(partitions: usize, join_reordering: bool) -> SessionContext {
             false,
         )
         .set_bool("datafusion.sql_parser.map_string_types_to_utf8view", false)
+        // evalflow's footers are a few KB: reading the last 512 KiB of every part (the
+        // default) to find one held 30 MB more at 10M calls (~300 parts, 32 read at once).
+        .set_usize("datafusion.execution.parquet.metadata_size_hint", 64 << 10)
         // A sort reserves this much to merge its spill files; DataFusion's 10 MiB default
         // would make a small limit fail instead of spill.
         .set_usize(
@@ -281,6 +284,94 @@ pub fn id_slices(column: &str, passes: usize) -> Vec<String> {
             }
         })
         .collect()
+}
+
+/// About `passes` SQL conditions slicing `column` (a string column of the rows of `source`, a
+/// `FROM ... WHERE ...` clause holding `rows` rows) into ranges of similar row counts: the
+/// bounds are quantiles of a sample of every k-th row's value, read in one scan of the
+/// column. Together they take every row exactly once (NULL goes with the first range); one
+/// pass is `TRUE`; a value holding more than a slice's share of the rows makes fewer slices.
+/// A `GROUP BY column` (or a clustered statistic over it) run slice by slice holds one
+/// slice's keys at a time, whatever the keys look like ([`id_slices`] needs hex ids).
+pub async fn range_slices(
+    ctx: &SessionContext,
+    column: &str,
+    source: &str,
+    rows: u64,
+    passes: usize,
+) -> Result<Vec<String>, QueryError> {
+    use datafusion::arrow::compute::cast;
+    use datafusion::arrow::datatypes::DataType;
+    use futures::StreamExt;
+    if passes <= 1 {
+        return Ok(vec!["TRUE".into()]);
+    }
+    // About 256 sampled rows per slice: bounds within a few percent of the quantiles.
+    let stride = (rows / (passes as u64 * 256)).max(1);
+    let sql = format!("SELECT {column} FROM {source}");
+    let what = format!("slicing {column}: {sql}");
+    let mut stream = ctx
+        .sql(&sql)
+        .await
+        .map_err(QueryError::df(what.clone()))?
+        .execute_stream()
+        .await
+        .map_err(QueryError::df(what.clone()))?;
+    let (mut sample, mut seen) = (Vec::new(), 0u64);
+    while let Some(b) = stream.next().await {
+        let b = b.map_err(QueryError::df(what.clone()))?;
+        let col = cast(b.column(0), &DataType::Utf8)
+            .map_err(|e| QueryError::df(what.clone())(e.into()))?;
+        let col = col
+            .as_any()
+            .downcast_ref::<datafusion::arrow::array::StringArray>()
+            .expect("cast to Utf8 gives a StringArray");
+        // The rows of this batch whose running index is a multiple of `stride`.
+        let first = (stride - seen % stride) % stride;
+        for i in (first as usize..col.len()).step_by(stride as usize) {
+            if col.is_valid(i) {
+                sample.push(col.value(i).to_string());
+            }
+        }
+        seen += col.len() as u64;
+    }
+    sample.sort_unstable();
+    let mut bounds: Vec<&str> = (1..passes)
+        .filter_map(|j| sample.get(j * sample.len() / passes).map(String::as_str))
+        .collect();
+    bounds.dedup();
+    let lit = |v: &str| format!("'{}'", v.replace('\'', "''"));
+    let mut out = Vec::with_capacity(bounds.len() + 1);
+    for (j, b) in bounds.iter().enumerate() {
+        out.push(match j {
+            0 => format!("({column} < {} OR {column} IS NULL)", lit(b)),
+            _ => format!(
+                "({column} >= {} AND {column} < {})",
+                lit(bounds[j - 1]),
+                lit(b)
+            ),
+        });
+    }
+    out.push(match bounds.last() {
+        Some(b) => format!("{column} >= {}", lit(b)),
+        None => "TRUE".into(),
+    });
+    Ok(out)
+}
+
+/// Tunes `ctx` for queries grouping by template slice by slice ([`range_slices`]): a
+/// template's rows are few, so a partial aggregate per partition would hold nearly every
+/// template a second time (rows go straight to the final aggregate instead), and the slice's
+/// range filter is applied while decoding, so the other columns are decoded for its rows
+/// only. Measured on the 10M corpus bench's aggregate: 224 MB and 6.2 s against 290 MB and
+/// 7.4 s.
+pub fn for_template_slices(ctx: &SessionContext) {
+    let state = ctx.state_ref();
+    let mut state = state.write();
+    let opts = state.config_mut().options_mut();
+    opts.execution
+        .skip_partial_aggregation_probe_ratio_threshold = 0.1;
+    opts.execution.parquet.pushdown_filters = true;
 }
 
 /// Registers a Parquet folder or file (any URL DataFusion can list) as `name`.

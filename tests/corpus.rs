@@ -559,3 +559,119 @@ fn import_numbers_missing_samples_after_given_ones_with_the_same_call_ids() {
     let root2 = import("numbered", &numbered);
     assert_eq!(sql(&root2, q, &[]), got, "the same call ids either way");
 }
+
+/// Every result row's interval against `clustered_mean_ci` over the whole scores table
+/// (the SQL function, which holds every template at once), for the checklist failure rate.
+fn assert_results_are_clustered_mean_ci(root: &Path, what: &str) {
+    let v = "CASE WHEN role <> 'base' AND score IS NOT NULL THEN \
+             CASE WHEN passed THEN 0.0 WHEN NOT passed THEN 1.0 END END";
+    let fields = "count(v) AS n, clustered_mean_ci(v, template_id)['n_clusters'] AS g, \
+                  clustered_mean_ci(v, template_id)['se'] AS se, \
+                  clustered_mean_ci(v, template_id)['lo'] AS lo, \
+                  clustered_mean_ci(v, template_id)['hi'] AS hi, \
+                  clustered_mean_ci(v, template_id)['method'] AS method";
+    let reference = sql(
+        root,
+        &format!(
+            "WITH s AS (SELECT model, capability, test_type, test, template_id, {v} AS v \
+             FROM scores WHERE scorer = 'checklist') \
+             SELECT 'test' AS level, model, capability, test_type, test, {fields} FROM s \
+             GROUP BY model, capability, test_type, test \
+             UNION ALL SELECT 'capability' AS level, model, capability, test_type, \
+             CAST(NULL AS VARCHAR) AS test, {fields} FROM s GROUP BY model, capability, test_type"
+        ),
+        &[],
+    );
+    let results = sql(
+        root,
+        "SELECT level, model, capability, test_type, test, n, n_templates, se, ci_lo, ci_hi, \
+         ci_method FROM results WHERE scorer = 'checklist'",
+        &[],
+    );
+    assert_eq!(results.len(), reference.len(), "{what}: one row per group");
+    let mut intervals = 0;
+    for want in &reference {
+        let key = ["level", "model", "capability", "test_type", "test"];
+        let got = results
+            .iter()
+            .find(|r| key.iter().all(|k| r[*k] == want[*k]))
+            .unwrap_or_else(|| panic!("{what}: no result row for {want}"));
+        assert_eq!(got["n"], want["n"], "{what}: {want}");
+        assert_eq!(got["n_templates"], want["g"], "{what}: {want}");
+        if want["lo"].is_null() {
+            continue;
+        }
+        intervals += 1;
+        assert_eq!(got["ci_method"], want["method"], "{what}: {want}");
+        for (g, w) in [("se", "se"), ("ci_lo", "lo"), ("ci_hi", "hi")] {
+            let (a, b) = (got[g].as_f64().unwrap(), want[w].as_f64().unwrap());
+            assert!(
+                (a - b).abs() <= 1e-12 * b.abs().max(1e-3),
+                "{what}: {g} {a} against {b} in {want}"
+            );
+        }
+    }
+    assert!(intervals >= 4, "{what}: clustered intervals were compared");
+}
+
+/// The aggregate reads a run's templates in slices and keeps per-size sums of the finished
+/// ones, so its memory does not grow with the run: in one slice and in dozens (a few hundred
+/// rows each), every interval is `clustered_mean_ci`'s over the whole table, at the test and
+/// the capability level (the sentiment suite's capability groups hold several tests each,
+/// whose templates are merged before they are folded).
+#[test]
+fn aggregate_in_template_slices_gives_the_intervals_of_clustered_mean_ci() {
+    let dir = tempfile::tempdir().unwrap();
+    let imp = imported(dir.path(), "imported", 12_000);
+    stage("validate", &imp, &[]);
+    stage("score", &imp, &[]);
+    let sentiment = dir.path().join("sentiment");
+    ok(&[
+        "run",
+        "pipelines/sentiment.toml",
+        "--out",
+        sentiment.to_str().unwrap(),
+    ]);
+    let shared = sql(
+        &sentiment,
+        "SELECT count(*) AS n FROM (SELECT model, capability, test_type FROM scores \
+         GROUP BY 1, 2, 3 HAVING count(DISTINCT test) > 1)",
+        &[],
+    );
+    assert!(
+        shared[0]["n"].as_u64().unwrap() > 0,
+        "a capability group of several tests"
+    );
+    for (root, pipe, small) in [
+        (&imp, imp.join("import.toml"), "500"),
+        (&sentiment, PathBuf::from("pipelines/sentiment.toml"), "40"),
+    ] {
+        for slice_rows in ["1000000000", small] {
+            let o = cmd(&[
+                "aggregate",
+                pipe.to_str().unwrap(),
+                "--out",
+                root.to_str().unwrap(),
+            ])
+            .env("EVALFLOW_TEMPLATE_SLICE_ROWS", slice_rows)
+            .env("RUST_LOG", "evalflow=debug")
+            .output()
+            .unwrap();
+            assert!(o.status.success(), "{}", text(&o));
+            let what = format!("{} in slices of {slice_rows} rows", root.display());
+            // "aggregate: N template slices" (debug log).
+            let slices: usize = text(&o)
+                .split("aggregate: ")
+                .nth(1)
+                .and_then(|t| t.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{what}: no slice count logged: {}", text(&o)));
+            if slice_rows == small {
+                assert!(slices >= 8, "{what}: {slices} slices");
+            } else {
+                assert_eq!(slices, 1, "{what}");
+            }
+            assert_results_are_clustered_mean_ci(root, &what);
+        }
+    }
+}

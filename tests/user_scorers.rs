@@ -744,12 +744,14 @@ async fn rescore_from_a_scorer_file_and_list_versions() {
         let a = bin(&["rescore", &r, "--scorer-file", &j1s]);
         assert!(a.status.success(), "{}", text(&a));
         // This diff pairs the two versions 2 rows a slice (6 slices of the call ids; the
-        // refund scorer's above paired in one): the counts and rates below are exact.
+        // refund scorer's above paired in one) and reads the pairs' templates 3 rows a
+        // slice: the counts and rates below are exact.
         Command::new(env!("CARGO_BIN_EXE_evalflow"))
             .args(["rescore", &r, "--scorer-file", &j2s])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .env("EVALFLOW_CACHE_DIR", "off")
             .env("EVALFLOW_RESCORE_SLICE_ROWS", "2")
+            .env("EVALFLOW_TEMPLATE_SLICE_ROWS", "3")
             .output()
             .unwrap()
     })

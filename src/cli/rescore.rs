@@ -4,7 +4,7 @@
 //! version of the same scorer: label changes by class, pass/fail changes by test, and the
 //! paired difference of the metric with its interval clustered by template.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -19,6 +19,9 @@ use crate::query::{QueryError, id_slices, new_context, open_run, register_run, t
 use crate::stages::aggregate::render_table;
 use crate::stages::score::{self, MetricKind, Scorer, ScorerId, user};
 use crate::storage::RunStore;
+use crate::udaf::cluster_interval::{ClusterInterval, IntervalSpec, paired_summary_interval};
+use crate::udaf::cluster_summary::ClusterSummary;
+use crate::udaf::common::Moments;
 
 #[derive(Debug, clap::Args)]
 pub struct RescoreArgs {
@@ -173,6 +176,7 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
         return Ok(());
     };
     let ctx = new_context();
+    crate::query::for_template_slices(&ctx);
     register_run(&ctx, &store, "").await.map_err(internal)?;
     let diff = match register_pairs(&ctx, &store, &old, &id, rows).await {
         Ok(()) => print_diff(&ctx, &old, &id, scorer.metric_kind()).await,
@@ -340,6 +344,95 @@ fn diff_cell(mean: &Option<String>, lo: &Option<String>, hi: &Option<String>, pc
     }
 }
 
+/// `diff_cell` of an interval.
+fn interval_cell(p: &ClusterInterval, pct: bool) -> String {
+    let s = |x: Option<f64>| x.map(|v| v.to_string());
+    diff_cell(&s(p.mean), &s(p.lo), &s(p.hi), pct)
+}
+
+/// `paired_diff_clustered(nv, ov, n.template_id)` with its default interval, per value of
+/// `group` (one group when `None`) over the pairs meeting `cond`, read slice by slice of the
+/// templates (`slices`, [`crate::query::range_slices`]): each slice's per-template sums are
+/// folded into per-size sums ([`ClusterSummary`]) when it is done, so the diff holds one
+/// slice's templates, not the run's. Groups with no pair are absent.
+async fn paired_diffs(
+    ctx: &SessionContext,
+    group: Option<&str>,
+    nv: &str,
+    ov: &str,
+    cond: &str,
+    slices: &[String],
+) -> Result<Vec<(Option<String>, ClusterInterval)>, crate::query::QueryError> {
+    use datafusion::arrow::array::{Array, BooleanArray, Float64Array, StringArray};
+    let g = group.unwrap_or("CAST(NULL AS VARCHAR)");
+    // Per group: its value, its templates' summary and whether every pair was 0/1. Looked
+    // up by the value (NULL as "\u{2}") without allocating a key per row.
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut groups: Vec<(Option<String>, ClusterSummary, bool)> = Vec::new();
+    for slice in slices {
+        // As `paired_diff_clustered`: a NaN difference and a pair without a template are
+        // left out, and the pairs are 0/1 when both of their values are.
+        let sql = format!(
+            "SELECT CAST(g AS VARCHAR), CAST(count(d) AS DOUBLE), sum(d), var_pop(d), bool_and(b) FROM \
+             (SELECT {g} AS g, n.template_id AS t, ({nv}) - ({ov}) AS d, \
+             ({nv}) IN (0.0, 1.0) AND ({ov}) IN (0.0, 1.0) AS b \
+             FROM rescore_pairs WHERE {cond} AND {slice}) \
+             WHERE t IS NOT NULL AND d IS NOT NULL AND NOT isnan(d) GROUP BY g, t"
+        );
+        let mut stream = ctx
+            .sql(&sql)
+            .await
+            .map_err(QueryError::df(sql.clone()))?
+            .execute_stream()
+            .await
+            .map_err(QueryError::df(sql.clone()))?;
+        while let Some(b) = stream.next().await {
+            let b = b.map_err(QueryError::df(sql.clone()))?;
+            let col = |i: usize| b.column(i).as_any();
+            let (Some(keys), Some(n), Some(sum), Some(var), Some(binary)) = (
+                col(0).downcast_ref::<StringArray>(),
+                col(1).downcast_ref::<Float64Array>(),
+                col(2).downcast_ref::<Float64Array>(),
+                col(3).downcast_ref::<Float64Array>(),
+                col(4).downcast_ref::<BooleanArray>(),
+            ) else {
+                unreachable!("the query casts its columns to these types")
+            };
+            for r in 0..b.num_rows() {
+                let key = if keys.is_valid(r) {
+                    keys.value(r)
+                } else {
+                    "\u{2}"
+                };
+                let i = match index.get(key) {
+                    Some(i) => *i,
+                    None => {
+                        let value = keys.is_valid(r).then(|| key.to_string());
+                        groups.push((value, ClusterSummary::default(), true));
+                        index.insert(key.to_string(), groups.len() - 1);
+                        groups.len() - 1
+                    }
+                };
+                let count = n.value(r);
+                let cell = Moments {
+                    n: count as u64,
+                    mean: sum.value(r) / count,
+                    m2: var.value(r) * count,
+                };
+                groups[i].1.add(&cell);
+                groups[i].2 &= binary.is_valid(r) && binary.value(r);
+            }
+        }
+    }
+    let spec = IntervalSpec::default();
+    let mut out: Vec<(Option<String>, ClusterInterval)> = groups
+        .into_iter()
+        .map(|(g, s, binary)| (g, paired_summary_interval(&s, &spec, binary)))
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
 /// Prints the diff of scorer version `new` against `old`.
 async fn print_diff(
     ctx: &SessionContext,
@@ -372,22 +465,24 @@ async fn print_diff(
     // interval clustered by template (cases of one template are not independent).
     let (ov, nv, what) = paired_values(kind);
     let pct = kind != MetricKind::Numeric;
-    let d = text_rows(
+    let pairs: u64 = t[0].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0);
+    let slices = crate::query::range_slices(
         ctx,
-        &format!(
-            "SELECT p['n'], p['mean_diff'], p['lo'], p['hi'], p['method'] FROM \
-             (SELECT paired_diff_clustered({nv}, {ov}, n.template_id) AS p {pair} AND n.role <> 'base')"
-        ),
+        "n.template_id",
+        "rescore_pairs",
+        pairs,
+        pairs.div_ceil(crate::stages::aggregate::slice_rows()) as usize,
     )
     .await?;
-    if let Some(r) = d.first()
-        && r[0].as_deref().is_some_and(|n| n != "0")
+    let d = paired_diffs(ctx, None, nv, ov, "n.role <> 'base'", &slices).await?;
+    if let Some((_, p)) = d.first()
+        && p.n > 0
     {
         println!(
             "{what}, new - old: {} over {} paired rows (95% interval clustered by template, {})",
-            diff_cell(&r[1], &r[2], &r[3], pct),
-            c(&r[0]),
-            r[4].clone().unwrap_or_else(|| "-".into())
+            interval_cell(p, pct),
+            p.n,
+            p.method.name()
         );
     }
     let by_class = text_rows(
@@ -425,28 +520,27 @@ async fn print_diff(
                     lit(&l)
                 )
             };
+            let (o, n) = (ind("o"), ind("n"));
             let r = text_rows(
                 ctx,
                 &format!(
-                    "SELECT p['n'], o_rate, n_rate, p['mean_diff'], p['lo'], p['hi'] FROM \
-                     (SELECT paired_diff_clustered(n_v, o_v, t) AS p, avg(o_v) AS o_rate, avg(n_v) AS n_rate \
-                     FROM (SELECT {o} AS o_v, {n} AS n_v, n.template_id AS t {pair} AND n.role <> 'base') \
-                     WHERE o_v IS NOT NULL AND n_v IS NOT NULL)",
-                    o = ind("o"),
-                    n = ind("n"),
+                    "SELECT avg(o_v) AS o_rate, avg(n_v) AS n_rate \
+                     FROM (SELECT {o} AS o_v, {n} AS n_v {pair} AND n.role <> 'base') \
+                     WHERE o_v IS NOT NULL AND n_v IS NOT NULL",
                 ),
             )
             .await?;
-            if let Some(r) = r.first() {
+            let p = paired_diffs(ctx, None, &n, &o, "n.role <> 'base'", &slices).await?;
+            if let (Some(r), Some((_, p))) = (r.first(), p.first()) {
                 let rate = |v: &Option<String>| {
                     crate::stages::aggregate::pct(v.as_deref().and_then(|s| s.parse().ok()))
                 };
                 rows.push(vec![
                     l.clone(),
-                    c(&r[0]),
+                    p.n.to_string(),
+                    rate(&r[0]),
                     rate(&r[1]),
-                    rate(&r[2]),
-                    diff_cell(&r[3], &r[4], &r[5], true),
+                    interval_cell(p, true),
                 ]);
             }
         }
@@ -481,21 +575,20 @@ async fn print_diff(
     // (`(a IS NULL) <> (b IS NULL)`, not `a IS DISTINCT FROM b AND (a IS NULL OR b IS NULL)`:
     // DataFusion 55.2 simplifies the latter to `a IS DISTINCT FROM false`, true for two trues.)
     if !by_test.is_empty() {
-        // The struct column is read by field in a second query: text_rows renders it whole.
-        let diffs = text_rows(
+        let diffs = paired_diffs(
             ctx,
-            &format!(
-                "SELECT t, p['mean_diff'], p['lo'], p['hi'] FROM (SELECT n.test AS t, \
-                 paired_diff_clustered(CASE WHEN n.role <> 'base' THEN {nv} END, {ov}, n.template_id) AS p \
-                 {pair} GROUP BY 1)"
-            ),
+            Some("n.test"),
+            &format!("CASE WHEN n.role <> 'base' THEN {nv} END"),
+            ov,
+            "TRUE",
+            &slices,
         )
         .await?;
         let diff_of = |test: &Option<String>| {
             diffs
                 .iter()
-                .find(|d| &d[0] == test)
-                .map(|d| diff_cell(&d[1], &d[2], &d[3], true))
+                .find(|(t, _)| t == test)
+                .map(|(_, p)| interval_cell(p, true))
                 .unwrap_or_else(|| "-".into())
         };
         println!("\npass/fail changes by test");

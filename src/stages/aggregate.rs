@@ -18,14 +18,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray,
+    Array, ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray,
 };
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::DataType;
 
 use crate::query::{QueryError, new_context, register_run, text_rows};
 use crate::schema::Table;
 use crate::stages::score::{JUDGE_VERDICTS, MetricKind, ScorerId};
 use crate::stages::validate::VERDICTS;
 use crate::storage::RunStore;
+use crate::udaf::cluster_interval::{IntervalSpec, summary_interval};
+use crate::udaf::cluster_summary::ClusterSummary;
+use crate::udaf::common::Moments;
 
 /// Every verdict a scores row can carry, in the order of the results columns: the
 /// validator's six, then the judge scorer's two.
@@ -221,37 +226,30 @@ async fn indicators(
     })
 }
 
-/// Per group: for each indicator, its count, sum, number of templates, clustered and naive
-/// SE and clustered interval; then the validity distribution and the unscored counts.
-///
-/// The number of templates is the interval's own `n_clusters`: one aggregate (DataFusion
-/// plans the repeated `clustered_mean_ci` calls once) holds each group's templates, where a
-/// `count(DISTINCT template_id)` beside it would hold a second copy of them.
-fn group_sql(
-    scorer: &ScorerId,
-    keys: &str,
-    inds: &[(Option<String>, String)],
-    compares_to_base: bool,
-) -> String {
+/// Rows of scores whose templates one pass of [`compute`] holds at most: a larger run is read
+/// in slices of its templates ([`crate::query::range_slices`]), each pass holding the
+/// per-template sums of its slice only and folding them into per-size sums
+/// ([`ClusterSummary`]) when the slice is done, so memory is the same at any run size.
+/// Rescore's diff reads its pairs the same way. `EVALFLOW_TEMPLATE_SLICE_ROWS` sets another
+/// (tests use a small one to aggregate in many slices).
+pub fn slice_rows() -> u64 {
+    std::env::var("EVALFLOW_TEMPLATE_SLICE_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(500_000)
+}
+
+/// The test-level group keys, in the order of the results.
+const TEST_KEYS: &str = "model, capability, test_type, test";
+
+/// Per test-level group: the row count, the validity distribution and the unscored counts,
+/// which need no template (one pass over the scorer's rows, one row per group).
+fn counts_sql(filter: &str, compares_to_base: bool) -> String {
     let mut sel = Vec::new();
-    let mut vals = Vec::new();
-    for (i, (_, e)) in inds.iter().enumerate() {
-        vals.push(format!(
-            "CASE WHEN role <> 'base' AND score IS NOT NULL THEN {e} END AS v{i}"
-        ));
+    for v in ALL_VERDICTS {
         sel.push(format!(
-            "count(v{i}) AS n{i}, coalesce(sum(v{i}), 0.0) AS s{i}, \
-             clustered_mean_ci(v{i}, template_id)['n_clusters'] AS g{i}, \
-             clustered_mean_ci(v{i}, template_id)['se'] AS se{i}, \
-             clustered_mean_ci(v{i}, template_id)['lo'] AS lo{i}, \
-             clustered_mean_ci(v{i}, template_id)['hi'] AS hi{i}, \
-             clustered_mean_ci(v{i}, template_id)['method'] AS m{i}, \
-             mean_se(v{i}) AS nse{i}"
-        ));
-    }
-    for (j, v) in ALL_VERDICTS.iter().enumerate() {
-        sel.push(format!(
-            "sum(CASE WHEN validity = {} THEN 1 ELSE 0 END) AS verdict{j}",
+            "sum(CASE WHEN validity = {} THEN 1 ELSE 0 END)",
             lit(v)
         ));
     }
@@ -261,7 +259,7 @@ fn group_sql(
         .collect::<Vec<_>>()
         .join(", ");
     sel.push(format!(
-        "sum(CASE WHEN validity IN ({known}) THEN 0 ELSE 1 END) AS verdict_other"
+        "sum(CASE WHEN validity IN ({known}) THEN 0 ELSE 1 END)"
     ));
     let perturbed = if compares_to_base {
         "role = 'perturbed'"
@@ -269,118 +267,311 @@ fn group_sql(
         "FALSE"
     };
     sel.push(format!(
-        "sum(CASE WHEN role <> 'base' AND validity = 'valid_answer' AND score IS NULL AND {perturbed} THEN 1 ELSE 0 END) AS not_comparable"
+        "sum(CASE WHEN role <> 'base' AND validity = 'valid_answer' AND score IS NULL AND {perturbed} THEN 1 ELSE 0 END)"
     ));
     sel.push(format!(
-        "sum(CASE WHEN role <> 'base' AND validity = 'valid_answer' AND score IS NULL AND NOT ({perturbed}) THEN 1 ELSE 0 END) AS unscored"
+        "sum(CASE WHEN role <> 'base' AND validity = 'valid_answer' AND score IS NULL AND NOT ({perturbed}) THEN 1 ELSE 0 END)"
     ));
     format!(
-        "WITH s AS (SELECT {keys}, template_id, validity, role, score, {} FROM scores \
-         WHERE scorer = {} AND scoring_version = {}) \
-         SELECT {keys}, count(*) AS n_rows, {} FROM s GROUP BY {keys}",
-        vals.join(", "),
-        lit(&scorer.name),
-        lit(&scorer.version),
+        "SELECT {TEST_KEYS}, count(*), {} FROM scores WHERE {filter} GROUP BY {TEST_KEYS}",
         sel.join(", ")
     )
 }
 
-/// Reads the named columns of `rows` (as returned by [`text_rows`]) by name.
-struct Named<'a> {
-    idx: HashMap<String, usize>,
-    row: &'a [Option<String>],
+/// Per test-level group and template of one slice: for each indicator its count, sum and
+/// population variance (a template's moments).
+fn cells_sql(filter: &str, slice: &str, inds: &[(Option<String>, String)]) -> String {
+    let mut vals = Vec::new();
+    let mut sel = Vec::new();
+    for (i, (_, e)) in inds.iter().enumerate() {
+        vals.push(format!(
+            "CASE WHEN role <> 'base' AND score IS NOT NULL THEN {e} END AS v{i}"
+        ));
+        sel.push(format!("count(v{i}), sum(v{i}), var_pop(v{i})"));
+    }
+    format!(
+        "SELECT {TEST_KEYS}, template_id, {} FROM (SELECT {TEST_KEYS}, template_id, {} \
+         FROM scores WHERE {filter} AND {slice}) GROUP BY {TEST_KEYS}, template_id",
+        sel.join(", "),
+        vals.join(", ")
+    )
 }
 
-impl Named<'_> {
-    fn s(&self, c: &str) -> Option<String> {
-        self.row[self.idx[c]].clone()
+/// One indicator of one group: every row's moments, and its templates' [`ClusterSummary`].
+#[derive(Debug, Clone, Default)]
+struct Indicator {
+    /// Over every row with a value (rows without a template too).
+    all: Moments,
+    /// Sum of the values (the metric is `sum / n`, as `count` and `sum` give it).
+    sum: f64,
+    /// Over the rows with a template, by template.
+    clusters: ClusterSummary,
+}
+
+/// One result group: its keys, counts and indicators.
+#[derive(Debug, Clone)]
+struct Group {
+    /// `model, capability, test_type` and, at the test level, `test`.
+    keys: Vec<Option<String>>,
+    n_rows: i64,
+    validity: [i64; 8],
+    validity_other: i64,
+    not_comparable: i64,
+    unscored: i64,
+    inds: Vec<Indicator>,
+    /// The capability group of a test group.
+    parent: usize,
+    /// Test groups of a capability group.
+    tests: usize,
+}
+
+/// Groups by a key string (the keys joined by `\u{1}`, NULL as `\u{2}`).
+#[derive(Default)]
+struct Groups {
+    index: HashMap<String, usize>,
+    list: Vec<Group>,
+}
+
+impl Groups {
+    /// The index of the group of `keys`, created from `init` if new.
+    fn get_or_insert(&mut self, key: &str, init: impl FnOnce() -> Group) -> usize {
+        if let Some(i) = self.index.get(key) {
+            return *i;
+        }
+        self.list.push(init());
+        self.index.insert(key.to_string(), self.list.len() - 1);
+        self.list.len() - 1
     }
-    fn i(&self, c: &str) -> i64 {
-        self.s(c).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// Appends `v` (NULL as `\u{2}`) and a separator to a group key.
+fn push_key(key: &mut String, v: Option<&str>) {
+    key.push_str(v.unwrap_or("\u{2}"));
+    key.push('\u{1}');
+}
+
+/// Column `i` of `b` as strings.
+fn utf8(b: &RecordBatch, i: usize) -> Result<StringArray, QueryError> {
+    let c =
+        cast(b.column(i), &DataType::Utf8).map_err(|e| QueryError::df("aggregate")(e.into()))?;
+    Ok(c.as_any()
+        .downcast_ref::<StringArray>()
+        .expect("cast to Utf8 gives a StringArray")
+        .clone())
+}
+
+/// Column `i` of `b` as Float64 (counts are cast).
+fn float(b: &RecordBatch, i: usize) -> Result<Float64Array, QueryError> {
+    let c =
+        cast(b.column(i), &DataType::Float64).map_err(|e| QueryError::df("aggregate")(e.into()))?;
+    Ok(c.as_any()
+        .downcast_ref::<Float64Array>()
+        .expect("cast to Float64 gives a Float64Array")
+        .clone())
+}
+
+/// Runs `sql` and hands each result batch to `f`, never holding the whole result.
+async fn for_each_batch(
+    ctx: &datafusion::prelude::SessionContext,
+    sql: &str,
+    mut f: impl FnMut(&RecordBatch) -> Result<(), QueryError>,
+) -> Result<(), QueryError> {
+    use futures::StreamExt;
+    let mut stream = ctx
+        .sql(sql)
+        .await
+        .map_err(QueryError::df(sql.to_string()))?
+        .execute_stream()
+        .await
+        .map_err(QueryError::df(sql.to_string()))?;
+    while let Some(b) = stream.next().await {
+        f(&b.map_err(QueryError::df(sql.to_string()))?)?;
     }
-    fn f(&self, c: &str) -> Option<f64> {
-        self.s(c)
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|v| v.is_finite())
-    }
+    Ok(())
 }
 
 /// Computes the results of one scorer version: test-level rows, then capability x test type.
+///
+/// The intervals are `clustered_mean_ci`'s default method over templates, computed from each
+/// group's [`ClusterSummary`] ([`summary_interval`]): the same numbers as the SQL function
+/// (the stage's tests compare them), with the templates read slice by slice.
 pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRow>, QueryError> {
-    // Every partition scans and computes the indicators; the clustered aggregate then
-    // accumulates in one phase (`udaf::single_phase`), so each group's templates are held
-    // once, not once per partition and again when merged.
     let ctx = new_context();
+    crate::query::for_template_slices(&ctx);
     register_run(&ctx, store, "").await?;
     // The kind a user scorer declared (recorded beside its scores), else the built-in's.
     let kind = crate::stages::score::metric_kind(store, scorer).await?;
     let inds = indicators(&ctx, kind, scorer).await?;
     let compares = crate::stages::score::compares_to_base(&scorer.name);
-    let mut out = Vec::new();
-    for (level, keys) in [
-        ("test", "model, capability, test_type, test"),
-        ("capability", "model, capability, test_type"),
-    ] {
-        let sql = group_sql(scorer, keys, &inds, compares);
-        let mut names: Vec<String> = keys.split(", ").map(String::from).collect();
-        names.push("n_rows".into());
-        for i in 0..inds.len() {
-            for c in ["n", "s", "g", "se", "lo", "hi", "m", "nse"] {
-                names.push(format!("{c}{i}"));
+    let filter = format!(
+        "scorer = {} AND scoring_version = {}",
+        lit(&scorer.name),
+        lit(&scorer.version)
+    );
+    // The groups with their counts: test level, and capability level as their sums.
+    let (mut tests, mut caps) = (Groups::default(), Groups::default());
+    let mut rows = 0u64;
+    let mut key = String::new();
+    for_each_batch(&ctx, &counts_sql(&filter, compares), |b| {
+        let keys = (0..4).map(|i| utf8(b, i)).collect::<Result<Vec<_>, _>>()?;
+        let counts = (4..b.num_columns())
+            .map(|i| float(b, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        for r in 0..b.num_rows() {
+            let k: Vec<Option<String>> = keys
+                .iter()
+                .map(|c| c.is_valid(r).then(|| c.value(r).to_string()))
+                .collect();
+            key.clear();
+            k[..3].iter().for_each(|v| push_key(&mut key, v.as_deref()));
+            let new_group = |keys: Vec<Option<String>>| Group {
+                keys,
+                n_rows: 0,
+                validity: [0; 8],
+                validity_other: 0,
+                not_comparable: 0,
+                unscored: 0,
+                inds: vec![Indicator::default(); inds.len()],
+                parent: 0,
+                tests: 0,
+            };
+            let parent = caps.get_or_insert(&key, || new_group(k[..3].to_vec()));
+            push_key(&mut key, k[3].as_deref());
+            let t = tests.get_or_insert(&key, || new_group(k.clone()));
+            let c = |i: usize| counts[i].value(r) as i64;
+            for g in [&mut tests.list[t], &mut caps.list[parent]] {
+                g.n_rows += c(0);
+                for (j, v) in g.validity.iter_mut().enumerate() {
+                    *v += c(1 + j);
+                }
+                g.validity_other += c(9);
+                g.not_comparable += c(10);
+                g.unscored += c(11);
+            }
+            tests.list[t].parent = parent;
+            caps.list[parent].tests += 1;
+            rows += c(0) as u64;
+        }
+        Ok(())
+    })
+    .await?;
+    // The templates, slice by slice.
+    let passes = rows.div_ceil(slice_rows()) as usize;
+    let source = format!("scores WHERE {filter}");
+    let slices = crate::query::range_slices(&ctx, "template_id", &source, rows, passes).await?;
+    tracing::debug!("aggregate: {} template slices ({rows} rows)", slices.len());
+    // A capability group of several tests merges each template's cells over its tests
+    // before folding them (a template may span tests); of one test, it takes its test's.
+    let mut merged: HashMap<String, (usize, Vec<Moments>)> = HashMap::new();
+    for slice in &slices {
+        for_each_batch(&ctx, &cells_sql(&filter, slice, &inds), |b| {
+            let keys = (0..5).map(|i| utf8(b, i)).collect::<Result<Vec<_>, _>>()?;
+            let nums = (5..b.num_columns())
+                .map(|i| float(b, i))
+                .collect::<Result<Vec<_>, _>>()?;
+            for r in 0..b.num_rows() {
+                key.clear();
+                for c in &keys[..4] {
+                    push_key(&mut key, c.is_valid(r).then(|| c.value(r)));
+                }
+                let Some(&t) = tests.index.get(&key) else {
+                    // A row written between the two queries: counted next time.
+                    continue;
+                };
+                let template = keys[4].is_valid(r).then(|| keys[4].value(r));
+                let cells: Vec<Moments> = (0..inds.len())
+                    .map(|i| {
+                        let n = nums[3 * i].value(r) as u64;
+                        if n == 0 {
+                            return Moments::default();
+                        }
+                        let sum = nums[3 * i + 1].value(r);
+                        Moments {
+                            n,
+                            mean: sum / n as f64,
+                            m2: nums[3 * i + 2].value(r) * n as f64,
+                        }
+                    })
+                    .collect();
+                let parent = tests.list[t].parent;
+                let shared = caps.list[parent].tests > 1;
+                for (i, c) in cells.iter().enumerate() {
+                    if c.n == 0 {
+                        continue;
+                    }
+                    let sum = nums[3 * i + 1].value(r);
+                    let ind = &mut tests.list[t].inds[i];
+                    ind.all.merge(c);
+                    ind.sum += sum;
+                    let cap = &mut caps.list[parent].inds[i];
+                    cap.all.merge(c);
+                    cap.sum += sum;
+                    if template.is_some() {
+                        ind.clusters.add(c);
+                        if !shared {
+                            cap.clusters.add(c);
+                        }
+                    }
+                }
+                if let (Some(template), true) = (template, shared) {
+                    key.clear();
+                    key.push_str(&parent.to_string());
+                    key.push('\u{1}');
+                    key.push_str(template);
+                    match merged.get_mut(key.as_str()) {
+                        Some((_, acc)) => acc.iter_mut().zip(&cells).for_each(|(a, c)| a.merge(c)),
+                        None => {
+                            merged.insert(key.clone(), (parent, cells));
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        for (_, (parent, cells)) in merged.drain() {
+            for (ind, c) in caps.list[parent].inds.iter_mut().zip(&cells) {
+                ind.clusters.add(c);
             }
         }
-        for j in 0..ALL_VERDICTS.len() {
-            names.push(format!("verdict{j}"));
-        }
-        names.extend(["verdict_other", "not_comparable", "unscored"].map(String::from));
-        let idx: HashMap<String, usize> = names
-            .iter()
-            .enumerate()
-            .map(|(k, n)| (n.clone(), k))
-            .collect();
-        // Sorted here, not by an ORDER BY: a sort is a second consumer of the memory pool,
-        // and the fair pool would then give the aggregate, whose per-template sums are the
-        // whole of the memory this query needs, half of the limit.
-        let mut rows = text_rows(&ctx, &sql).await?;
-        let n_keys = keys.split(", ").count();
-        // As `ORDER BY` would: ascending, NULLs last.
-        rows.sort_by_cached_key(|r| {
-            r[..n_keys]
+    }
+    let spec = IntervalSpec::default();
+    let mut out = Vec::new();
+    for (level, groups) in [("test", &mut tests), ("capability", &mut caps)] {
+        // As `ORDER BY` the keys would: ascending, NULLs last.
+        groups.list.sort_by_cached_key(|g| {
+            g.keys
                 .iter()
                 .map(|v| (v.is_none(), v.clone()))
                 .collect::<Vec<_>>()
         });
-        for r in rows {
-            let r = Named {
-                idx: idx.clone(),
-                row: &r,
-            };
-            let mut base = ResultRow {
+        for g in &groups.list {
+            let k = |i: usize| g.keys[i].clone().unwrap_or_default();
+            let base = ResultRow {
                 level: level.into(),
-                model: r.s("model").unwrap_or_default(),
-                capability: r.s("capability").unwrap_or_default(),
-                test_type: r.s("test_type").unwrap_or_default(),
-                test: (level == "test").then(|| r.s("test").unwrap_or_default()),
+                model: k(0),
+                capability: k(1),
+                test_type: k(2),
+                test: (level == "test").then(|| k(3)),
                 metric: kind.metric().into(),
-                n_rows: r.i("n_rows"),
-                validity_other: r.i("verdict_other"),
-                not_comparable: r.i("not_comparable"),
-                unscored: r.i("unscored"),
+                n_rows: g.n_rows,
+                validity: g.validity,
+                validity_other: g.validity_other,
+                not_comparable: g.not_comparable,
+                unscored: g.unscored,
                 ..Default::default()
             };
-            for (j, v) in base.validity.iter_mut().enumerate() {
-                *v = r.i(&format!("verdict{j}"));
-            }
-            for (i, (label, _)) in inds.iter().enumerate() {
+            for ((label, _), ind) in inds.iter().zip(&g.inds) {
+                let ci = summary_interval(&ind.clusters, &spec);
                 let st = Stats {
-                    n: r.i(&format!("n{i}")),
-                    sum: r.f(&format!("s{i}")).unwrap_or(0.0),
-                    n_templates: r.i(&format!("g{i}")),
-                    se: r.f(&format!("se{i}")),
-                    lo: r.f(&format!("lo{i}")),
-                    hi: r.f(&format!("hi{i}")),
-                    method: r.s(&format!("m{i}")),
-                    naive_se: r.f(&format!("nse{i}")),
+                    n: ind.all.n as i64,
+                    sum: ind.sum,
+                    n_templates: ci.n_clusters as i64,
+                    se: ci.se,
+                    lo: ci.lo,
+                    hi: ci.hi,
+                    method: Some(ci.method.name().to_string()),
+                    naive_se: ind.all.mean_se(),
                 };
                 let mut row = ResultRow {
                     label: label.clone(),

@@ -40,6 +40,7 @@ use statrs::distribution::{ChiSquared, ContinuousCDF, StudentsT};
 use statrs::function::erf::erfc;
 use statrs::function::gamma::ln_gamma;
 
+use super::cluster_summary::ClusterSummary;
 use super::common::{Moments, finite, normal_z, two_sided_p};
 
 /// Which method to use when, with the coverage table of `benches/coverage.rs`; rendered
@@ -474,7 +475,7 @@ pub fn t_p_value(stat: f64, df: Option<f64>) -> Option<f64> {
     }
 }
 
-/// Cluster sizes and residual sums, the inputs of every method but Miller's.
+/// Cluster sizes and residual sums, per cluster: the wild bootstrap draws one weight each.
 struct Residuals {
     n: f64,
     mean: f64,
@@ -495,11 +496,6 @@ impl Residuals {
                 .collect(),
         }
     }
-
-    /// `sum_g S_g^2`.
-    fn score_sq(&self) -> f64 {
-        self.cells.iter().map(|(_, s)| s * s).sum()
-    }
 }
 
 /// CR2 variance of the mean from `(n_g, S_g)`: `sum_g S_g^2 / (1 - n_g / N) / N^2`.
@@ -511,35 +507,42 @@ fn cr2_var(n: f64, cells: impl Iterator<Item = (f64, f64)>) -> f64 {
 /// the working model of independent rows (Pustejovsky and Tipton 2018, eq. 11):
 /// `1 / (sum_g p_g^2 (1 - 2 p_g) / (1 - p_g)^2 + (sum_g p_g^2 / (1 - p_g))^2)`, `p_g = n_g / N`.
 pub fn cr2_df(sizes: impl IntoIterator<Item = f64>) -> Option<f64> {
-    let sizes: Vec<f64> = sizes.into_iter().filter(|&s| s > 0.0).collect();
-    if sizes.len() < 2 {
+    cr2_df_by_size(sizes.into_iter().map(|s| (s, 1.0)))
+}
+
+/// [`cr2_df`] from `(size, clusters of that size)`.
+pub fn cr2_df_by_size(sizes: impl IntoIterator<Item = (f64, f64)>) -> Option<f64> {
+    let sizes: Vec<(f64, f64)> = sizes
+        .into_iter()
+        .filter(|&(s, c)| s > 0.0 && c > 0.0)
+        .collect();
+    if sizes.iter().map(|(_, c)| c).sum::<f64>() < 2.0 {
         return None;
     }
-    let n: f64 = sizes.iter().sum();
+    let n: f64 = sizes.iter().map(|(s, c)| s * c).sum();
     let (mut a, mut b) = (0.0, 0.0);
-    for s in sizes {
+    for (s, c) in sizes {
         let p = s / n;
         let q = 1.0 - p;
-        a += p * p * (1.0 - 2.0 * p) / (q * q);
-        b += p * p / q;
+        a += c * p * p * (1.0 - 2.0 * p) / (q * q);
+        b += c * p * p / q;
     }
     finite(1.0 / (a + b * b)).filter(|d| *d > 0.0)
 }
 
-/// The CR2 standard error of a mean from per-cluster moments; `None` below two clusters.
-pub fn cr2_se(cells: &[Moments]) -> Option<f64> {
-    let total = merged(cells);
-    let r = Residuals::new(cells, &total);
-    if r.cells.len() < 2 {
-        return None;
-    }
-    finite(cr2_var(r.n, r.cells.iter().copied()).sqrt())
+/// The CR2 variance of the mean of a summary: `sum_g S_g^2 / (1 - n_g / N) / N^2`.
+fn summary_cr2_var(s: &ClusterSummary) -> f64 {
+    let n = s.total.n as f64;
+    s.weighted_score_sq(|k| 1.0 / (1.0 - k / n)) / (n * n)
 }
 
-fn merged(cells: &[Moments]) -> Moments {
-    let mut t = Moments::default();
-    cells.iter().for_each(|c| t.merge(c));
-    t
+/// The CR2 standard error of a mean from per-cluster moments; `None` below two clusters.
+pub fn cr2_se(cells: &[Moments]) -> Option<f64> {
+    let s = ClusterSummary::of(cells);
+    if s.n_clusters() < 2 {
+        return None;
+    }
+    finite(summary_cr2_var(&s).sqrt())
 }
 
 /// The Wilson score interval for a proportion `p` at effective size `n_eff` and multiplier `z`.
@@ -822,7 +825,12 @@ pub fn floored_t_quantile(level: f64, df: Option<f64>, kappa: f64) -> Option<f64
 /// negative; `None` with fewer than 2 clusters or no cluster of 2 rows. Used on the side toward
 /// 1/2 in [`clustered_score_sided`].
 pub fn anova_between_var(cells: &[Moments]) -> Option<f64> {
-    let a = Anova::new(cells)?;
+    summary_between_var(&ClusterSummary::of(cells))
+}
+
+/// [`anova_between_var`] of a summary.
+fn summary_between_var(s: &ClusterSummary) -> Option<f64> {
+    let a = Anova::new(s)?;
     finite(a.between * (a.sq / (a.n * a.n) - 1.0 / a.n))
 }
 
@@ -834,7 +842,12 @@ pub fn anova_between_var(cells: &[Moments]) -> Option<f64> {
 /// Morel, Bokossa and Neerchal's floor on the sandwich: with unequal template sizes CR2 leans
 /// on the few largest templates and comes out low in the samples whose mean is off.
 pub fn random_intercept_var(cells: &[Moments]) -> Option<f64> {
-    let a = Anova::new(cells)?;
+    summary_random_intercept_var(&ClusterSummary::of(cells))
+}
+
+/// [`random_intercept_var`] of a summary.
+fn summary_random_intercept_var(s: &ClusterSummary) -> Option<f64> {
+    let a = Anova::new(s)?;
     finite(a.within / a.n + a.between * a.sq / (a.n * a.n))
 }
 
@@ -851,21 +864,16 @@ struct Anova {
 }
 
 impl Anova {
-    fn new(cells: &[Moments]) -> Option<Anova> {
-        let total = merged(cells);
-        let cells: Vec<&Moments> = cells.iter().filter(|c| c.n > 0).collect();
-        let g = cells.len() as f64;
-        let n = total.n as f64;
-        if cells.len() < 2 || n <= g {
+    fn new(s: &ClusterSummary) -> Option<Anova> {
+        let g = s.n_clusters() as f64;
+        let n = s.total.n as f64;
+        if g < 2.0 || n <= g {
             return None;
         }
-        let (mut ssb, mut ssw, mut sq) = (0.0, 0.0, 0.0);
-        for c in &cells {
-            let ng = c.n as f64;
-            ssb += ng * (c.mean - total.mean).powi(2);
-            ssw += c.m2.max(0.0);
-            sq += ng * ng;
-        }
+        // `n_g (mean_g - mean)^2 = S_g^2 / n_g`.
+        let ssb = s.weighted_score_sq(|k| 1.0 / k);
+        let ssw = s.within();
+        let sq: f64 = s.sizes().map(|(k, c)| c * k * k).sum();
         let n0 = (n - sq / n) / (g - 1.0);
         let within = ssw / (n - g);
         Some(Anova {
@@ -930,12 +938,27 @@ fn outermost(inside_pt: f64, edge: f64, inside: &impl Fn(f64) -> bool) -> f64 {
 /// assert!(ci.lo.unwrap() < 0.675 && 0.675 < ci.hi.unwrap());
 /// ```
 pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterval {
+    interval_of(&ClusterSummary::of(cells), spec, Some(cells))
+}
+
+/// [`cluster_interval`] of clusters folded into a [`ClusterSummary`]. Every method but
+/// [`Method::WildBootstrap`], which draws per cluster, gives the same interval as from the
+/// cells (up to rounding); the bootstrap gives none.
+pub fn summary_interval(s: &ClusterSummary, spec: &IntervalSpec) -> ClusterInterval {
+    interval_of(s, spec, None)
+}
+
+fn interval_of(
+    s: &ClusterSummary,
+    spec: &IntervalSpec,
+    cells: Option<&[Moments]>,
+) -> ClusterInterval {
     let spec = &IntervalSpec {
-        method: resolve(spec.method, cells),
+        method: resolve_summary(spec.method, s),
         ..*spec
     };
-    let total = merged(cells);
-    let n_clusters = cells.iter().filter(|c| c.n > 0).count();
+    let total = s.total;
+    let n_clusters = s.n_clusters();
     let mut out = ClusterInterval {
         n: total.n,
         n_clusters,
@@ -951,16 +974,15 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
     if total.n < 2 || n_clusters < 2 {
         return out;
     }
-    let r = Residuals::new(cells, &total);
-    let (n, mean) = (r.n, r.mean);
+    let (n, mean) = (total.n as f64, total.mean);
     let g = n_clusters as f64;
     let (se, df) = match spec.method {
         Method::Miller => {
-            let var = r.score_sq() / (n * n) + total.m2.max(0.0) / (n * n * (n - 1.0));
+            let var = s.score_sq() / (n * n) + total.m2.max(0.0) / (n * n * (n - 1.0));
             (finite(var.sqrt()), None)
         }
         Method::Cr1T => (
-            finite((g / (g - 1.0) * r.score_sq()).sqrt() / n),
+            finite((g / (g - 1.0) * s.score_sq()).sqrt() / n),
             Some(g - 1.0),
         ),
         Method::Cr2
@@ -969,14 +991,14 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
         | Method::Cr2Ri
         | Method::WildBootstrap
         | Method::Auto => {
-            let mut var = cr2_var(n, r.cells.iter().copied());
+            let mut var = summary_cr2_var(s);
             if spec.method == Method::Cr2Ri {
-                var = random_intercept_var(cells).map_or(var, |v| var.max(v));
+                var = summary_random_intercept_var(s).map_or(var, |v| var.max(v));
             }
             let se = finite(var.sqrt());
             let df = match spec.method {
                 Method::WildBootstrap => None,
-                _ => cr2_df(r.cells.iter().map(|c| c.0)),
+                _ => cr2_df_by_size(s.sizes()),
             };
             (se, df)
         }
@@ -989,7 +1011,8 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
     }
     match spec.method {
         Method::WildBootstrap => {
-            let boot = wild_bootstrap(&r, se, spec);
+            let Some(cells) = cells else { return out };
+            let boot = wild_bootstrap(&Residuals::new(cells, &total), se, spec);
             out.lo = finite(mean - boot.crit * se);
             out.hi = finite(mean + boot.crit * se);
             out.p_value = out.stat.and(boot.p_value);
@@ -1004,7 +1027,7 @@ pub fn cluster_interval(cells: &[Moments], spec: &IntervalSpec) -> ClusterInterv
                     let naive = mean * (1.0 - mean) / n;
                     // The size-weighted variance counts in proportion to the skewness of
                     // a rate's estimate, |1 - 2p|: not at 1/2, almost fully for rare rates.
-                    let var_half = anova_between_var(cells).map_or(var, |b| {
+                    let var_half = summary_between_var(s).map_or(var, |b| {
                         var + (1.0 - 2.0 * mean).abs() * (naive + b - var).max(0.0)
                     });
                     // Away from 1/2 the multiplier of a floored variance (the template
@@ -1124,20 +1147,40 @@ pub fn paired_interval(
     spec: &IntervalSpec,
     pairs_binary: bool,
 ) -> ClusterInterval {
+    paired_of(&ClusterSummary::of(cells), spec, pairs_binary, Some(cells))
+}
+
+/// [`paired_interval`] of clusters folded into a [`ClusterSummary`] (no bootstrap, as
+/// [`summary_interval`]).
+pub fn paired_summary_interval(
+    s: &ClusterSummary,
+    spec: &IntervalSpec,
+    pairs_binary: bool,
+) -> ClusterInterval {
+    paired_of(s, spec, pairs_binary, None)
+}
+
+fn paired_of(
+    s: &ClusterSummary,
+    spec: &IntervalSpec,
+    pairs_binary: bool,
+    cells: Option<&[Moments]>,
+) -> ClusterInterval {
     let method = match spec.method {
         Method::Auto if pairs_binary => Method::Cr2Score,
         Method::Auto => Method::Cr2Ri,
         m => m,
     };
     if method != Method::Cr2Score {
-        return cluster_interval(cells, &IntervalSpec { method, ..*spec });
+        return interval_of(s, &IntervalSpec { method, ..*spec }, cells);
     }
-    let mut out = cluster_interval(
-        cells,
+    let mut out = interval_of(
+        s,
         &IntervalSpec {
             method: Method::Cr2Ri,
             ..*spec
         },
+        cells,
     );
     out.method = Method::Cr2Score;
     (out.lo, out.hi, out.stat, out.p_value) = (None, None, None, None);
@@ -1147,18 +1190,13 @@ pub fn paired_interval(
     let Some(t) = t_quantile(spec.level, out.df) else {
         return out;
     };
-    let total = merged(cells);
-    let n = total.n as f64;
+    let n = s.total.n as f64;
     // Sums of d and d^2; with 0/1 pairs these count the discordant pairs exactly.
     let s1 = n * d;
-    let s2: f64 = cells
-        .iter()
-        .map(|c| c.m2.max(0.0) + c.n as f64 * c.mean * c.mean)
-        .sum();
+    let s2 = s.sum_sq();
     let pos = ((s2 + s1) / 2.0).round().max(0.0);
     let neg = ((s2 - s1) / 2.0).round().max(0.0);
-    let r = Residuals::new(cells, &total);
-    let var_cr2 = cr2_var(n, r.cells.iter().copied());
+    let var_cr2 = summary_cr2_var(s);
     let (lo, hi, stat) = paired_score(d, n, pos, neg, var_cr2, se * se, t);
     out.lo = Some(lo);
     out.hi = Some(hi);
@@ -1172,22 +1210,16 @@ const TIE_TOL: f64 = 1e-9;
 
 /// Resolves [`Method::Auto`]: the clustered score interval for 0/1 data, CR2 otherwise.
 pub fn resolve(method: Method, cells: &[Moments]) -> Method {
+    resolve_summary(method, &ClusterSummary::of(cells))
+}
+
+/// [`resolve`] for a summary.
+fn resolve_summary(method: Method, s: &ClusterSummary) -> Method {
     match method {
-        Method::Auto if cells.iter().all(is_binary) => Method::Cr2Score,
+        Method::Auto if s.all_binary() => Method::Cr2Score,
         Method::Auto => Method::Cr2,
         m => m,
     }
-}
-
-/// Whether a cluster's moments are those of 0/1 values: a mean in [0, 1] and the largest
-/// spread such a mean allows, m2 = n mean (1 - mean) (equality holds only when every value is
-/// 0 or 1), up to rounding.
-fn is_binary(c: &Moments) -> bool {
-    if c.n == 0 {
-        return true;
-    }
-    let n = c.n as f64;
-    (0.0..=1.0).contains(&c.mean) && (c.m2 - n * c.mean * (1.0 - c.mean)).abs() <= 1e-9 * n
 }
 
 struct BootResult {

@@ -15,6 +15,7 @@
 
 pub mod cluster_interval;
 pub mod cluster_keys;
+pub mod cluster_summary;
 pub mod clustered_acc;
 pub mod common;
 pub mod dictionary_keys;
@@ -144,7 +145,11 @@ pub async fn reference_markdown() -> Result<String> {
          own copy until they are merged. In an `evalflow` session, a string \
          cluster column read straight from Parquet and used by nothing else in the aggregate is \
          read as a dictionary (each distinct key looked up once per column chunk), with the same \
-         results.\n\n",
+         results. The aggregate stage and rescore's diff do not hold every cluster: they read \
+         the templates in slices (about 500,000 rows each), sum each slice's templates with a \
+         plain `GROUP BY`, and fold the finished templates into sums per template size \
+         (every method but `wild_bootstrap` needs no more), so their memory is the same at any \
+         run size, with the intervals of `clustered_mean_ci` and `paired_diff_clustered`.\n\n",
     );
     for d in docs() {
         let _ = writeln!(md, "- [`{}`](#{})", d.syntax, d.name);
