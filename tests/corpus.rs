@@ -675,3 +675,110 @@ fn aggregate_in_template_slices_gives_the_intervals_of_clustered_mean_ci() {
         }
     }
 }
+
+/// `+1.2 pts [-0.4, +2.8]`, as rescore prints a difference of rates.
+fn pts(mean: f64, lo: f64, hi: f64) -> String {
+    let f = |x: f64| format!("{:+.1}", x * 100.0);
+    format!("{} pts [{}, {}]", f(mean), f(lo), f(hi))
+}
+
+/// Rescore's diff reads the pairs once per template slice and keeps per-size sums of the
+/// finished templates: in slices of 1,000 pairs (4 x 250), each label's difference is
+/// that of `paired_diff_clustered` over a join of the two versions, as printed.
+#[test]
+fn rescore_diff_in_template_slices_gives_paired_diff_clustered() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = imported(dir.path(), "imported", 12_000);
+    stage("validate", &root, &[]);
+    stage("score", &root, &[]);
+    let r = root.to_str().unwrap();
+    // Two versions of a label scorer: answers longer than 50, then 97 characters, are
+    // "long" (the second moves the Spanish answers and some English ones to "short").
+    let version = |v: usize, chars: usize| {
+        let f = dir.path().join(format!("length-v{v}.toml"));
+        std::fs::write(
+            &f,
+            format!(
+                "[[scorer]]\nname = \"length\"\nkind = \"sql\"\nmetric = \"label\"\n\
+                 label = \"CASE WHEN length(response) > {chars} THEN 'long' ELSE 'short' END\"\n"
+            ),
+        )
+        .unwrap();
+        f.to_str().unwrap().to_string()
+    };
+    ok(&["rescore", r, "--scorer-file", &version(1, 50)]);
+    let o = cmd(&["rescore", r, "--scorer-file", &version(2, 97)])
+        .env("EVALFLOW_TEMPLATE_SLICE_ROWS", "250")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    let versions: Vec<String> = std::fs::read_dir(root.join("scores"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("length@"))
+        .collect();
+    assert_eq!(versions.len(), 2, "{versions:?}");
+    let new = out
+        .lines()
+        .find_map(|l| l.strip_prefix("rescored "))
+        .and_then(|l| l.split(" with ").nth(1))
+        .and_then(|l| l.split(' ').next())
+        .expect("the new version's tag")
+        .to_string();
+    let old = versions.iter().find(|v| **v != new).unwrap().clone();
+    let pairs = format!(
+        "FROM scores o JOIN scores n ON o.call_id = n.call_id WHERE o.scorer = 'length' AND \
+         o.scoring_version = '{}' AND n.scorer = 'length' AND n.scoring_version = '{}' \
+         AND n.role <> 'base'",
+        old.split_once('@').unwrap().1,
+        new.split_once('@').unwrap().1
+    );
+    let ind = |t: &str, l: &str| {
+        format!(
+            "CASE WHEN {t}.score IS NULL OR {t}.label IS NULL THEN NULL WHEN {t}.label = '{l}' \
+             THEN 1.0 ELSE 0.0 END"
+        )
+    };
+    let labels = sql(
+        &root,
+        &format!(
+            "SELECT DISTINCT l FROM (SELECT n.label AS l {pairs} AND n.score IS NOT NULL \
+             UNION ALL SELECT o.label AS l {pairs} AND o.score IS NOT NULL) WHERE l IS NOT NULL"
+        ),
+        &[],
+    );
+    let mut compared = 0;
+    for l in labels.iter().map(|r| r["l"].as_str().unwrap().to_string()) {
+        let want = sql(
+            &root,
+            &format!(
+                "SELECT p['n'] AS n, p['mean_diff'] AS d, p['lo'] AS lo, p['hi'] AS hi FROM \
+                 (SELECT paired_diff_clustered({}, {}, n.template_id) AS p {pairs})",
+                ind("n", &l),
+                ind("o", &l)
+            ),
+            &[],
+        );
+        let w = &want[0];
+        let line = out
+            .lines()
+            .find(|x| x.split_whitespace().next() == Some(l.as_str()) && x.contains(" pts ["))
+            .unwrap_or_else(|| panic!("no diff line for label {l}: {out}"));
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells[1], w["n"].to_string(), "{l}: {line}");
+        let (Some(d), Some(lo), Some(hi)) = (w["d"].as_f64(), w["lo"].as_f64(), w["hi"].as_f64())
+        else {
+            continue;
+        };
+        assert_eq!(cells[4..].join(" "), pts(d, lo, hi), "{l}: {line}");
+        if d != 0.0 {
+            compared += 1;
+        }
+    }
+    assert!(
+        compared >= 2,
+        "labels whose rate changed were compared: {out}"
+    );
+}

@@ -198,21 +198,25 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
 const PAIRS_ROOT: &str = "_rescore";
 const PAIRS: &str = "_rescore/pairs";
 
-/// Rows of the new version one slice of [`register_pairs`] joins at most: a quarter of
-/// the memory limit at about 100 bytes of hash table a row (2.7M rows at 1 GiB), the same
-/// at any run size. `EVALFLOW_RESCORE_SLICE_ROWS` sets another (tests use a small one to
-/// pair in many slices).
+/// Rows of the new version one slice of [`register_pairs`] joins at most: a tenth of the
+/// memory limit at about 100 bytes of hash table a row (1.07M rows at 1 GiB), the same at
+/// any run size. A quarter (2.7M rows) made the pairing the peak of a 10M rescore: 674 MB
+/// against 582 MB for scoring, 45 s against 50 s. `EVALFLOW_RESCORE_SLICE_ROWS` sets
+/// another (tests use a small one to pair in many slices).
 fn pair_slice_rows() -> usize {
     std::env::var("EVALFLOW_RESCORE_SLICE_ROWS")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|n| *n > 0)
-        .unwrap_or_else(|| (crate::query::resources().memory_limit / 400).max(100_000))
+        .unwrap_or_else(|| (crate::query::resources().memory_limit / 1000).max(100_000))
 }
 
 /// Pairs each call's row of `old` with its row of `new` once, into scratch Parquet
 /// registered as `rescore_pairs`: struct columns `o` and `n` holding the fields the diff
-/// reads, so each of its queries reads `o.label`, `n.passed`, ... with no join of its own.
+/// reads, so each of its queries reads `o.label`, `n.passed`, ... with no join of its own,
+/// and `template_id` (the new row's) as a column of its own: the diff reads the pairs by
+/// template slices, and a slice's filter on a plain column is applied while Parquet is
+/// decoded, before the struct columns are.
 ///
 /// The join runs slice by slice of the call ids ([`crate::query::id_slices`]), one slice
 /// per [`pair_slice_rows`] rescored rows: a hash join holds its whole build side and
@@ -244,7 +248,8 @@ async fn register_pairs(
         let sql = format!(
             "SELECT named_struct('label', o.label, 'passed', o.passed, 'score', o.score) AS o, \
              named_struct('label', n.label, 'passed', n.passed, 'score', n.score, \
-             'template_id', n.template_id, 'test', n.test, 'role', n.role) AS n \
+             'template_id', n.template_id, 'test', n.test, 'role', n.role) AS n, \
+             n.template_id AS template_id \
              FROM scores o JOIN scores n ON o.call_id = n.call_id \
              WHERE {} AND {} AND {os} AND {ns}",
             version("o", old),
@@ -350,34 +355,79 @@ fn interval_cell(p: &ClusterInterval, pct: bool) -> String {
     diff_cell(&s(p.mean), &s(p.lo), &s(p.hi), pct)
 }
 
-/// `paired_diff_clustered(nv, ov, n.template_id)` with its default interval, per value of
-/// `group` (one group when `None`) over the pairs meeting `cond`, read slice by slice of the
-/// templates (`slices`, [`crate::query::range_slices`]): each slice's per-template sums are
-/// folded into per-size sums ([`ClusterSummary`]) when it is done, so the diff holds one
-/// slice's templates, not the run's. Groups with no pair are absent.
-async fn paired_diffs(
+/// The most labels whose rates the diff tabulates.
+const MAX_LABELS: u64 = 50;
+
+/// The most label changes by class the diff prints (the largest first).
+const MAX_CLASSES: usize = 25;
+
+/// The paired differences of a diff: per metric over every pair, and the first metric's
+/// per test.
+struct Paired {
+    /// Per metric: `paired_diff_clustered(nv, ov, n.template_id)`, default interval.
+    overall: Vec<ClusterInterval>,
+    /// Per metric: pairs with both values, and the sums of the old and the new values.
+    rates: Vec<(u64, f64, f64)>,
+    /// The first metric per test, tests with a pair only.
+    by_test: Vec<(Option<String>, ClusterInterval)>,
+}
+
+/// One metric's cell of a template: moments of `new - old` and whether every pair was 0/1.
+#[derive(Debug, Clone, Copy, Default)]
+struct PairCell {
+    d: Moments,
+    binary: bool,
+}
+
+/// Every paired difference of the diff in one pass over the pairs per template slice
+/// (`slices`, [`crate::query::range_slices`]): a slice's query sums each (test, template)'s
+/// differences of every metric (`(nv, ov)` SQL over the pairs, base rows left out), and the
+/// finished templates are folded into per-size sums ([`ClusterSummary`]), so the diff holds
+/// one slice's templates, not the run's, and reads the pairs once per slice whatever the
+/// number of metrics. As `paired_diff_clustered`: a NaN difference and a pair without a
+/// template are left out, and the pairs are 0/1 when both of their values are.
+async fn paired_pass(
     ctx: &SessionContext,
-    group: Option<&str>,
-    nv: &str,
-    ov: &str,
-    cond: &str,
+    metrics: &[(String, String)],
     slices: &[String],
-) -> Result<Vec<(Option<String>, ClusterInterval)>, crate::query::QueryError> {
+) -> Result<Paired, crate::query::QueryError> {
     use datafusion::arrow::array::{Array, BooleanArray, Float64Array, StringArray};
-    let g = group.unwrap_or("CAST(NULL AS VARCHAR)");
-    // Per group: its value, its templates' summary and whether every pair was 0/1. Looked
-    // up by the value (NULL as "\u{2}") without allocating a key per row.
+    let mut inner = vec![
+        "CAST(n.test AS VARCHAR) AS g".to_string(),
+        "template_id AS t".to_string(),
+    ];
+    let mut sel = vec!["g".to_string(), "t".to_string()];
+    for (m, (nv, ov)) in metrics.iter().enumerate() {
+        let both = format!("n.role <> 'base' AND ({nv}) IS NOT NULL AND ({ov}) IS NOT NULL");
+        inner.push(format!(
+            "CASE WHEN {both} AND NOT isnan(({nv}) - ({ov})) THEN ({nv}) - ({ov}) END AS d{m}"
+        ));
+        inner.push(format!(
+            "CASE WHEN {both} THEN ({nv}) IN (0.0, 1.0) AND ({ov}) IN (0.0, 1.0) END AS b{m}"
+        ));
+        inner.push(format!(
+            "CASE WHEN {both} THEN CAST({ov} AS DOUBLE) END AS o{m}"
+        ));
+        inner.push(format!(
+            "CASE WHEN {both} THEN CAST({nv} AS DOUBLE) END AS n{m}"
+        ));
+        sel.push(format!(
+            "CAST(count(d{m}) AS DOUBLE), sum(d{m}), var_pop(d{m}), bool_and(b{m}), \
+             CAST(count(o{m}) AS DOUBLE), sum(o{m}), sum(n{m})"
+        ));
+    }
+    const COLS: usize = 7;
+    let k = metrics.len();
+    let mut overall = vec![(ClusterSummary::default(), true); k];
+    let mut rates = vec![(0u64, 0.0, 0.0); k];
+    // Per test (first metric): looked up by the test (NULL as "\u{2}") without a key per row.
     let mut index: HashMap<String, usize> = HashMap::new();
-    let mut groups: Vec<(Option<String>, ClusterSummary, bool)> = Vec::new();
+    let mut tests: Vec<(Option<String>, ClusterSummary, bool)> = Vec::new();
     for slice in slices {
-        // As `paired_diff_clustered`: a NaN difference and a pair without a template are
-        // left out, and the pairs are 0/1 when both of their values are.
         let sql = format!(
-            "SELECT CAST(g AS VARCHAR), CAST(count(d) AS DOUBLE), sum(d), var_pop(d), bool_and(b) FROM \
-             (SELECT {g} AS g, n.template_id AS t, ({nv}) - ({ov}) AS d, \
-             ({nv}) IN (0.0, 1.0) AND ({ov}) IN (0.0, 1.0) AS b \
-             FROM rescore_pairs WHERE {cond} AND {slice}) \
-             WHERE t IS NOT NULL AND d IS NOT NULL AND NOT isnan(d) GROUP BY g, t"
+            "SELECT {} FROM (SELECT {} FROM rescore_pairs WHERE {slice}) GROUP BY g, t",
+            sel.join(", "),
+            inner.join(", ")
         );
         let mut stream = ctx
             .sql(&sql)
@@ -386,51 +436,108 @@ async fn paired_diffs(
             .execute_stream()
             .await
             .map_err(QueryError::df(sql.clone()))?;
+        // A template's cells over its tests, merged before they are folded (a template may
+        // span tests): one slice's templates at most.
+        let mut merged: HashMap<String, Vec<PairCell>> = HashMap::new();
         while let Some(b) = stream.next().await {
             let b = b.map_err(QueryError::df(sql.clone()))?;
-            let col = |i: usize| b.column(i).as_any();
-            let (Some(keys), Some(n), Some(sum), Some(var), Some(binary)) = (
-                col(0).downcast_ref::<StringArray>(),
-                col(1).downcast_ref::<Float64Array>(),
-                col(2).downcast_ref::<Float64Array>(),
-                col(3).downcast_ref::<Float64Array>(),
-                col(4).downcast_ref::<BooleanArray>(),
-            ) else {
-                unreachable!("the query casts its columns to these types")
+            let s = |i: usize| b.column(i).as_any().downcast_ref::<StringArray>();
+            let f = |i: usize| {
+                b.column(i)
+                    .as_any()
+                    .downcast_ref::<Float64Array>()
+                    .expect("the query casts its numbers to DOUBLE")
+            };
+            let flag = |i: usize| {
+                b.column(i)
+                    .as_any()
+                    .downcast_ref::<BooleanArray>()
+                    .expect("bool_and gives booleans")
+            };
+            let (Some(g), Some(t)) = (s(0), s(1)) else {
+                unreachable!("tests and templates are strings")
             };
             for r in 0..b.num_rows() {
-                let key = if keys.is_valid(r) {
-                    keys.value(r)
-                } else {
-                    "\u{2}"
-                };
-                let i = match index.get(key) {
-                    Some(i) => *i,
-                    None => {
-                        let value = keys.is_valid(r).then(|| key.to_string());
-                        groups.push((value, ClusterSummary::default(), true));
-                        index.insert(key.to_string(), groups.len() - 1);
-                        groups.len() - 1
+                let template = t.is_valid(r).then(|| t.value(r));
+                let cells: Vec<PairCell> = (0..k)
+                    .map(|m| {
+                        let c = 2 + COLS * m;
+                        let (o_n, o_sum, n_sum) = (f(c + 4), f(c + 5), f(c + 6));
+                        if o_n.value(r) > 0.0 {
+                            rates[m].0 += o_n.value(r) as u64;
+                            rates[m].1 += o_sum.value(r);
+                            rates[m].2 += n_sum.value(r);
+                        }
+                        let n = f(c).value(r);
+                        if n == 0.0 {
+                            return PairCell {
+                                d: Moments::default(),
+                                binary: true,
+                            };
+                        }
+                        let bin = flag(c + 3);
+                        PairCell {
+                            d: Moments {
+                                n: n as u64,
+                                mean: f(c + 1).value(r) / n,
+                                m2: f(c + 2).value(r) * n,
+                            },
+                            binary: !bin.is_valid(r) || bin.value(r),
+                        }
+                    })
+                    .collect();
+                let Some(template) = template else { continue };
+                if cells[0].d.n > 0 {
+                    let key = if g.is_valid(r) { g.value(r) } else { "\u{2}" };
+                    let i = match index.get(key) {
+                        Some(i) => *i,
+                        None => {
+                            tests.push((
+                                g.is_valid(r).then(|| key.to_string()),
+                                ClusterSummary::default(),
+                                true,
+                            ));
+                            index.insert(key.to_string(), tests.len() - 1);
+                            tests.len() - 1
+                        }
+                    };
+                    tests[i].1.add(&cells[0].d);
+                    tests[i].2 &= cells[0].binary;
+                }
+                match merged.get_mut(template) {
+                    Some(acc) => {
+                        for (a, c) in acc.iter_mut().zip(&cells) {
+                            a.d.merge(&c.d);
+                            a.binary &= c.binary;
+                        }
                     }
-                };
-                let count = n.value(r);
-                let cell = Moments {
-                    n: count as u64,
-                    mean: sum.value(r) / count,
-                    m2: var.value(r) * count,
-                };
-                groups[i].1.add(&cell);
-                groups[i].2 &= binary.is_valid(r) && binary.value(r);
+                    None => {
+                        merged.insert(template.to_string(), cells);
+                    }
+                }
+            }
+        }
+        for cells in merged.into_values() {
+            for (o, c) in overall.iter_mut().zip(&cells) {
+                o.0.add(&c.d);
+                o.1 &= c.binary;
             }
         }
     }
     let spec = IntervalSpec::default();
-    let mut out: Vec<(Option<String>, ClusterInterval)> = groups
+    let mut by_test: Vec<(Option<String>, ClusterInterval)> = tests
         .into_iter()
         .map(|(g, s, binary)| (g, paired_summary_interval(&s, &spec, binary)))
         .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(out)
+    by_test.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(Paired {
+        overall: overall
+            .iter()
+            .map(|(s, binary)| paired_summary_interval(s, &spec, *binary))
+            .collect(),
+        rates,
+        by_test,
+    })
 }
 
 /// Prints the diff of scorer version `new` against `old`.
@@ -468,16 +575,55 @@ async fn print_diff(
     let pairs: u64 = t[0].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0);
     let slices = crate::query::range_slices(
         ctx,
-        "n.template_id",
+        "template_id",
         "rescore_pairs",
         pairs,
-        pairs.div_ceil(crate::stages::aggregate::slice_rows()) as usize,
+        // Four aggregate slices a slice: the diff's per-template sums are small next to the
+        // pairing join's (about 0.4 s a slice over 10M pairs, 20 slices took 6.5 s more).
+        pairs.div_ceil(4 * crate::stages::aggregate::slice_rows()) as usize,
     )
     .await?;
-    let d = paired_diffs(ctx, None, nv, ov, "n.role <> 'base'", &slices).await?;
-    if let Some((_, p)) = d.first()
-        && p.n > 0
-    {
+    // The rate of each label, new - old, over rows labelled by both versions.
+    // A label scorer has a few labels; a version diffed against another kind of scorer
+    // (`--against checklist@1`, whose label is the normalised answer) can have millions,
+    // whose rates are no table (and whose `DISTINCT` would not fit): counted first, in
+    // constant memory.
+    let labelled = format!(
+        "(SELECT o.label AS l {pair} AND n.role <> 'base' AND o.score IS NOT NULL \
+         UNION ALL SELECT n.label AS l {pair} AND n.role <> 'base' AND n.score IS NOT NULL)"
+    );
+    let many: u64 = if kind == MetricKind::Label {
+        text_rows(ctx, &format!("SELECT approx_distinct(l) FROM {labelled}"))
+            .await?
+            .first()
+            .and_then(|r| r[0].as_deref().and_then(|n| n.parse().ok()))
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    let labels: Vec<String> = if kind == MetricKind::Label && many <= MAX_LABELS {
+        text_rows(
+            ctx,
+            &format!("SELECT DISTINCT l FROM {labelled} WHERE l IS NOT NULL ORDER BY l"),
+        )
+        .await?
+        .into_iter()
+        .filter_map(|r| r[0].clone())
+        .collect()
+    } else {
+        Vec::new()
+    };
+    let ind = |t: &str, l: &str| {
+        format!(
+            "CASE WHEN {t}.score IS NULL OR {t}.label IS NULL THEN NULL WHEN {t}.label = {} THEN 1.0 ELSE 0.0 END",
+            lit(l)
+        )
+    };
+    let mut metrics = vec![(nv.to_string(), ov.to_string())];
+    metrics.extend(labels.iter().map(|l| (ind("n", l), ind("o", l))));
+    let paired = paired_pass(ctx, &metrics, &slices).await?;
+    let p = &paired.overall[0];
+    if p.n > 0 {
         println!(
             "{what}, new - old: {} over {} paired rows (95% interval clustered by template, {})",
             interval_cell(p, pct),
@@ -489,60 +635,43 @@ async fn print_diff(
         ctx,
         &format!(
             "SELECT coalesce(o.label, 'NULL'), coalesce(n.label, 'NULL'), count(*) {pair} \
-             AND o.label IS DISTINCT FROM n.label GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2"
+             AND o.label IS DISTINCT FROM n.label GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 \
+             LIMIT {}",
+            MAX_CLASSES + 1
         ),
     )
     .await?;
     if !by_class.is_empty() {
-        println!("\nlabel changes by class");
+        if by_class.len() > MAX_CLASSES {
+            println!("\nlabel changes by class (the {MAX_CLASSES} largest)");
+        } else {
+            println!("\nlabel changes by class");
+        }
+        let by_class = &by_class[..by_class.len().min(MAX_CLASSES)];
         let rows: Vec<Vec<String>> = by_class.iter().map(|r| r.iter().map(c).collect()).collect();
         println!(
             "{}",
             render_table(&["old label", "new label", "rows"], &rows)
         );
     }
+    if kind == MetricKind::Label && many > MAX_LABELS {
+        println!(
+            "\nrate of each label: not shown, about {many} distinct labels (more than {MAX_LABELS})"
+        );
+    }
     if kind == MetricKind::Label {
-        // The rate of each label, new - old, over rows labelled by both versions.
-        let labels = text_rows(
-            ctx,
-            &format!(
-                "SELECT DISTINCT l FROM (SELECT o.label AS l {pair} AND n.role <> 'base' AND o.score IS NOT NULL \
-                 UNION ALL SELECT n.label AS l {pair} AND n.role <> 'base' AND n.score IS NOT NULL) \
-                 WHERE l IS NOT NULL ORDER BY l"
-            ),
-        )
-        .await?;
         let mut rows = Vec::new();
-        for l in labels.iter().filter_map(|r| r[0].clone()) {
-            let ind = |t: &str| {
-                format!(
-                    "CASE WHEN {t}.score IS NULL OR {t}.label IS NULL THEN NULL WHEN {t}.label = {} THEN 1.0 ELSE 0.0 END",
-                    lit(&l)
-                )
-            };
-            let (o, n) = (ind("o"), ind("n"));
-            let r = text_rows(
-                ctx,
-                &format!(
-                    "SELECT avg(o_v) AS o_rate, avg(n_v) AS n_rate \
-                     FROM (SELECT {o} AS o_v, {n} AS n_v {pair} AND n.role <> 'base') \
-                     WHERE o_v IS NOT NULL AND n_v IS NOT NULL",
-                ),
-            )
-            .await?;
-            let p = paired_diffs(ctx, None, &n, &o, "n.role <> 'base'", &slices).await?;
-            if let (Some(r), Some((_, p))) = (r.first(), p.first()) {
-                let rate = |v: &Option<String>| {
-                    crate::stages::aggregate::pct(v.as_deref().and_then(|s| s.parse().ok()))
-                };
-                rows.push(vec![
-                    l.clone(),
-                    p.n.to_string(),
-                    rate(&r[0]),
-                    rate(&r[1]),
-                    interval_cell(p, true),
-                ]);
-            }
+        for (m, l) in labels.iter().enumerate() {
+            let (p, (both, o_sum, n_sum)) = (&paired.overall[m + 1], paired.rates[m + 1]);
+            let rate =
+                |sum: f64| crate::stages::aggregate::pct((both > 0).then(|| sum / both as f64));
+            rows.push(vec![
+                l.clone(),
+                p.n.to_string(),
+                rate(o_sum),
+                rate(n_sum),
+                interval_cell(p, true),
+            ]);
         }
         if !rows.is_empty() {
             println!("\nrate of each label, new - old (95% interval clustered by template)");
@@ -575,15 +704,7 @@ async fn print_diff(
     // (`(a IS NULL) <> (b IS NULL)`, not `a IS DISTINCT FROM b AND (a IS NULL OR b IS NULL)`:
     // DataFusion 55.2 simplifies the latter to `a IS DISTINCT FROM false`, true for two trues.)
     if !by_test.is_empty() {
-        let diffs = paired_diffs(
-            ctx,
-            Some("n.test"),
-            &format!("CASE WHEN n.role <> 'base' THEN {nv} END"),
-            ov,
-            "TRUE",
-            &slices,
-        )
-        .await?;
+        let diffs = &paired.by_test;
         let diff_of = |test: &Option<String>| {
             diffs
                 .iter()
