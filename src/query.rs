@@ -286,6 +286,26 @@ pub fn id_slices(column: &str, passes: usize) -> Vec<String> {
         .collect()
 }
 
+/// Runs `sql` and hands each result batch to `f`, never holding the whole result.
+pub async fn for_each_batch(
+    ctx: &SessionContext,
+    sql: &str,
+    mut f: impl FnMut(&datafusion::arrow::array::RecordBatch) -> Result<(), QueryError>,
+) -> Result<(), QueryError> {
+    use futures::StreamExt;
+    let mut stream = ctx
+        .sql(sql)
+        .await
+        .map_err(QueryError::df(sql.to_string()))?
+        .execute_stream()
+        .await
+        .map_err(QueryError::df(sql.to_string()))?;
+    while let Some(b) = stream.next().await {
+        f(&b.map_err(QueryError::df(sql.to_string()))?)?;
+    }
+    Ok(())
+}
+
 /// About `passes` SQL conditions slicing `column` (a string column of the rows of `source`, a
 /// `FROM ... WHERE ...` clause holding `rows` rows) into ranges of similar row counts: the
 /// bounds are quantiles of a sample of every k-th row's value, read in one scan of the
@@ -302,7 +322,6 @@ pub async fn range_slices(
 ) -> Result<Vec<String>, QueryError> {
     use datafusion::arrow::compute::cast;
     use datafusion::arrow::datatypes::DataType;
-    use futures::StreamExt;
     if passes <= 1 {
         return Ok(vec!["TRUE".into()]);
     }
@@ -310,16 +329,8 @@ pub async fn range_slices(
     let stride = (rows / (passes as u64 * 256)).max(1);
     let sql = format!("SELECT {column} FROM {source}");
     let what = format!("slicing {column}: {sql}");
-    let mut stream = ctx
-        .sql(&sql)
-        .await
-        .map_err(QueryError::df(what.clone()))?
-        .execute_stream()
-        .await
-        .map_err(QueryError::df(what.clone()))?;
     let (mut sample, mut seen) = (Vec::new(), 0u64);
-    while let Some(b) = stream.next().await {
-        let b = b.map_err(QueryError::df(what.clone()))?;
+    for_each_batch(ctx, &sql, |b| {
         let col = cast(b.column(0), &DataType::Utf8)
             .map_err(|e| QueryError::df(what.clone())(e.into()))?;
         let col = col
@@ -334,7 +345,9 @@ pub async fn range_slices(
             }
         }
         seen += col.len() as u64;
-    }
+        Ok(())
+    })
+    .await?;
     sample.sort_unstable();
     let mut bounds: Vec<&str> = (1..passes)
         .filter_map(|j| sample.get(j * sample.len() / passes).map(String::as_str))

@@ -429,18 +429,10 @@ async fn paired_pass(
             sel.join(", "),
             inner.join(", ")
         );
-        let mut stream = ctx
-            .sql(&sql)
-            .await
-            .map_err(QueryError::df(sql.clone()))?
-            .execute_stream()
-            .await
-            .map_err(QueryError::df(sql.clone()))?;
         // A template's cells over its tests, merged before they are folded (a template may
         // span tests): one slice's templates at most.
         let mut merged: HashMap<String, Vec<PairCell>> = HashMap::new();
-        while let Some(b) = stream.next().await {
-            let b = b.map_err(QueryError::df(sql.clone()))?;
+        crate::query::for_each_batch(ctx, &sql, |b| {
             let s = |i: usize| b.column(i).as_any().downcast_ref::<StringArray>();
             let f = |i: usize| {
                 b.column(i)
@@ -516,7 +508,9 @@ async fn paired_pass(
                     }
                 }
             }
-        }
+            Ok(())
+        })
+        .await?;
         for cells in merged.into_values() {
             for (o, c) in overall.iter_mut().zip(&cells) {
                 o.0.add(&c.d);

@@ -370,26 +370,6 @@ fn float(b: &RecordBatch, i: usize) -> Result<Float64Array, QueryError> {
         .clone())
 }
 
-/// Runs `sql` and hands each result batch to `f`, never holding the whole result.
-async fn for_each_batch(
-    ctx: &datafusion::prelude::SessionContext,
-    sql: &str,
-    mut f: impl FnMut(&RecordBatch) -> Result<(), QueryError>,
-) -> Result<(), QueryError> {
-    use futures::StreamExt;
-    let mut stream = ctx
-        .sql(sql)
-        .await
-        .map_err(QueryError::df(sql.to_string()))?
-        .execute_stream()
-        .await
-        .map_err(QueryError::df(sql.to_string()))?;
-    while let Some(b) = stream.next().await {
-        f(&b.map_err(QueryError::df(sql.to_string()))?)?;
-    }
-    Ok(())
-}
-
 /// Computes the results of one scorer version: test-level rows, then capability x test type.
 ///
 /// The intervals are `clustered_mean_ci`'s default method over templates, computed from each
@@ -412,7 +392,7 @@ pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRo
     let (mut tests, mut caps) = (Groups::default(), Groups::default());
     let mut rows = 0u64;
     let mut key = String::new();
-    for_each_batch(&ctx, &counts_sql(&filter, compares), |b| {
+    crate::query::for_each_batch(&ctx, &counts_sql(&filter, compares), |b| {
         let keys = (0..4).map(|i| utf8(b, i)).collect::<Result<Vec<_>, _>>()?;
         let counts = (4..b.num_columns())
             .map(|i| float(b, i))
@@ -464,7 +444,7 @@ pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRo
     // before folding them (a template may span tests); of one test, it takes its test's.
     let mut merged: HashMap<String, (usize, Vec<Moments>)> = HashMap::new();
     for slice in &slices {
-        for_each_batch(&ctx, &cells_sql(&filter, slice, &inds), |b| {
+        crate::query::for_each_batch(&ctx, &cells_sql(&filter, slice, &inds), |b| {
             let keys = (0..5).map(|i| utf8(b, i)).collect::<Result<Vec<_>, _>>()?;
             let nums = (5..b.num_columns())
                 .map(|i| float(b, i))
