@@ -12,6 +12,26 @@ use evalflow::cli::{self, Cli};
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options, read when it starts (`_RJEM_MALLOC_CONF` still overrides them). A
+/// stage's live heap is a fraction of its RSS (201 MB of 550 MB scoring 10M calls, measured
+/// with heaptrack): the rest was freed pages kept per arena, eight arenas on two cores, for
+/// ten seconds. One arena per CPU, and freed pages returned after a second by jemalloc's own
+/// background thread (the stage's threads never wait for it): scoring 10M calls peaks at
+/// 395 MB against 520 MB, in the same time.
+#[cfg(not(target_env = "msvc"))]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: MallocConf =
+    MallocConf(c"percpu_arena:percpu,background_thread:true,dirty_decay_ms:1000".as_ptr());
+
+/// A C string pointer jemalloc reads (`const char *malloc_conf`).
+#[cfg(not(target_env = "msvc"))]
+#[repr(transparent)]
+struct MallocConf(*const std::ffi::c_char);
+
+// SAFETY: the pointer is to a static, immutable C string literal.
+#[cfg(not(target_env = "msvc"))]
+unsafe impl Sync for MallocConf {}
+
 fn main() -> ExitCode {
     // A closed pipe (`evalflow sql ... | head`) is not an error: exit quietly.
     let default_hook = std::panic::take_hook();

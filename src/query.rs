@@ -447,41 +447,91 @@ pub async fn register_run(
     store: &RunStore,
     prefix: &str,
 ) -> Result<(), QueryError> {
+    register_tables(ctx, store, prefix, &Table::ALL).await
+}
+
+/// Registers some of a run's tables, as [`register_run`] does all five: a stage that reads
+/// one table does not check (and hold) the footers of every part of the others.
+pub async fn register_tables(
+    ctx: &SessionContext,
+    store: &RunStore,
+    prefix: &str,
+    tables: &[Table],
+) -> Result<(), QueryError> {
     crate::storage::compact::finish_pending(store).await?;
     store.register_with(ctx);
-    for t in Table::ALL {
-        let name = format!("{prefix}{}", t.name());
-        let parts = store.list_parts(t.name()).await?;
-        check_parts(store, &parts, t).await?;
-        if parts.is_empty() && on_cluster() {
-            // An in-memory table cannot be shipped: the cluster reads the table's (empty or
-            // missing) folder with its declared schema instead.
-            register_empty_listing(ctx, &name, &store.table_url(t.name()), t.schema())?;
-            continue;
-        }
-        if parts.is_empty() {
-            let empty = MemTable::try_new(t.schema(), vec![vec![]])
-                .map_err(QueryError::df(name.clone()))?;
-            ctx.register_table(&name, Arc::new(empty))
-                .map_err(QueryError::df(name.clone()))?;
-            continue;
-        }
-        // `scores/` holds one folder per scorer version; each folder is one listing path.
-        let mut dirs: Vec<String> = parts
-            .iter()
-            .filter_map(|p| {
-                let full = p.location.as_ref();
-                let rel = full
-                    .strip_prefix(store.path("").as_ref())?
-                    .trim_start_matches('/');
-                Some(rel.rsplit_once('/').map_or("", |(d, _)| d).to_string())
-            })
-            .collect();
-        dirs.dedup();
-        let urls: Vec<String> = dirs.iter().map(|d| store.table_url(d)).collect();
-        register_parquet_paths(ctx, &name, &urls).await?;
+    for &t in tables {
+        register_folder(ctx, store, &format!("{prefix}{}", t.name()), t, t.name()).await?;
     }
     Ok(())
+}
+
+/// Registers `scores` as the folders of some scorer versions only
+/// (`scores/<name>@<version>/`): a stage about one version (or a diff of two) neither lists
+/// nor holds the footers of the other versions' parts.
+pub async fn register_scores_of(
+    ctx: &SessionContext,
+    store: &RunStore,
+    scorers: &[&crate::stages::score::ScorerId],
+) -> Result<(), QueryError> {
+    crate::storage::compact::finish_pending(store).await?;
+    store.register_with(ctx);
+    let dirs: Vec<String> = scorers.iter().map(|s| s.dir()).collect();
+    register_folders(ctx, store, "scores", Table::Scores, &dirs).await
+}
+
+/// Registers the parts under `rel` as table `name` of schema `t`, each part checked.
+async fn register_folder(
+    ctx: &SessionContext,
+    store: &RunStore,
+    name: &str,
+    t: Table,
+    rel: &str,
+) -> Result<(), QueryError> {
+    register_folders(ctx, store, name, t, &[rel.to_string()]).await
+}
+
+/// Registers the parts under the folders `rels` as one table `name` of schema `t`, each
+/// part checked; a table with no parts is registered empty with its declared schema.
+async fn register_folders(
+    ctx: &SessionContext,
+    store: &RunStore,
+    name: &str,
+    t: Table,
+    rels: &[String],
+) -> Result<(), QueryError> {
+    let mut parts = Vec::new();
+    for rel in rels {
+        parts.extend(store.list_parts(rel).await?);
+    }
+    check_parts(store, &parts, t).await?;
+    if parts.is_empty() && on_cluster() {
+        // An in-memory table cannot be shipped: the cluster reads the table's (empty or
+        // missing) folder with its declared schema instead.
+        let rel = rels.first().map_or(t.name(), |r| r.as_str());
+        return register_empty_listing(ctx, name, &store.table_url(rel), t.schema());
+    }
+    if parts.is_empty() {
+        let empty = MemTable::try_new(t.schema(), vec![vec![]])
+            .map_err(QueryError::df(name.to_string()))?;
+        ctx.register_table(name, Arc::new(empty))
+            .map_err(QueryError::df(name.to_string()))?;
+        return Ok(());
+    }
+    // `scores/` holds one folder per scorer version; each folder is one listing path.
+    let mut dirs: Vec<String> = parts
+        .iter()
+        .filter_map(|p| {
+            let full = p.location.as_ref();
+            let rel = full
+                .strip_prefix(store.path("").as_ref())?
+                .trim_start_matches('/');
+            Some(rel.rsplit_once('/').map_or("", |(d, _)| d).to_string())
+        })
+        .collect();
+    dirs.dedup();
+    let urls: Vec<String> = dirs.iter().map(|d| store.table_url(d)).collect();
+    register_parquet_paths(ctx, name, &urls).await
 }
 
 /// Registers `url` (a folder with no parts yet) as a Parquet table of `schema`.
@@ -613,6 +663,67 @@ pub async fn open_run(
 #[cfg(test)]
 mod tests {
     use super::id_slices;
+
+    /// `register_scores_of` registers the named versions' folders and nothing else: a stage
+    /// about one version does not read (or list) the others.
+    #[tokio::test]
+    async fn scores_of_some_versions_only() {
+        use crate::schema::Table;
+        use crate::stages::score::ScorerId;
+        use crate::storage::RunStore;
+        use datafusion::arrow::array::{
+            ArrayRef, BooleanArray, Float64Array, Int32Array, RecordBatch, StringArray,
+            new_null_array,
+        };
+        use datafusion::arrow::datatypes::DataType;
+        use std::sync::Arc;
+        let store = RunStore::open("memory://scores-of/run").unwrap();
+        let schema = Table::Scores.schema();
+        let rows = |n: usize| {
+            let cols: Vec<ArrayRef> = schema
+                .fields()
+                .iter()
+                .map(|f| -> ArrayRef {
+                    match f.data_type() {
+                        _ if f.is_nullable() => new_null_array(f.data_type(), n),
+                        DataType::Utf8 => Arc::new(StringArray::from_iter_values(
+                            (0..n).map(|i| format!("{i}")),
+                        )),
+                        DataType::Int32 => Arc::new(Int32Array::from_iter_values(0..n as i32)),
+                        DataType::Float64 => {
+                            Arc::new(Float64Array::from_iter_values((0..n).map(|i| i as f64)))
+                        }
+                        DataType::Boolean => Arc::new(BooleanArray::from(vec![true; n])),
+                        other => panic!("scores column {} of type {other}", f.name()),
+                    }
+                })
+                .collect();
+            RecordBatch::try_new(schema.clone(), cols).unwrap()
+        };
+        let (v1, v2, v3) = (
+            ScorerId::parse("cue@1").unwrap(),
+            ScorerId::parse("cue@2").unwrap(),
+            ScorerId::parse("cue@3").unwrap(),
+        );
+        for (id, n) in [(&v1, 3), (&v2, 5)] {
+            let mut w = store.part_writer(&id.dir(), schema.clone(), "part");
+            w.write(rows(n)).await.unwrap();
+            w.finish().await.unwrap();
+        }
+        for (ids, want) in [
+            (vec![&v1], 3i64),
+            (vec![&v2], 5),
+            (vec![&v1, &v2], 8),
+            (vec![&v3], 0),
+        ] {
+            let ctx = super::new_context();
+            super::register_scores_of(&ctx, &store, &ids).await.unwrap();
+            let got = super::text_rows(&ctx, "SELECT count(*) FROM scores")
+                .await
+                .unwrap();
+            assert_eq!(got, vec![vec![Some(want.to_string())]], "{ids:?}");
+        }
+    }
 
     /// Whether `id` satisfies one `id_slices` condition (`call_id >= 'x'`, `call_id < 'y'`).
     fn takes(cond: &str, id: &str) -> bool {

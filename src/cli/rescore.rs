@@ -15,7 +15,7 @@ use futures::StreamExt;
 use serde_json::json;
 
 use super::{CliError, internal};
-use crate::query::{QueryError, id_slices, new_context, open_run, register_run, text_rows};
+use crate::query::{QueryError, id_slices, new_context, open_run, text_rows};
 use crate::stages::aggregate::render_table;
 use crate::stages::score::{self, MetricKind, Scorer, ScorerId, user};
 use crate::storage::RunStore;
@@ -177,7 +177,9 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
     };
     let ctx = new_context();
     crate::query::for_template_slices(&ctx);
-    register_run(&ctx, &store, "").await.map_err(internal)?;
+    crate::query::register_scores_of(&ctx, &store, &[&old, &id])
+        .await
+        .map_err(internal)?;
     let diff = match register_pairs(&ctx, &store, &old, &id, rows).await {
         Ok(()) => print_diff(&ctx, &old, &id, scorer.metric_kind()).await,
         Err(e) => Err(e),

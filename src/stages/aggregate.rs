@@ -23,7 +23,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
 
-use crate::query::{QueryError, new_context, register_run, text_rows};
+use crate::query::{QueryError, new_context, text_rows};
 use crate::schema::Table;
 use crate::stages::score::{JUDGE_VERDICTS, MetricKind, ScorerId};
 use crate::stages::validate::VERDICTS;
@@ -378,7 +378,9 @@ fn float(b: &RecordBatch, i: usize) -> Result<Float64Array, QueryError> {
 pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRow>, QueryError> {
     let ctx = new_context();
     crate::query::for_template_slices(&ctx);
-    register_run(&ctx, store, "").await?;
+    // Only this version's scores are read: 20 template slices over every version's parts
+    // would each list and prune them all.
+    crate::query::register_scores_of(&ctx, store, &[scorer]).await?;
     // The kind a user scorer declared (recorded beside its scores), else the built-in's.
     let kind = crate::stages::score::metric_kind(store, scorer).await?;
     let inds = indicators(&ctx, kind, scorer).await?;

@@ -578,6 +578,102 @@ fn encode_with(
     w.into_inner()
 }
 
+/// One Parquet part encoded batch by batch as it is produced: the writer holds the open row
+/// group's encoded pages, not the batches, so a part costs its compressed size in memory.
+/// [`PartEncoder::finish`] gives the file to [`RunStore::put`] (atomic).
+pub struct PartEncoder {
+    writer: ArrowWriter<Vec<u8>>,
+    rows: usize,
+}
+
+impl PartEncoder {
+    pub fn new(schema: &SchemaRef) -> Result<Self, datafusion::parquet::errors::ParquetError> {
+        Ok(PartEncoder {
+            writer: ArrowWriter::try_new(Vec::new(), schema.clone(), Some(parquet_props()))?,
+            rows: 0,
+        })
+    }
+
+    pub fn write(
+        &mut self,
+        batch: &RecordBatch,
+    ) -> Result<(), datafusion::parquet::errors::ParquetError> {
+        self.rows += batch.num_rows();
+        self.writer.write(batch)
+    }
+
+    /// Rows written so far.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The encoded file.
+    pub fn finish(self) -> Result<Vec<u8>, datafusion::parquet::errors::ParquetError> {
+        self.writer.into_inner()
+    }
+}
+
+/// A [`PartEncoder`] that encodes on rayon's pool while its caller goes on (joining and
+/// scoring the next batch): one write in flight at a time, so the part keeps its order. An
+/// encoder inline in a stage's task would stall every other part that task polls.
+pub struct PipelinedEncoder {
+    idle: Option<PartEncoder>,
+    busy: Option<tokio::sync::oneshot::Receiver<Result<PartEncoder, ParquetError>>>,
+}
+
+type ParquetError = datafusion::parquet::errors::ParquetError;
+
+impl PipelinedEncoder {
+    pub fn new(schema: &SchemaRef) -> Result<Self, ParquetError> {
+        Ok(PipelinedEncoder {
+            idle: Some(PartEncoder::new(schema)?),
+            busy: None,
+        })
+    }
+
+    /// The encoder, once its write in flight (if any) is done.
+    async fn ready(&mut self) -> Result<PartEncoder, ParquetError> {
+        match self.busy.take() {
+            Some(rx) => rx
+                .await
+                .map_err(|_| ParquetError::General("the encoding task stopped".into()))?,
+            None => Ok(self
+                .idle
+                .take()
+                .expect("an encoder is idle or busy until finish")),
+        }
+    }
+
+    /// Queues `batches` behind the write in flight and returns without waiting for them.
+    pub async fn write(&mut self, batches: Vec<RecordBatch>) -> Result<(), ParquetError> {
+        let mut encoder = self.ready().await?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        rayon::spawn(move || {
+            let done = batches
+                .iter()
+                .try_for_each(|b| encoder.write(b))
+                .map(|()| encoder);
+            let _ = tx.send(done);
+        });
+        self.busy = Some(rx);
+        Ok(())
+    }
+
+    /// Rows and the encoded file, once every write is done.
+    pub async fn finish(mut self) -> Result<(usize, Vec<u8>), ParquetError> {
+        let encoder = self.ready().await?;
+        let rows = encoder.rows();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        rayon::spawn(move || {
+            let _ = tx.send(encoder.finish());
+        });
+        let bytes = rx
+            .await
+            .map_err(|_| ParquetError::General("the encoding task stopped".into()))??;
+        Ok((rows, bytes))
+    }
+}
+
 /// Buffers batches and commits them as atomic parts of about [`PART_ROWS`] rows.
 pub struct PartWriter {
     store: RunStore,
@@ -774,6 +870,50 @@ mod tests {
         }
         assert_eq!(listings[0], listings[1]);
         assert_eq!(listings[0][4].1, (4 * rows) as i64);
+    }
+
+    /// A pipelined encoder, written in several calls while the caller goes on, gives the file
+    /// that encoding the same batches at once gives: same rows, same order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pipelined_encoder_keeps_the_rows_in_order() {
+        use datafusion::arrow::array::{Int64Array, StringArray};
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("x", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, true),
+        ]));
+        let batch = |start: i64, n: i64| {
+            let xs = Int64Array::from_iter_values(start..start + n);
+            let ss: StringArray = (start..start + n)
+                .map(|i| (i % 7 != 0).then(|| format!("row {i}")))
+                .collect();
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(xs), Arc::new(ss)]).unwrap()
+        };
+        // 300k rows in writes of uneven sizes: more than one row group.
+        let writes: Vec<Vec<RecordBatch>> = (0..30)
+            .map(|w| (0..3).map(|b| batch((w * 3 + b) * 3_333, 3_333)).collect())
+            .collect();
+        let mut enc = PipelinedEncoder::new(&schema).unwrap();
+        for w in writes.clone() {
+            enc.write(w).await.unwrap();
+        }
+        let (rows, bytes) = enc.finish().await.unwrap();
+        let all: Vec<RecordBatch> = writes.into_iter().flatten().collect();
+        assert_eq!(rows, 90 * 3_333);
+        let read = |bytes: Vec<u8>| -> Vec<RecordBatch> {
+            ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes))
+                .unwrap()
+                .build()
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap()
+        };
+        let (got, want) = (read(bytes), read(encode_parquet(&schema, &all).unwrap()));
+        let cat =
+            |bs: &[RecordBatch]| datafusion::arrow::compute::concat_batches(&schema, bs).unwrap();
+        assert_eq!(cat(&got), cat(&want));
+        assert_eq!(cat(&got), cat(&all));
     }
 
     #[test]

@@ -17,12 +17,12 @@ use datafusion::arrow::array::{
     Array, ArrayRef, BooleanArray, BooleanBuilder, Float64Array, Int32Array, ListBuilder,
     RecordBatch, StringArray,
 };
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
 use crate::query::{QueryError, new_context, register_run};
 use crate::schema::Table;
-use crate::storage::RunStore;
+use crate::storage::{PipelinedEncoder, RunStore, StorageError};
 use checklist::{Answer, normalise_label};
 
 /// A scorer's identity: its name and a version that changes whenever its logic or cue
@@ -510,7 +510,9 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
         .execution
         .parquet
         .pushdown_filters = true;
-    register_run(&ctx, store, "").await?;
+    // Calls and validity are read part by part (each checked as it is read): of the run's
+    // tables only `cases` is queried whole.
+    crate::query::register_tables(&ctx, store, "", &[Table::Cases]).await?;
     let bases = if scorer.compares_to_base() {
         load_bases(&ctx, store).await?
     } else {
@@ -525,71 +527,59 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
             .put(&format!("{}/{DEFINITION_FILE}", id.dir()), text)
             .await?;
     }
-    let mut writer = store
-        .part_writer(&id.dir(), Table::Scores.schema(), "part")
-        .pipelined(crate::query::resources().threads.max(1));
-    // Parquet encoding runs on its own task: inline, it would stop the joins and scoring
-    // of the next parts (polled only by this loop) while a part is encoded.
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(4);
-    let write = tokio::spawn(async move {
-        let mut rows = 0u64;
-        while let Some(b) = rx.recv().await {
-            rows += b.num_rows() as u64;
-            writer.write(b).await?;
-        }
-        writer.finish().await?;
-        Ok::<u64, QueryError>(rows)
-    });
     let parts = store.list_parts("calls").await?;
     let progress =
         crate::progress::Progress::new(&format!("score {}", id.tag()), parts.len() as u64, "parts");
-    // Parts are joined and scored `--threads` at a time, and written in their order, so
-    // the scores table is the same whatever the thread count. Memory: that many parts.
-    let (ctx, bases, id) = (&ctx, &bases, &id);
+    // Each calls part is joined, scored and encoded as it streams, into the scores part of
+    // the same name (as validate writes validity): memory is `--threads` parts' joins and
+    // their encoders, with no part's rows waiting for an earlier part to be written. The
+    // table is the same whatever the thread count.
+    let (ctx, bases, id, progress) = (&ctx, &bases, &id, &progress);
     let mut scored = futures::stream::iter(parts.into_iter().enumerate())
         .map(|(k, part)| async move {
+            let name = part
+                .location
+                .filename()
+                .unwrap_or("part.parquet")
+                .to_string();
+            let target = format!("{}/{name}", id.dir());
+            let encode_err = |source| StorageError::Parquet {
+                location: target.clone(),
+                source,
+            };
+            let mut part_out =
+                PipelinedEncoder::new(&Table::Scores.schema()).map_err(encode_err)?;
             let mut s = part_stream(ctx, store, &part, "", k).await?;
-            let mut out = Vec::new();
             while let Some(b) = s.next().await {
                 let b = crate::schema::plain_strings(
                     b.map_err(QueryError::df("score: reading joined rows"))?,
                 );
                 // Scoring is CPU work on rayon: let tokio move its other tasks away.
-                out.extend(cpu_work(|| score_parallel(&b, scorer, bases, id))?);
+                let out = cpu_work(|| score_parallel(&b, scorer, bases, id))?;
+                part_out.write(out).await.map_err(encode_err)?;
             }
-            Ok::<_, QueryError>(out)
+            let (rows, bytes) = part_out.finish().await.map_err(encode_err)?;
+            let rows = rows as u64;
+            if rows > 0 {
+                store.put(&target, bytes).await?;
+            }
+            progress.inc(1, rows);
+            Ok::<_, QueryError>(rows)
         })
-        .buffered(if crate::query::on_cluster() {
+        .buffer_unordered(if crate::query::on_cluster() {
             // One job at a time on a cluster: its executors split the part already.
             1
         } else {
             crate::query::resources().threads.max(1)
         });
-    while let Some(batches) = scored.next().await {
-        let batches = match batches {
-            Ok(b) => b,
-            Err(e) => {
-                // As before the writer had its own task: rows not yet in a committed part
-                // are dropped, not committed after the error.
-                write.abort();
-                return Err(e);
-            }
-        };
-        for out in batches {
-            if tx.send(out).await.is_err() {
-                // The writer stopped: its error is the one to report.
-                break;
-            }
-        }
-        progress.inc(1, 0);
+    let mut rows = 0u64;
+    while let Some(r) = scored.next().await {
+        // An error stops the stage: parts already put are whole, and the next attempt
+        // replaces the folder.
+        rows += r?;
     }
     progress.finish();
-    drop(tx);
-    write.await.map_err(|e| {
-        QueryError::df("score: writing scores")(datafusion::error::DataFusionError::External(
-            Box::new(e),
-        ))
-    })?
+    Ok(rows)
 }
 
 /// Runs CPU-bound work from async code: on a multi-threaded runtime tokio first moves this
@@ -624,9 +614,13 @@ fn score_parallel(
 }
 
 /// The joined rows of one calls part: the part and the validity part of the same name
-/// (validate writes them 1:1) are registered as in-memory tables and joined with `cases`,
-/// so the join builds its hash table on one part and streams `cases` past it. Memory
-/// grows with a part, never with the corpus. `filter` is appended to the query.
+/// (validate writes them 1:1) are registered as Parquet tables and joined with `cases`, so
+/// the join builds its hash table on one part and streams `cases` past it. Memory grows
+/// with a part, never with the corpus. `filter` is appended to the query.
+///
+/// The parts are read by the plan itself, not first into in-memory tables: the join's build
+/// side would hold a second copy of the part (10M calls: 355 MB against 373 MB, in 14.3 s
+/// against 16.8 s), and a cluster's executors read them the same way.
 async fn part_stream(
     ctx: &datafusion::prelude::SessionContext,
     store: &RunStore,
@@ -648,26 +642,10 @@ async fn part_stream(
         (calls.as_str(), part, Table::Calls),
         (validity.as_str(), &vmeta, Table::Validity),
     ] {
-        if crate::query::on_cluster() {
-            // On a cluster the executors read the two parts themselves (an in-memory table
-            // of this process cannot be shipped): the join runs there, the scorer here.
-            store.check_part(meta, t).await?;
-            ctx.deregister_table(table)
-                .map_err(QueryError::df("score"))?;
-            crate::query::register_parquet(ctx, table, &store.location(&meta.location)).await?;
-            continue;
-        }
-        let batches: Vec<RecordBatch> = store.read_part(meta, t).await?.try_collect().await?;
-        let schema = batches
-            .first()
-            .map(|b| b.schema())
-            .unwrap_or_else(|| t.schema());
-        let mem = datafusion::datasource::MemTable::try_new(schema, vec![batches])
-            .map_err(QueryError::df(format!("score: {name}")))?;
+        store.check_part(meta, t).await?;
         ctx.deregister_table(table)
             .map_err(QueryError::df("score"))?;
-        ctx.register_table(table, Arc::new(mem))
-            .map_err(QueryError::df("score"))?;
+        crate::query::register_parquet(ctx, table, &store.location(&meta.location)).await?;
     }
     let sql = join_sql().replace(
         "FROM calls k JOIN validity v",
@@ -675,7 +653,7 @@ async fn part_stream(
     );
     let s = stream(ctx, &format!("{sql} {filter}")).await;
     if !crate::query::on_cluster() {
-        // The plan holds the part's batches; the names are free for the next part. (A
+        // The plan holds the part's files; the names are free for the next part. (A
         // cluster job resolves its tables when first polled: they stay registered.)
         for table in [&calls, &validity] {
             ctx.deregister_table(table.as_str())
