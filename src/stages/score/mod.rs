@@ -542,7 +542,11 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
                 .filename()
                 .unwrap_or("part.parquet")
                 .to_string();
-            let target = format!("{}/{name}", id.dir());
+            // DESIGN.md names every part `part-*.parquet`, whatever a calls part is called.
+            let target = match name.starts_with("part-") {
+                true => format!("{}/{name}", id.dir()),
+                false => format!("{}/part-{name}", id.dir()),
+            };
             let encode_err = |source| StorageError::Parquet {
                 location: target.clone(),
                 source,
