@@ -461,7 +461,8 @@ pub async fn register_tables(
     crate::storage::compact::finish_pending(store).await?;
     store.register_with(ctx);
     for &t in tables {
-        register_folder(ctx, store, &format!("{prefix}{}", t.name()), t, t.name()).await?;
+        let rel = [t.name().to_string()];
+        register_folders(ctx, store, &format!("{prefix}{}", t.name()), t, &rel).await?;
     }
     Ok(())
 }
@@ -478,17 +479,6 @@ pub async fn register_scores_of(
     store.register_with(ctx);
     let dirs: Vec<String> = scorers.iter().map(|s| s.dir()).collect();
     register_folders(ctx, store, "scores", Table::Scores, &dirs).await
-}
-
-/// Registers the parts under `rel` as table `name` of schema `t`, each part checked.
-async fn register_folder(
-    ctx: &SessionContext,
-    store: &RunStore,
-    name: &str,
-    t: Table,
-    rel: &str,
-) -> Result<(), QueryError> {
-    register_folders(ctx, store, name, t, &[rel.to_string()]).await
 }
 
 /// Registers the parts under the folders `rels` as one table `name` of schema `t`, each
@@ -621,15 +611,8 @@ pub async fn text_rows(
     sql: &str,
 ) -> Result<Vec<Vec<Option<String>>>, QueryError> {
     use datafusion::arrow::util::display::array_value_to_string;
-    let batches = ctx
-        .sql(sql)
-        .await
-        .map_err(QueryError::df(sql.to_string()))?
-        .collect()
-        .await
-        .map_err(QueryError::df(sql.to_string()))?;
     let mut out = Vec::new();
-    for b in batches {
+    for_each_batch(ctx, sql, |b| {
         for i in 0..b.num_rows() {
             out.push(
                 b.columns()
@@ -640,7 +623,9 @@ pub async fn text_rows(
                     .collect(),
             );
         }
-    }
+        Ok(())
+    })
+    .await?;
     Ok(out)
 }
 

@@ -19,6 +19,8 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutPayload};
 use url::Url;
 
 use super::StorageError;
+
+type ParquetError = datafusion::parquet::errors::ParquetError;
 use crate::schema::{Table, check_compatible};
 
 /// Rows per Parquet part: large enough for fast scans, small enough that a writer holds
@@ -581,34 +583,31 @@ fn encode_with(
 /// One Parquet part encoded batch by batch as it is produced: the writer holds the open row
 /// group's encoded pages, not the batches, so a part costs its compressed size in memory.
 /// [`PartEncoder::finish`] gives the file to [`RunStore::put`] (atomic).
-pub struct PartEncoder {
+struct PartEncoder {
     writer: ArrowWriter<Vec<u8>>,
     rows: usize,
 }
 
 impl PartEncoder {
-    pub fn new(schema: &SchemaRef) -> Result<Self, datafusion::parquet::errors::ParquetError> {
+    fn new(schema: &SchemaRef) -> Result<Self, ParquetError> {
         Ok(PartEncoder {
             writer: ArrowWriter::try_new(Vec::new(), schema.clone(), Some(parquet_props()))?,
             rows: 0,
         })
     }
 
-    pub fn write(
-        &mut self,
-        batch: &RecordBatch,
-    ) -> Result<(), datafusion::parquet::errors::ParquetError> {
+    fn write(&mut self, batch: &RecordBatch) -> Result<(), ParquetError> {
         self.rows += batch.num_rows();
         self.writer.write(batch)
     }
 
     /// Rows written so far.
-    pub fn rows(&self) -> usize {
+    fn rows(&self) -> usize {
         self.rows
     }
 
     /// The encoded file.
-    pub fn finish(self) -> Result<Vec<u8>, datafusion::parquet::errors::ParquetError> {
+    fn finish(self) -> Result<Vec<u8>, ParquetError> {
         self.writer.into_inner()
     }
 }
@@ -620,8 +619,6 @@ pub struct PipelinedEncoder {
     idle: Option<PartEncoder>,
     busy: Option<tokio::sync::oneshot::Receiver<Result<PartEncoder, ParquetError>>>,
 }
-
-type ParquetError = datafusion::parquet::errors::ParquetError;
 
 impl PipelinedEncoder {
     pub fn new(schema: &SchemaRef) -> Result<Self, ParquetError> {

@@ -1317,11 +1317,7 @@ fn wild_bootstrap(r: &Residuals, se: f64, spec: &IntervalSpec) -> BootResult {
 mod tests {
     use super::*;
 
-    fn cell(xs: &[f64]) -> Moments {
-        let mut m = Moments::default();
-        xs.iter().for_each(|&x| m.push(x));
-        m
-    }
+    use crate::udaf::common::moments_of as cell;
 
     #[test]
     fn equal_clusters_give_g_minus_1_df() {

@@ -136,11 +136,7 @@ impl ClusterSummary {
 mod tests {
     use super::*;
 
-    fn cell(xs: &[f64]) -> Moments {
-        let mut m = Moments::default();
-        xs.iter().for_each(|&x| m.push(x));
-        m
-    }
+    use crate::udaf::common::moments_of as cell;
 
     #[test]
     fn sums_by_size_equal_the_sums_over_clusters() {

@@ -62,6 +62,14 @@ impl FunctionDoc {
     }
 }
 
+/// The moments of `xs` (a test's cluster, written out).
+#[cfg(test)]
+pub(crate) fn moments_of(xs: &[f64]) -> Moments {
+    let mut m = Moments::default();
+    xs.iter().for_each(|&x| m.push(x));
+    m
+}
+
 /// Count, mean and sum of squared deviations (Welford), mergeable (Chan et al.).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Moments {

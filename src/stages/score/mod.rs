@@ -495,8 +495,8 @@ async fn stream(
 }
 
 /// Scores every call of the run with `scorer`, replacing `scores/<name>@<version>/`
-/// (score pays for no model call, so an interrupted attempt is simply redone).
-/// `only` restricts scoring to some call ids (the holdout). Returns rows written.
+/// (score pays for no model call, so an interrupted attempt is simply redone). Returns
+/// rows written.
 pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryError> {
     let ctx = new_context();
     // Each part's join probes all of `cases` (the part is the build side): with the join's
