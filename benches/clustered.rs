@@ -92,7 +92,7 @@ fn write_layout(dir: &Path, rows: usize, sorted: bool, dict: bool) {
         let mut w = ArrowWriter::try_new(
             File::create(&tmp).unwrap(),
             schema.clone(),
-            Some(evalflow::storage::parquet_props()),
+            Some(evalflow::storage::parquet_props(&schema)),
         )
         .unwrap();
         let (mut models, mut tpls, mut scores, mut bases) = (

@@ -82,7 +82,9 @@ const ANSWERS: &[(&str, &str, &str)] = &[
     ("ClickUp", "ClickUp is an option people mention.", "neutral"),
 ];
 
-async fn build_run(root: &Path) -> Vec<(String, String)> {
+/// Writes the run at `root`; `split` writes `cases` in parts of five cases and `calls` in
+/// two parts that each name cases of every `cases` part.
+async fn build_run(root: &Path, split: bool) -> Vec<(String, String)> {
     let store = RunStore::open(root.to_str().unwrap()).unwrap();
     let p = evalflow::pipeline::Pipeline::parse(PIPELINE, Path::new("brands.toml")).unwrap();
     let mut cases = Vec::new();
@@ -172,10 +174,21 @@ async fn build_run(root: &Path) -> Vec<(String, String)> {
         },
     ));
     let mut w = store.part_writer("cases", evalflow::schema::Table::Cases.schema(), "part");
-    w.write(generate::to_batch(&cases)).await.unwrap();
+    for chunk in cases.chunks(if split { 5 } else { cases.len() }) {
+        w.write(generate::to_batch(chunk)).await.unwrap();
+        w.flush().await.unwrap();
+    }
     w.finish().await.unwrap();
     let mut w = store.part_writer("calls", evalflow::schema::Table::Calls.schema(), "part");
-    w.write(call::to_batch(&p.model, &rows)).await.unwrap();
+    if split {
+        for odd in [0, 1] {
+            let half: Vec<CallRow> = rows.iter().skip(odd).step_by(2).cloned().collect();
+            w.write(call::to_batch(&p.model, &half)).await.unwrap();
+            w.flush().await.unwrap();
+        }
+    } else {
+        w.write(call::to_batch(&p.model, &rows)).await.unwrap();
+    }
     w.finish().await.unwrap();
     let mut m = Manifest {
         run_id: "brands".into(),
@@ -222,7 +235,7 @@ fn sql(root: &Path, q: &str) -> serde_json::Value {
 async fn validity_scores_check_rescore_and_holdout() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("run");
-    let labels = build_run(&root).await;
+    let labels = build_run(&root, false).await;
     let r = root.to_str().unwrap();
 
     // Every failure shape gets its own verdict and no score.
@@ -421,4 +434,26 @@ async fn validity_scores_check_rescore_and_holdout() {
         gutted.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
+/// Score joins each calls part with only the parts of `cases` whose bloom filters may hold
+/// its cases: with `cases` in three parts and each calls part naming cases of all three,
+/// every call is scored exactly as with one part of each.
+#[tokio::test(flavor = "multi_thread")]
+async fn scores_do_not_depend_on_how_cases_and_calls_are_split_in_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = "SELECT s.call_id, s.case_id, s.validity, s.score, s.label FROM scores s ORDER BY s.call_id";
+    let mut got = Vec::new();
+    for split in [false, true] {
+        let root = dir.path().join(format!("run-{split}"));
+        build_run(&root, split).await;
+        let parts = |t: &str| std::fs::read_dir(root.join(t)).unwrap().count();
+        assert_eq!(
+            (parts("cases"), parts("calls")),
+            if split { (3, 2) } else { (1, 1) }
+        );
+        got.push(sql(&root, q));
+    }
+    assert_eq!(got[0].as_array().unwrap().len(), ANSWERS.len() + 3);
+    assert_eq!(got[0], got[1]);
 }

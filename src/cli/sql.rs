@@ -243,7 +243,7 @@ async fn write_stream(
                 datafusion::parquet::arrow::ArrowWriter::try_new(
                     f,
                     schema.clone(),
-                    Some(crate::storage::parquet_props()),
+                    Some(crate::storage::parquet_props(&schema)),
                 )
                 .map_err(|e| internal(&e))?,
             ))

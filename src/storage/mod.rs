@@ -11,8 +11,8 @@ mod store;
 
 pub use manifest::{Manifest, StageRecord, StageStatus, now as manifest_now};
 pub use store::{
-    PART_ROWS, PartWriter, PipelinedEncoder, RootUrl, RunStore, encode_parquet, parquet_props,
-    part_rows,
+    PART_ROWS, PartFooter, PartWriter, PipelinedEncoder, RootUrl, RunStore, encode_parquet,
+    parquet_props, part_rows,
 };
 
 /// Errors of the run store. Each names the location it concerns.

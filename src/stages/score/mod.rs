@@ -499,10 +499,9 @@ async fn stream(
 /// rows written.
 pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryError> {
     let ctx = new_context();
-    // Each part's join probes all of `cases` (the part is the build side): with the join's
-    // dynamic filter evaluated while Parquet is decoded, a case the part does not name
-    // costs its `case_id` only, not its input text. Without it, a 10M-call corpus (95
-    // parts, 1.25M cases) decoded every case 95 times.
+    // Each part's join probes the parts of `cases` that may hold its cases (`CaseParts`),
+    // and the join's dynamic filter is evaluated while Parquet is decoded, so a case the
+    // part does not name costs its `case_id` only, not its input text.
     ctx.state_ref()
         .write()
         .config_mut()
@@ -527,6 +526,7 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
             .put(&format!("{}/{DEFINITION_FILE}", id.dir()), text)
             .await?;
     }
+    let case_parts = CaseParts::load(store).await?;
     let parts = store.list_parts("calls").await?;
     let progress =
         crate::progress::Progress::new(&format!("score {}", id.tag()), parts.len() as u64, "parts");
@@ -534,7 +534,7 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
     // the same name (as validate writes validity): memory is `--threads` parts' joins and
     // their encoders, with no part's rows waiting for an earlier part to be written. The
     // table is the same whatever the thread count.
-    let (ctx, bases, id, progress) = (&ctx, &bases, &id, &progress);
+    let (ctx, bases, id, progress, case_parts) = (&ctx, &bases, &id, &progress, &case_parts);
     let mut scored = futures::stream::iter(parts.into_iter().enumerate())
         .map(|(k, part)| async move {
             let name = part
@@ -553,7 +553,7 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
             };
             let mut part_out =
                 PipelinedEncoder::new(&Table::Scores.schema()).map_err(encode_err)?;
-            let mut s = part_stream(ctx, store, &part, "", k).await?;
+            let mut s = part_stream(ctx, store, case_parts, &part, "", k).await?;
             while let Some(b) = s.next().await {
                 let b = crate::schema::plain_strings(
                     b.map_err(QueryError::df("score: reading joined rows"))?,
@@ -617,10 +617,47 @@ fn score_parallel(
         .collect()
 }
 
+/// The parts of `cases` with their footers, read once per stage.
+///
+/// A calls part's join reads only the parts of `cases` whose bloom filters on `case_id`
+/// (written by `storage::parquet_props`) may hold one of the part's case ids. Import writes
+/// `cases` in corpus order and the calls of a case sit together, so an imported calls part
+/// of 100k rows finds its 13k cases in one or two parts of `cases`: the run's calls parts
+/// together read `cases` about once, rather than each all of it (O(parts x cases)).
+struct CaseParts(Vec<crate::storage::PartFooter>);
+
+impl CaseParts {
+    async fn load(store: &RunStore) -> Result<Self, QueryError> {
+        let parts = store.list_parts("cases").await?;
+        let footers = futures::future::try_join_all(parts.iter().map(|p| store.footer(p)));
+        Ok(CaseParts(footers.await?))
+    }
+
+    /// The locations of the parts that may hold one of `ids`: all of them when none may
+    /// (the join then finds no case, as it would over the whole table).
+    async fn holding(&self, store: &RunStore, ids: &[&str]) -> Result<Vec<String>, QueryError> {
+        let mut out = Vec::new();
+        for part in &self.0 {
+            if store.may_hold(part, "case_id", ids).await? {
+                out.push(store.location(&part.meta().location));
+            }
+        }
+        if out.is_empty() {
+            out = self
+                .0
+                .iter()
+                .map(|p| store.location(&p.meta().location))
+                .collect();
+        }
+        Ok(out)
+    }
+}
+
 /// The joined rows of one calls part: the part and the validity part of the same name
-/// (validate writes them 1:1) are registered as Parquet tables and joined with `cases`, so
-/// the join builds its hash table on one part and streams `cases` past it. Memory grows
-/// with a part, never with the corpus. `filter` is appended to the query.
+/// (validate writes them 1:1) are registered as Parquet tables and joined with the parts of
+/// `cases` that may hold the part's cases ([`CaseParts`]), so the join builds its hash table
+/// on one part and streams those cases past it. Memory grows with a part, never with the
+/// corpus. `filter` is appended to the query.
 ///
 /// The parts are read by the plan itself, not first into in-memory tables: the join's build
 /// side would hold a second copy of the part (10M calls: 355 MB against 373 MB, in 14.3 s
@@ -628,6 +665,7 @@ fn score_parallel(
 async fn part_stream(
     ctx: &datafusion::prelude::SessionContext,
     store: &RunStore,
+    case_parts: &CaseParts,
     part: &object_store::ObjectMeta,
     filter: &str,
     k: usize,
@@ -641,7 +679,11 @@ async fn part_stream(
             stage: "validate".into(),
         })
     })?;
-    let (calls, validity) = (format!("part_calls_{k}"), format!("part_validity_{k}"));
+    let (calls, validity, cases) = (
+        format!("part_calls_{k}"),
+        format!("part_validity_{k}"),
+        format!("part_cases_{k}"),
+    );
     for (table, meta, t) in [
         (calls.as_str(), part, Table::Calls),
         (validity.as_str(), &vmeta, Table::Validity),
@@ -651,15 +693,34 @@ async fn part_stream(
             .map_err(QueryError::df("score"))?;
         crate::query::register_parquet(ctx, table, &store.location(&meta.location)).await?;
     }
-    let sql = join_sql().replace(
-        "FROM calls k JOIN validity v",
-        &format!("FROM {calls} k JOIN {validity} v"),
-    );
+    let ids =
+        crate::query::text_rows(ctx, &format!("SELECT DISTINCT case_id FROM {calls}")).await?;
+    let ids: Vec<&str> = ids.iter().filter_map(|r| r[0].as_deref()).collect();
+    let case_urls = case_parts.holding(store, &ids).await?;
+    tracing::debug!(part = %name, cases = ids.len(), parts = case_urls.len(), of = case_parts.0.len(), "score: parts of cases joined");
+    ctx.deregister_table(cases.as_str())
+        .map_err(QueryError::df("score"))?;
+    let cases = if case_urls.is_empty() {
+        // No part at all: the caller's (empty) `cases`.
+        "cases".to_string()
+    } else {
+        crate::query::register_parquet_paths(ctx, &cases, &case_urls).await?;
+        cases
+    };
+    let sql = join_sql()
+        .replace(
+            "FROM calls k JOIN validity v",
+            &format!("FROM {calls} k JOIN {validity} v"),
+        )
+        .replace("JOIN cases c", &format!("JOIN {cases} c"));
     let s = stream(ctx, &format!("{sql} {filter}")).await;
     if !crate::query::on_cluster() {
         // The plan holds the part's files; the names are free for the next part. (A
         // cluster job resolves its tables when first polled: they stay registered.)
-        for table in [&calls, &validity] {
+        for table in [&calls, &validity, &cases] {
+            if table == "cases" {
+                continue;
+            }
             ctx.deregister_table(table.as_str())
                 .map_err(QueryError::df("score"))?;
         }
@@ -682,8 +743,9 @@ pub async fn score_calls(
     };
     let wanted: std::collections::HashSet<&str> = call_ids.iter().map(String::as_str).collect();
     let mut out = HashMap::new();
+    let case_parts = CaseParts::load(store).await?;
     for part in store.list_parts("calls").await? {
-        let mut s = part_stream(&ctx, store, &part, "", 0).await?;
+        let mut s = part_stream(&ctx, store, &case_parts, &part, "", 0).await?;
         while let Some(b) = s.next().await {
             let b = crate::schema::plain_strings(
                 b.map_err(QueryError::df("score: reading joined rows"))?,
@@ -730,8 +792,9 @@ async fn load_bases(
         "WHERE c.role = 'base' AND c.group_id IN \
          (SELECT group_id FROM cases WHERE role = 'perturbed')"
     };
+    let case_parts = CaseParts::load(store).await?;
     for part in store.list_parts("calls").await? {
-        let mut s = part_stream(ctx, store, &part, only, 0).await?;
+        let mut s = part_stream(ctx, store, &case_parts, &part, only, 0).await?;
         while let Some(b) = s.next().await {
             let b = crate::schema::plain_strings(
                 b.map_err(QueryError::df("score: reading base cases"))?,
