@@ -24,18 +24,46 @@ use super::{ImportError, Options, Provenance, Record, RecordIter, bad, bad_file}
 /// that memory holds a few blocks, never the file.
 const BLOCK_BYTES: usize = 4 << 20;
 
-/// Whole lines read from the file, with the number of the first.
+/// Whole lines of the file, with the number of the first.
 struct Block {
     first_line: usize,
-    data: Vec<u8>,
+    data: Bytes,
+    /// The block's lines are `data[..len]` (a mapped window ends inside the next line).
+    len: usize,
+}
+
+impl Block {
+    fn lines(&self) -> &[u8] {
+        &self.data[..self.len]
+    }
+}
+
+/// A block's bytes: a window of the file mapped into memory, so the parse reads the page
+/// cache where it is rather than a copy that `read` made of it; or, where the file cannot
+/// be mapped (a pipe, a special file), bytes read into a buffer.
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    Read(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Read(v) => v,
+        }
+    }
 }
 
 /// Opens a pairs file: one record per non-empty line, in file order.
 ///
-/// Two threads: one reads the file in blocks of whole lines ([`read_blocks`]), the other
-/// splits each block into lines and parses them on rayon's pool (sized by `--threads`).
-/// Reading the next block overlaps the parse of this one, so a file that is not in the page
-/// cache costs its disk time beside the parsing rather than before it; bounded channels keep
+/// Two threads: one cuts the file into blocks of whole lines (windows mapped into memory,
+/// [`map_blocks`], or for a pipe buffers read, [`read_blocks`]) and counts their lines,
+/// the other splits each block into lines and parses them on rayon's pool (sized by
+/// `--threads`). Counting the next block's lines (which faults its pages in) overlaps the
+/// parse of this one, so a file that is not in the page cache costs its disk time beside
+/// the parsing rather than before it; bounded channels keep
 /// at most a few blocks and parsed chunks in memory. Lines are split and checked for UTF-8
 /// in the parse, on every core, not one line at a time on the reader.
 ///
@@ -47,7 +75,10 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
     let file: PathBuf = path.to_path_buf();
     let model = opts.model.clone();
     let (btx, brx) = std::sync::mpsc::sync_channel::<std::io::Result<Block>>(2);
-    std::thread::spawn(move || read_blocks(f, &btx));
+    std::thread::spawn(move || match f.metadata() {
+        Ok(m) if m.is_file() => map_blocks(&f, m.len(), &btx),
+        _ => read_blocks(f, &btx),
+    });
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Result<Record, ImportError>>>(2);
     std::thread::spawn(move || {
         let mut next_line = 1;
@@ -92,7 +123,7 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
 /// A block's lines with their numbers, as `BufRead::lines` gives them (without `\n` or
 /// `\r\n`; a last line without newline is a line).
 fn split_lines(block: &Block) -> Vec<(usize, &[u8])> {
-    let data = &block.data;
+    let data = block.lines();
     let mut out = Vec::with_capacity(data.len() / 256);
     let mut start = 0;
     let mut push = |start: usize, end: usize| {
@@ -112,8 +143,67 @@ fn split_lines(block: &Block) -> Vec<(usize, &[u8])> {
     out
 }
 
-/// Sends the file as [`Block`]s of about [`BLOCK_BYTES`] of whole lines (the last line may
-/// lack its newline), until the end, a read error, or a receiver that hung up.
+/// Sends a regular file as [`Block`]s of about [`BLOCK_BYTES`] of whole lines, each a
+/// window of the file mapped into memory and unmapped once its lines are parsed, so the
+/// resident memory is the blocks in flight, never the file. A window with no newline (a line
+/// longer than a block) is mapped again twice as large.
+///
+/// A file truncated while it is mapped kills the process (SIGBUS) instead of yielding half a
+/// line: import writes under `_import/` until it finishes, so no table is left half-written.
+fn map_blocks(
+    f: &std::fs::File,
+    size: u64,
+    tx: &std::sync::mpsc::SyncSender<std::io::Result<Block>>,
+) {
+    let (mut start, mut first_line, mut window) = (0u64, 1, BLOCK_BYTES as u64);
+    while start < size {
+        let len = window.min(size - start);
+        // SAFETY: the map is read only; the file is one evalflow opened to import and does
+        // not write (see above for a file that another process truncates).
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(start)
+                .len(len as usize)
+                .map(f)
+        };
+        let map = match map {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        };
+        // A file not in the page cache: read the whole window ahead, not page by page as the
+        // line count below touches it. Only a hint; a refusal changes nothing.
+        let _ = map.advise(memmap2::Advice::WillNeed);
+        let end = if start + len == size {
+            len as usize
+        } else {
+            // Cut after the last newline; the partial line starts the next block.
+            match memchr::memrchr(b'\n', &map) {
+                Some(e) => e + 1,
+                None => {
+                    window *= 2;
+                    continue;
+                }
+            }
+        };
+        let lines = memchr::memchr_iter(b'\n', &map[..end]).count();
+        let block = Block {
+            first_line,
+            data: Bytes::Mapped(map),
+            len: end,
+        };
+        if tx.send(Ok(block)).is_err() {
+            return;
+        }
+        (start, first_line, window) = (start + end as u64, first_line + lines, BLOCK_BYTES as u64);
+    }
+}
+
+/// Sends the file as [`Block`]s of about [`BLOCK_BYTES`] of whole lines read into buffers
+/// (the last line may lack its newline), until the end, a read error, or a receiver that
+/// hung up: for a file that cannot be mapped.
 fn read_blocks(mut f: std::fs::File, tx: &std::sync::mpsc::SyncSender<std::io::Result<Block>>) {
     use std::io::Read;
     let mut carry: Vec<u8> = Vec::new();
@@ -132,7 +222,13 @@ fn read_blocks(mut f: std::fs::File, tx: &std::sync::mpsc::SyncSender<std::io::R
             }
             Ok(0) => {
                 if !data.is_empty() {
-                    let _ = tx.send(Ok(Block { first_line, data }));
+                    let len = data.len();
+                    let data = Bytes::Read(data);
+                    let _ = tx.send(Ok(Block {
+                        first_line,
+                        data,
+                        len,
+                    }));
                 }
                 return;
             }
@@ -146,7 +242,16 @@ fn read_blocks(mut f: std::fs::File, tx: &std::sync::mpsc::SyncSender<std::io::R
         carry = data[end + 1..].to_vec();
         data.truncate(end + 1);
         let lines = memchr::memchr_iter(b'\n', &data).count();
-        if tx.send(Ok(Block { first_line, data })).is_err() {
+        let len = data.len();
+        let data = Bytes::Read(data);
+        if tx
+            .send(Ok(Block {
+                first_line,
+                data,
+                len,
+            }))
+            .is_err()
+        {
             return;
         }
         first_line += lines;
@@ -545,5 +650,50 @@ mod tests {
                 .starts_with(&format!("{}:{bad_at}: field `(line)`", p.display())),
             "{err}"
         );
+    }
+
+    /// A file that cannot be mapped (a named pipe) is read into buffers instead: the same
+    /// records, with the same line numbers, across blocks.
+    #[cfg(unix)]
+    #[test]
+    fn a_pipe_is_read_as_a_file_is_mapped() {
+        let d = tempfile::tempdir().unwrap();
+        let (file, pipe) = (d.path().join("c.jsonl"), d.path().join("p.jsonl"));
+        let n = 3 * BLOCK_BYTES / 1000;
+        let text: String = (1..=n)
+            .map(|i| {
+                let pad = "y".repeat(900 + i % 89);
+                format!(
+                    r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "q{i} {pad}"}}]}}, "response": {{"choices": [{{"message": {{"content": "a{i}"}}}}]}}}}"#
+                ) + if i % 500 == 0 { "\n\n" } else { "\n" }
+            })
+            .collect();
+        std::fs::write(&file, &text).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&pipe)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let writer = {
+            let (pipe, text) = (pipe.clone(), text.clone());
+            std::thread::spawn(move || std::fs::write(pipe, text).unwrap())
+        };
+        let read = |p: &Path| -> Vec<(Option<String>, String)> {
+            open(p, &Options::default())
+                .unwrap()
+                .map(|r| {
+                    let r = r.unwrap();
+                    (r.source.id, r.input)
+                })
+                .collect()
+        };
+        let (mapped, piped) = (read(&file), read(&pipe));
+        writer.join().unwrap();
+        assert_eq!(mapped.len(), n);
+        assert_eq!(
+            mapped[n - 1].0.as_deref(),
+            Some((n + (n - 1) / 500).to_string().as_str())
+        );
+        assert_eq!(mapped, piped);
     }
 }
