@@ -17,7 +17,7 @@ use datafusion::arrow::array::{
     Array, ArrayRef, BooleanArray, BooleanBuilder, Float64Array, Int32Array, ListBuilder,
     RecordBatch, StringArray,
 };
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use sha2::{Digest, Sha256};
 
 use crate::query::{QueryError, new_context, register_run};
@@ -636,12 +636,16 @@ impl CaseParts {
     /// The locations of the parts that may hold one of `ids`: all of them when none may
     /// (the join then finds no case, as it would over the whole table).
     async fn holding(&self, store: &RunStore, ids: &[&str]) -> Result<Vec<String>, QueryError> {
-        let mut out = Vec::new();
-        for part in &self.0 {
-            if store.may_hold(part, "case_id", ids).await? {
-                out.push(store.location(&part.meta().location));
-            }
-        }
+        // Each answer is a small read (a filter per row group): several at once.
+        let held: Vec<bool> = futures::stream::iter(&self.0)
+            .map(|part| store.may_hold(part, "case_id", ids))
+            .buffered(8)
+            .try_collect()
+            .await?;
+        let mut out: Vec<String> = (self.0.iter().zip(held))
+            .filter(|(_, held)| *held)
+            .map(|(part, _)| store.location(&part.meta().location))
+            .collect();
         if out.is_empty() {
             out = self
                 .0
