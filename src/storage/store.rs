@@ -615,12 +615,12 @@ fn memory_store(name: &str) -> Arc<dyn ObjectStore> {
 /// The Parquet writer properties of every file evalflow writes: Snappy, row groups of
 /// [`PART_ROWS`] rows, and for `cases` a bloom filter on `case_id`.
 ///
-/// Score joins one calls part at a time with `cases`, and the join pushes the part's case
-/// ids into the `cases` scan as an IN list (see `stages::score`): the bloom filters let the
-/// scan skip every row group that holds none of them, so a run's parts together read
-/// `cases` about once rather than once per part. A row group is skipped only when every id
-/// of the list misses its filter, so the false-positive rate must be small against the
-/// thousands of ids a part names: 1e-6 (a 512 KiB filter per 100k cases, 4% of the file).
+/// Score joins one calls part at a time with `cases`, and asks each part of `cases` whether
+/// its filter may hold one of the calls part's case ids (`stages::score::CaseParts`), so a
+/// run's calls parts together read `cases` about once rather than once each. A part is
+/// skipped only when every id misses its filter, so the false-positive rate must be small
+/// against the thousands of ids a calls part names: 1e-6 (a 512 KiB filter per 100k cases,
+/// 4% of the file).
 pub fn parquet_props(schema: &Schema) -> WriterProperties {
     let b = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
