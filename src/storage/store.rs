@@ -312,23 +312,13 @@ impl RunStore {
     /// # Errors
     /// [`StorageError::CorruptPart`] when the footer is unreadable, [`StorageError::Schema`]
     /// naming the part and the first column that does not fit.
-    #[allow(deprecated)]
     pub async fn check_part(&self, meta: &ObjectMeta, table: Table) -> Result<(), StorageError> {
-        let location = self.location(&meta.location);
-        let reader = ParquetObjectReader::new(self.store.clone(), meta.location.clone())
-            .with_file_size(meta.size);
-        let builder = ParquetRecordBatchStreamBuilder::new(reader)
-            .await
-            .map_err(|source| StorageError::CorruptPart {
-                location: location.clone(),
-                what: "footer".into(),
-                source,
-            })?;
-        check_compatible(table, builder.schema(), &location)?;
+        let f = self.footer(meta).await?;
+        check_compatible(table, f.footer.schema(), &self.location(&meta.location))?;
         Ok(())
     }
 
-    /// Reads a part's footer once, for [`RunStore::may_hold`] to ask part after part.
+    /// Reads a part's footer (once, for [`RunStore::may_hold`] to ask part after part).
     #[allow(deprecated)]
     pub async fn footer(&self, meta: &ObjectMeta) -> Result<PartFooter, StorageError> {
         let mut reader = ParquetObjectReader::new(self.store.clone(), meta.location.clone())
@@ -402,22 +392,13 @@ impl RunStore {
     }
 
     /// The number of rows of one part and a fingerprint of its Arrow schema, from its footer.
-    #[allow(deprecated)]
     pub async fn part_rows_and_schema(
         &self,
         meta: &ObjectMeta,
     ) -> Result<(u64, String), StorageError> {
-        let reader = ParquetObjectReader::new(self.store.clone(), meta.location.clone())
-            .with_file_size(meta.size);
-        let builder = ParquetRecordBatchStreamBuilder::new(reader)
-            .await
-            .map_err(|source| StorageError::CorruptPart {
-                location: self.location(&meta.location),
-                what: "footer".into(),
-                source,
-            })?;
-        let rows = builder.metadata().file_metadata().num_rows().max(0) as u64;
-        Ok((rows, format!("{:?}", builder.schema().fields())))
+        let f = self.footer(meta).await?;
+        let rows = f.footer.metadata().file_metadata().num_rows().max(0) as u64;
+        Ok((rows, format!("{:?}", f.footer.schema().fields())))
     }
 
     /// Streams every part of a table folder in name order, one part at a time.
