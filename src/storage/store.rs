@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::parquet::arrow::arrow_reader::ArrowReaderMetadata;
 // ParquetObjectReader is deprecated in parquet 59 in favour of a hand-written
 // AsyncFileReader; it is still the simplest correct reader over object_store.
-use datafusion::parquet::arrow::arrow_reader::ArrowReaderMetadata;
 #[allow(deprecated)]
 use datafusion::parquet::arrow::async_reader::ParquetObjectReader;
 use datafusion::parquet::arrow::{ArrowWriter, ParquetRecordBatchStreamBuilder};
@@ -21,9 +21,9 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutPayload};
 use url::Url;
 
 use super::StorageError;
+use crate::schema::{Table, check_compatible};
 
 type ParquetError = datafusion::parquet::errors::ParquetError;
-use crate::schema::{Table, check_compatible};
 
 /// Rows per Parquet part: large enough for fast scans, small enough that a writer holds
 /// only a bounded buffer.

@@ -634,8 +634,7 @@ impl CaseParts {
         Ok(CaseParts(footers.await?))
     }
 
-    /// The locations of the parts that may hold one of `ids`: all of them when none may
-    /// (the join then finds no case, as it would over the whole table).
+    /// The locations of the parts that may hold one of `ids`.
     async fn holding(&self, store: &RunStore, ids: &[&str]) -> Result<Vec<String>, QueryError> {
         // Each answer is a small read (a filter per row group): several at once.
         let held: Vec<bool> = futures::stream::iter(&self.0)
@@ -643,18 +642,10 @@ impl CaseParts {
             .buffered(8)
             .try_collect()
             .await?;
-        let mut out: Vec<String> = (self.0.iter().zip(held))
+        Ok((self.0.iter().zip(held))
             .filter(|(_, held)| *held)
             .map(|(part, _)| store.location(&part.meta().location))
-            .collect();
-        if out.is_empty() {
-            out = self
-                .0
-                .iter()
-                .map(|p| store.location(&p.meta().location))
-                .collect();
-        }
-        Ok(out)
+            .collect())
     }
 }
 
@@ -706,7 +697,8 @@ async fn part_stream(
     ctx.deregister_table(cases.as_str())
         .map_err(QueryError::df("score"))?;
     let cases = if case_urls.is_empty() {
-        // No part at all: the caller's (empty) `cases`.
+        // No part may hold them (or `cases` has none): the caller's whole `cases`, whose
+        // join finds no case either.
         "cases".to_string()
     } else {
         crate::query::register_parquet_paths(ctx, &cases, &case_urls).await?;
