@@ -12,7 +12,7 @@
 //! never a silent NULL or a value wrapped through `as u32`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -30,6 +30,8 @@ struct Block {
     data: Bytes,
     /// The block's lines are `data[..len]` (a mapped window ends inside the next line).
     len: usize,
+    /// How many lines it holds.
+    lines: usize,
 }
 
 impl Block {
@@ -58,66 +60,92 @@ impl std::ops::Deref for Bytes {
 
 /// Opens a pairs file: one record per non-empty line, in file order.
 ///
-/// Two threads: one cuts the file into blocks of whole lines (windows mapped into memory,
-/// [`map_blocks`], or for a pipe buffers read, [`read_blocks`]) and counts their lines,
-/// the other splits each block into lines and parses them on rayon's pool (sized by
-/// `--threads`). Counting the next block's lines (which faults its pages in) overlaps the
-/// parse of this one, so a file that is not in the page cache costs its disk time beside
-/// the parsing rather than before it; bounded channels keep
-/// at most a few blocks and parsed chunks in memory. Lines are split and checked for UTF-8
-/// in the parse, on every core, not one line at a time on the reader.
+/// One thread cuts the file into blocks of whole lines (windows mapped into memory,
+/// [`map_blocks`], or for a pipe buffers read, [`read_blocks`]) and counts their lines;
+/// another hands each block to rayon's pool (sized by `--threads`), which splits it into
+/// lines and parses them, and queues the block's result in file order. Two blocks are
+/// parsed at once, so the pool never waits for the end of a block (or for the consumer)
+/// before it starts the next. Counting the next block's lines (which faults its pages
+/// in) overlaps the parse, so a file that is not in the page cache costs its disk time
+/// beside the parsing rather than before it; bounded channels keep at most a few blocks
+/// and parsed blocks in memory. Lines are split and checked for UTF-8 in the parse, on
+/// every core, not one line at a time on the reader.
 ///
 /// # Errors
 /// The file cannot be opened.
 pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
-    use rayon::prelude::*;
+    type Parsed = Vec<Result<Record, ImportError>>;
     let f = std::fs::File::open(path).map_err(|e| bad_file(path, e))?;
-    let file: PathBuf = path.to_path_buf();
-    let model = opts.model.clone();
+    let file = std::sync::Arc::new(path.to_path_buf());
+    let model = std::sync::Arc::new(opts.model.clone());
     let (btx, brx) = std::sync::mpsc::sync_channel::<std::io::Result<Block>>(2);
     std::thread::spawn(move || match f.metadata() {
         Ok(m) if m.is_file() => map_blocks(&f, m.len(), &btx),
         _ => read_blocks(f, &btx),
     });
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Result<Record, ImportError>>>(2);
+    // Each block's parse, in file order: the consumer waits on the first.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<std::sync::mpsc::Receiver<Parsed>>(1);
     std::thread::spawn(move || {
         let mut next_line = 1;
         for block in brx {
             let block = match block {
                 Ok(b) => b,
                 Err(e) => {
-                    let _ = tx.send(vec![Err(bad(&file, next_line, "(line)", e))]);
+                    let (etx, erx) = std::sync::mpsc::sync_channel(1);
+                    let _ = etx.send(vec![Err(bad(&file, next_line, "(line)", e))]);
+                    let _ = tx.send(erx);
                     return;
                 }
             };
-            let lines = split_lines(&block);
-            next_line = block.first_line + lines.len();
-            // Slices in order, each remembering its last request: the samples and models
-            // of a case usually sit together and send the same request text.
-            let records: Vec<Result<Record, ImportError>> = lines
-                .par_chunks(SLICE_LINES)
-                .flat_map_iter(|slice| {
-                    let mut last: Option<(String, Request)> = None;
-                    slice
-                        .iter()
-                        .filter_map(|&(n, line)| match std::str::from_utf8(line) {
-                            Err(e) => {
-                                Some(Err(bad(&file, n, "(line)", format!("invalid UTF-8: {e}"))))
-                            }
-                            Ok(l) if l.trim().is_empty() => None,
-                            Ok(l) => Some(record(&file, n, l, &model, &mut last)),
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .collect();
-            let stop = records.iter().any(Result::is_err);
+            next_line = block.first_line + block.lines;
+            let (ptx, prx) = std::sync::mpsc::sync_channel(1);
             // The receiver stops at the first error (or was dropped): read no further.
-            if tx.send(records).is_err() || stop {
+            if tx.send(prx).is_err() {
                 return;
             }
+            let (file, model) = (file.clone(), model.clone());
+            rayon::spawn(move || {
+                let _ = ptx.send(parse_block(&file, &model, &block));
+            });
         }
     });
-    Ok(Box::new(rx.into_iter().flatten()))
+    let parsed = rx.into_iter().map_while(|p| p.recv().ok());
+    // Stop at a block's first error: the records before it, then the error.
+    let records = parsed.scan(false, |failed, mut block| {
+        (!*failed).then(|| {
+            if let Some(e) = block.iter().position(Result::is_err) {
+                block.truncate(e + 1);
+                *failed = true;
+            }
+            block
+        })
+    });
+    Ok(Box::new(records.flatten()))
+}
+
+/// A block's records, parsed slice by slice on rayon's pool.
+fn parse_block(
+    file: &Path,
+    model: &Option<String>,
+    block: &Block,
+) -> Vec<Result<Record, ImportError>> {
+    use rayon::prelude::*;
+    // Slices in order, each remembering its last request: the samples and models of a
+    // case usually sit together and send the same request text.
+    split_lines(block)
+        .par_chunks(SLICE_LINES)
+        .flat_map_iter(|slice| {
+            let mut last: Option<(String, Request)> = None;
+            slice
+                .iter()
+                .filter_map(|&(n, line)| match std::str::from_utf8(line) {
+                    Err(e) => Some(Err(bad(file, n, "(line)", format!("invalid UTF-8: {e}")))),
+                    Ok(l) if l.trim().is_empty() => None,
+                    Ok(l) => Some(record(file, n, l, model, &mut last)),
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// A block's lines with their numbers, as `BufRead::lines` gives them (without `\n` or
@@ -193,6 +221,7 @@ fn map_blocks(
             first_line,
             data: Bytes::Mapped(map),
             len: end,
+            lines,
         };
         if tx.send(Ok(block)).is_err() {
             return;
@@ -222,12 +251,14 @@ fn read_blocks(mut f: std::fs::File, tx: &std::sync::mpsc::SyncSender<std::io::R
             }
             Ok(0) => {
                 if !data.is_empty() {
+                    // The last line, without its newline.
                     let len = data.len();
                     let data = Bytes::Read(data);
                     let _ = tx.send(Ok(Block {
                         first_line,
                         data,
                         len,
+                        lines: 1,
                     }));
                 }
                 return;
@@ -249,6 +280,7 @@ fn read_blocks(mut f: std::fs::File, tx: &std::sync::mpsc::SyncSender<std::io::R
                 first_line,
                 data,
                 len,
+                lines,
             }))
             .is_err()
         {
@@ -695,5 +727,39 @@ mod tests {
             Some((n + (n - 1) / 500).to_string().as_str())
         );
         assert_eq!(mapped, piped);
+    }
+
+    #[test]
+    fn a_bad_line_in_a_later_block_ends_the_records_with_its_file_and_line() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("c.jsonl");
+        let n = 3 * BLOCK_BYTES / 1000;
+        let bad_at = n - 7;
+        let text: String = (1..=n)
+            .map(|i| {
+                if i == bad_at {
+                    return r#"{"request": {"model": "m", "messages": []}, "response": 5}"#
+                        .to_string()
+                        + "\n";
+                }
+                let pad = "y".repeat(900 + i % 89);
+                format!(
+                    r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "q{i} {pad}"}}]}}, "response": {{"choices": [{{"message": {{"content": "a{i}"}}}}]}}}}"#
+                ) + "\n"
+            })
+            .collect();
+        std::fs::write(&file, &text).unwrap();
+        let got: Vec<_> = open(&file, &Options::default()).unwrap().collect();
+        // Every record before the bad line, in order, then its error, then nothing.
+        assert_eq!(got.len(), bad_at);
+        for (i, r) in got[..bad_at - 1].iter().enumerate() {
+            let r = r.as_ref().unwrap();
+            assert_eq!(r.source.id.as_deref(), Some((i + 1).to_string().as_str()));
+        }
+        let err = got[bad_at - 1].as_ref().err().unwrap().to_string();
+        assert!(
+            err.contains(&format!("c.jsonl:{bad_at}")) && err.contains("request.messages"),
+            "{err}"
+        );
     }
 }

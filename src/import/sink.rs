@@ -51,6 +51,11 @@ use crate::schema::Table;
 use crate::stages::call;
 use crate::storage::{PartWriter, RunStore, StorageError};
 
+/// Chunks pushed whose keys are still being computed before a push waits for the oldest:
+/// enough that the pool, busy parsing a block of the source, gets to them before the
+/// sink needs them.
+const KEYED_AHEAD: usize = 4;
+
 /// Rows per staging batch (and so the memory of the streaming phase).
 pub const STAGE_ROWS: usize = 8192;
 
@@ -467,7 +472,14 @@ pub struct ImportSink {
     staging: Option<PartWriter>,
     case_staging: Option<PartWriter>,
     score_staging: Option<PartWriter>,
-    rows: u64,
+    /// The last chunks pushed, oldest first, whose keys rayon computes while the chunks
+    /// before them are staged: a push stages the oldest once [`KEYED_AHEAD`] wait,
+    /// [`Self::finish`] stages them all.
+    pending: std::collections::VecDeque<tokio::sync::oneshot::Receiver<(Vec<Record>, Vec<Keys>)>>,
+    /// Records pushed (staged or pending).
+    pushed: u64,
+    /// Records staged, so the next one's `seq`.
+    next_seq: u64,
     /// Rows of the staged case fields.
     case_rows: u64,
     direct_rows: u64,
@@ -513,7 +525,9 @@ impl ImportSink {
             staging: scratch(STAGING, staging_schema()),
             case_staging: scratch(CASE_STAGING, case_staging_schema()),
             score_staging: scratch(SCORE_STAGING, scores_staging_schema()),
-            rows: 0,
+            pending: Default::default(),
+            pushed: 0,
+            next_seq: 0,
             case_rows: 0,
             direct_rows: 0,
             staged_rows: 0,
@@ -525,99 +539,48 @@ impl ImportSink {
 
     /// Rows pushed so far.
     pub fn rows(&self) -> u64 {
-        self.rows
+        self.pushed
     }
 
-    /// Adds records in their order; their hashes (case id, request and response hash, call
-    /// id: the costly part of staging) are computed on rayon's pool first.
+    /// Adds records in their order. Their hashes (case id, request and response hash, call
+    /// id: the costly part of staging) are computed on rayon's pool while the chunk pushed
+    /// before them is staged, so the caller never waits for the pool: a caller that waited
+    /// held back the parse feeding it, and both cores idled about a fifth of an import.
     pub async fn push_many(&mut self, records: Vec<Record>) -> Result<(), ImportError> {
-        use rayon::prelude::*;
-        // Records of one case (its samples, its models) usually sit together: each slice
-        // reuses the previous record's hashes when its case or request is the same.
-        let keys: Vec<Keys> = records
-            .par_chunks(256)
-            .flat_map_iter(|chunk| {
-                let mut prev: Option<(&Record, Keys)> = None;
-                chunk
-                    .iter()
-                    .map(|r| {
-                        let k = match &prev {
-                            Some((p, pk)) => self.keys_after(r, p, pk),
-                            None => self.keys(r),
-                        };
-                        prev = Some((r, k.clone()));
-                        k
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        self.pushed += records.len() as u64;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let test = self.defaults.test.clone();
+        rayon::spawn(move || {
+            let keys = chunk_keys(&test, &records);
+            let _ = tx.send((records, keys));
+        });
+        self.pending.push_back(rx);
+        if self.pending.len() > KEYED_AHEAD {
+            let oldest = self.pending.pop_front().expect("more than one pending");
+            self.stage_pending(oldest).await?;
+        }
+        Ok(())
+    }
+
+    /// Stages a chunk once rayon has its keys.
+    async fn stage_pending(
+        &mut self,
+        chunk: tokio::sync::oneshot::Receiver<(Vec<Record>, Vec<Keys>)>,
+    ) -> Result<(), ImportError> {
+        let (records, keys) = chunk
+            .await
+            .map_err(|_| ImportError::Writer("import: the keys of a chunk were lost".into()))?;
         for (r, k) in records.into_iter().zip(keys) {
             self.stage(r, k).await?;
         }
         Ok(())
     }
 
-    /// [`Self::keys`] of `r`, reusing those of the record before it (`p`, whose keys are
-    /// `pk`) where the inputs are the same.
-    fn keys_after(&self, r: &Record, p: &Record, pk: &Keys) -> Keys {
-        let same_case = r.test == p.test
-            && r.case_key == p.case_key
-            && r.system == p.system
-            && r.input == p.input;
-        if !same_case {
-            return self.keys(r);
-        }
-        let request_hash = if r.request_key == p.request_key {
-            pk.request_hash.clone()
-        } else {
-            call::sha_prefix(&[&r.request_key], 32)
-        };
-        Keys {
-            test: pk.test.clone(),
-            call_id: direct_call_id(r, &pk.case_id, &request_hash),
-            case_id: pk.case_id.clone(),
-            request_hash,
-            response_hash: call::response_hash(r.response.as_deref()),
-        }
-    }
-
-    /// A record's test, case id, hashes and (direct records) call id.
-    fn keys(&self, r: &Record) -> Keys {
-        let test = self
-            .defaults
-            .test
-            .clone()
-            .or_else(|| r.test.clone())
-            .unwrap_or_else(|| "imported".into());
-        // One case per (test, the source's case id) where the source has one, else per
-        // (test, system, input).
-        let case_id = match &r.case_key {
-            Some(k) => call::sha_prefix(&["imported", &test, &format!("\u{0}{k}"), ""], 24),
-            None => call::sha_prefix(
-                &[
-                    "imported",
-                    &test,
-                    r.system.as_deref().unwrap_or(""),
-                    &r.input,
-                ],
-                24,
-            ),
-        };
-        let request_hash = call::sha_prefix(&[&r.request_key], 32);
-        Keys {
-            call_id: direct_call_id(r, &case_id, &request_hash),
-            response_hash: call::response_hash(r.response.as_deref()),
-            request_hash,
-            test,
-            case_id,
-        }
-    }
-
     /// Appends one record, with its keys, to the direct or staged batch (and its case's
     /// fields when its case is not the last record's); commits full batches.
     async fn stage(&mut self, r: Record, k: Keys) -> Result<(), ImportError> {
-        let seq = self.rows;
-        self.rows += 1;
+        let seq = self.next_seq;
+        self.next_seq += 1;
         if !self.models.contains(&r.model) {
             self.models.insert(r.model.clone());
         }
@@ -750,11 +713,16 @@ impl ImportSink {
 
     /// Commits every buffered batch and waits for the writer tasks.
     async fn commit_scratch(&mut self) -> Result<(), ImportError> {
-        let mut failed = if self.direct.rows > 0 {
-            self.send_direct().await.err()
-        } else {
-            None
-        };
+        let mut failed = None;
+        while let Some(chunk) = self.pending.pop_front() {
+            if let Err(e) = self.stage_pending(chunk).await {
+                failed = Some(e);
+                break;
+            }
+        }
+        if failed.is_none() && self.direct.rows > 0 {
+            failed = self.send_direct().await.err();
+        }
         // Every writer is joined, even after an error, so none puts a part once `_import/`
         // is deleted; after an error they are not told to commit what they hold.
         let mut written = 0;
@@ -858,7 +826,7 @@ impl ImportSink {
         // parts keep it), half a pass's ids at a time, it holds that many cases, not every
         // case (about 75 MB at 10M records, 1.25M cases).
         let passes = (n_cases as usize).div_ceil((pass_rows() / 2).max(1)).max(1) as u64;
-        let step = self.rows.div_ceil(passes).max(1);
+        let step = self.next_seq.div_ceil(passes).max(1);
         let mut cases = 0;
         for i in 0..passes {
             cases += write_partitioned(
@@ -1070,6 +1038,83 @@ impl ImportSink {
             first: seq(seqs.first()),
             second: seq(seqs.last()),
         })
+    }
+}
+
+/// The keys of a chunk's records, in order. Records of one case (its samples, its models)
+/// usually sit together: each slice reuses the previous record's hashes when its case or
+/// request is the same.
+fn chunk_keys(test: &Option<String>, records: &[Record]) -> Vec<Keys> {
+    use rayon::prelude::*;
+    records
+        .par_chunks(256)
+        .flat_map_iter(|chunk| {
+            let mut prev: Option<(&Record, Keys)> = None;
+            chunk
+                .iter()
+                .map(|r| {
+                    let k = match &prev {
+                        Some((p, pk)) => keys_after(test, r, p, pk),
+                        None => keys(test, r),
+                    };
+                    prev = Some((r, k.clone()));
+                    k
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// [`keys`] of `r`, reusing those of the record before it (`p`, whose keys are `pk`) where
+/// the inputs are the same.
+fn keys_after(test: &Option<String>, r: &Record, p: &Record, pk: &Keys) -> Keys {
+    let same_case =
+        r.test == p.test && r.case_key == p.case_key && r.system == p.system && r.input == p.input;
+    if !same_case {
+        return keys(test, r);
+    }
+    let request_hash = if r.request_key == p.request_key {
+        pk.request_hash.clone()
+    } else {
+        call::sha_prefix(&[&r.request_key], 32)
+    };
+    Keys {
+        test: pk.test.clone(),
+        call_id: direct_call_id(r, &pk.case_id, &request_hash),
+        case_id: pk.case_id.clone(),
+        request_hash,
+        response_hash: call::response_hash(r.response.as_deref()),
+    }
+}
+
+/// A record's test (`test`, the `--test` default, over the record's own), case id, hashes
+/// and (direct records) call id.
+fn keys(test: &Option<String>, r: &Record) -> Keys {
+    let test = test
+        .clone()
+        .or_else(|| r.test.clone())
+        .unwrap_or_else(|| "imported".into());
+    // One case per (test, the source's case id) where the source has one, else per
+    // (test, system, input).
+    let case_id = match &r.case_key {
+        Some(k) => call::sha_prefix(&["imported", &test, &format!("\u{0}{k}"), ""], 24),
+        None => call::sha_prefix(
+            &[
+                "imported",
+                &test,
+                r.system.as_deref().unwrap_or(""),
+                &r.input,
+            ],
+            24,
+        ),
+    };
+    let request_hash = call::sha_prefix(&[&r.request_key], 32);
+    Keys {
+        call_id: direct_call_id(r, &case_id, &request_hash),
+        response_hash: call::response_hash(r.response.as_deref()),
+        request_hash,
+        test,
+        case_id,
     }
 }
 
