@@ -11,7 +11,6 @@
 //! A bad line names `file:line` and the field; a mistyped optional field is an error,
 //! never a silent NULL or a value wrapped through `as u32`.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::Value;
@@ -346,6 +345,50 @@ fn request(file: &Path, n: usize, req: &Value) -> Result<Request, ImportError> {
     })
 }
 
+/// A line's fields, as raw text, borrowed from the line: a JSON `null` is `None` as an
+/// absent field is; fields of other names are ignored.
+#[derive(serde::Deserialize)]
+struct Line<'a> {
+    #[serde(borrow)]
+    request: Option<&'a RawValue>,
+    #[serde(borrow)]
+    response: Option<&'a RawValue>,
+    #[serde(borrow)]
+    sample_idx: Option<&'a RawValue>,
+    #[serde(borrow)]
+    expected: Option<&'a RawValue>,
+    #[serde(borrow)]
+    http_status: Option<&'a RawValue>,
+    #[serde(borrow)]
+    error: Option<&'a RawValue>,
+    #[serde(borrow)]
+    latency_ms: Option<&'a RawValue>,
+    #[serde(borrow)]
+    provider: Option<&'a RawValue>,
+    #[serde(borrow)]
+    attempts: Option<&'a RawValue>,
+    #[serde(borrow)]
+    started_at: Option<&'a RawValue>,
+}
+
+impl<'a> Line<'a> {
+    /// The optional scalar fields present, by name.
+    fn scalars(&self) -> impl Iterator<Item = (&'static str, &'a RawValue)> {
+        [
+            ("sample_idx", self.sample_idx),
+            ("expected", self.expected),
+            ("http_status", self.http_status),
+            ("error", self.error),
+            ("latency_ms", self.latency_ms),
+            ("provider", self.provider),
+            ("attempts", self.attempts),
+            ("started_at", self.started_at),
+        ]
+        .into_iter()
+        .filter_map(|(k, raw)| Some((k, raw?)))
+    }
+}
+
 /// One line as a record. `last` is the previous line's request text and what it gave,
 /// reused when this line's request text is the same byte for byte.
 ///
@@ -360,27 +403,31 @@ fn record(
     model: &Option<String>,
     last: &mut Option<(String, Request)>,
 ) -> Result<Record, ImportError> {
-    let mut fields: BTreeMap<String, &RawValue> = match serde_json::from_str(line) {
+    let fields: Line = match serde_json::from_str(line) {
         Ok(f) => f,
-        // Not JSON (the parser's own message), or JSON that is not an object.
-        Err(_) => {
-            serde_json::from_str::<Value>(line)
+        Err(e) => {
+            // Not JSON (the parser's own message), JSON that is not an object, or an object
+            // that names a field twice.
+            let v = serde_json::from_str::<Value>(line)
                 .map_err(|e| bad(file, n, "(line)", format!("not JSON: {e}")))?;
+            if v.is_object() {
+                return Err(bad(file, n, "(line)", e));
+            }
             return Err(bad(file, n, "request", "missing or not an object"));
         }
     };
     let req = fields
-        .remove("request")
+        .request
         .filter(|r| r.get().starts_with('{'))
         .ok_or_else(|| bad(file, n, "request", "missing or not an object"))?;
-    let resp = fields.remove("response");
-    // The rest are small scalars: as a `Value` object, read as before.
+    let resp = fields.response;
+    // The rest are small scalars: as a `Value` object of those present, read as before.
     let v = Value::Object(
         fields
-            .into_iter()
+            .scalars()
             .map(|(k, raw)| {
                 let x: Value = serde_json::from_str(raw.get()).expect("raw JSON re-parses");
-                (k, x)
+                (k.to_string(), x)
             })
             .collect(),
     );

@@ -468,7 +468,8 @@ pub struct ImportSink {
     sb: ScoreBuilders,
     writers: Vec<DirectWriter>,
     next_writer: usize,
-    ids: Option<PartWriter>,
+    /// The ids scratch table's writers, one per [`ID_BUCKETS`] bucket.
+    ids: Vec<PartWriter>,
     staging: Option<PartWriter>,
     case_staging: Option<PartWriter>,
     score_staging: Option<PartWriter>,
@@ -521,7 +522,14 @@ impl ImportSink {
                 .map(|k| DirectWriter::spawn(store, k))
                 .collect(),
             next_writer: 0,
-            ids: scratch(IDS, ids_schema()),
+            ids: (0..ID_BUCKETS)
+                .map(|b| {
+                    store
+                        .part_writer(IDS, ids_schema(), &format!("stage-b{b:x}"))
+                        .scratch()
+                        .with_part_rows(ID_BUCKET_PART_ROWS)
+                })
+                .collect(),
             staging: scratch(STAGING, staging_schema()),
             case_staging: scratch(CASE_STAGING, case_staging_schema()),
             score_staging: scratch(SCORE_STAGING, scores_staging_schema()),
@@ -659,8 +667,8 @@ impl ImportSink {
             .map_err(|e| QueryError::df("import: direct calls batch")(e.into()))?;
         let id_batch = RecordBatch::try_new(ids_schema(), vec![batch.column(0).clone(), ids])
             .expect("ids batch matches its schema");
-        if let Some(w) = self.ids.as_mut() {
-            w.write(id_batch).await?;
+        for (b, rows) in id_buckets(&id_batch) {
+            self.ids[b].write(rows).await?;
         }
         let k = self.next_writer;
         self.next_writer = (k + 1) % self.writers.len();
@@ -760,7 +768,7 @@ impl ImportSink {
                 w.finish().await?;
             }
         }
-        if let Some(w) = self.ids.take() {
+        for w in std::mem::take(&mut self.ids) {
             w.finish().await?;
         }
         Ok(())
@@ -1118,6 +1126,39 @@ fn keys(test: &Option<String>, r: &Record) -> Keys {
     }
 }
 
+/// Buckets of the ids scratch table, by the first hex digit of the call id. Each part
+/// holds one bucket, so its row groups' statistics span 1/16 of the ids, and a pass of the
+/// duplicate check (a range of ids, [`id_slices`]) reads the one or two buckets it
+/// overlaps, not every id: at 10M records its 20 passes read about twice the ids in all,
+/// not 20 times.
+const ID_BUCKETS: usize = 16;
+
+/// Rows per part of a bucket's writer: the 16 writers buffer about 23 MB in all.
+const ID_BUCKET_PART_ROWS: usize = 32_768;
+
+/// An ids batch ([`ids_schema`]) split by [`ID_BUCKETS`] bucket, rows in order.
+fn id_buckets(batch: &RecordBatch) -> Vec<(usize, RecordBatch)> {
+    let ids = batch.column(1).as_string::<i32>();
+    let mut rows: Vec<Vec<u32>> = vec![Vec::new(); ID_BUCKETS];
+    for (i, id) in ids.iter().enumerate() {
+        let first = id.and_then(|s| s.chars().next());
+        let b = first.and_then(|c| c.to_digit(16)).unwrap_or(0) as usize;
+        rows[b].push(i as u32);
+    }
+    rows.into_iter()
+        .enumerate()
+        .filter(|(_, r)| !r.is_empty())
+        .map(|(b, r)| {
+            let taken = datafusion::arrow::compute::take_record_batch(
+                batch,
+                &datafusion::arrow::array::UInt32Array::from(r),
+            )
+            .expect("indices within the batch");
+            (b, taken)
+        })
+        .collect()
+}
+
 /// The call id of a record that can go straight to `calls` (it names its sample and has
 /// no imported scores to join), else `None`.
 fn direct_call_id(r: &Record, case_id: &str, request_hash: &str) -> Option<String> {
@@ -1296,4 +1337,48 @@ fn call_id_udf() -> ScalarUDF {
             Ok(ColumnarValue::Array(Arc::new(out)))
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::UInt64Array;
+
+    #[test]
+    fn id_buckets_split_a_batch_by_first_hex_digit_keeping_every_row_in_order() {
+        let ids = ["a1", "03", "ff", "a0", "0b", "5c", "a2"];
+        let batch = RecordBatch::try_new(
+            ids_schema(),
+            vec![
+                Arc::new(UInt64Array::from_iter_values(0..ids.len() as u64)),
+                Arc::new(StringArray::from_iter_values(ids)),
+            ],
+        )
+        .unwrap();
+        let got: Vec<(usize, Vec<u64>, Vec<String>)> = id_buckets(&batch)
+            .into_iter()
+            .map(|(b, rows)| {
+                let seq = rows
+                    .column(0)
+                    .as_primitive::<datafusion::arrow::datatypes::UInt64Type>();
+                let id = rows.column(1).as_string::<i32>();
+                (
+                    b,
+                    seq.values().to_vec(),
+                    id.iter().map(|s| s.unwrap().to_string()).collect(),
+                )
+            })
+            .collect();
+        let want = vec![
+            (0, vec![1, 4], vec!["03".to_string(), "0b".into()]),
+            (5, vec![5], vec!["5c".into()]),
+            (
+                10,
+                vec![0, 3, 6],
+                vec!["a1".into(), "a0".into(), "a2".into()],
+            ),
+            (15, vec![2], vec!["ff".into()]),
+        ];
+        assert_eq!(got, want);
+    }
 }

@@ -433,6 +433,7 @@ impl RunStore {
             scratch: false,
             inflight: Default::default(),
             max_inflight: 0,
+            rows_per_part: None,
         }
     }
 }
@@ -594,7 +595,15 @@ fn memory_store(name: &str) -> Arc<dyn ObjectStore> {
 }
 
 /// The Parquet writer properties of every file evalflow writes: Snappy, row groups of
-/// [`PART_ROWS`] rows, and for `cases` a bloom filter on `case_id`.
+/// [`PART_ROWS`] rows, no dictionary for the columns whose values are unique per row
+/// ([`UNIQUE_COLUMNS`]), no compression for the hex hashes ([`HASH_COLUMNS`]), and for
+/// `cases` a bloom filter on `case_id`.
+///
+/// The writer tries a dictionary for a column until its page outgrows the limit, then
+/// falls back to plain, so a unique column paid the interning of a megabyte of values per
+/// row group for nothing; Snappy saved 11% on a hex hash. Encoding a 106k-row calls part
+/// of the corpus bench took 70 ms instead of 108 ms (best of 7, one core), for a file 3.5%
+/// larger (13.2 MB instead of 12.7).
 ///
 /// Score joins one calls part at a time with `cases`, and asks each part of `cases` whether
 /// its filter may hold one of the calls part's case ids (`stages::score::CaseParts`), so a
@@ -603,9 +612,15 @@ fn memory_store(name: &str) -> Arc<dyn ObjectStore> {
 /// against the thousands of ids a calls part names: 1e-6 (a 512 KiB filter per 100k cases,
 /// 4% of the file).
 pub fn parquet_props(schema: &Schema) -> WriterProperties {
-    let b = WriterProperties::builder()
+    let mut b = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_row_count(Some(PART_ROWS));
+    for c in UNIQUE_COLUMNS {
+        b = b.set_column_dictionary_enabled(ColumnPath::from(c), false);
+    }
+    for c in HASH_COLUMNS {
+        b = b.set_column_compression(ColumnPath::from(c), Compression::UNCOMPRESSED);
+    }
     let cases = Table::Cases.schema();
     let is_cases = schema.fields().len() == cases.fields().len()
         && schema
@@ -622,6 +637,20 @@ pub fn parquet_props(schema: &Schema) -> WriterProperties {
         .set_column_bloom_filter_max_ndv(key, PART_ROWS as u64)
         .build()
 }
+
+/// Columns of the run tables whose values are (nearly) unique per row, written without a
+/// dictionary (a name a table lacks is ignored).
+const UNIQUE_COLUMNS: [&str; 6] = [
+    "call_id",
+    "response",
+    "response_hash",
+    "source_id",
+    "latency_ms",
+    "started_at",
+];
+
+/// Columns of unique hex hashes, written without compression (see [`parquet_props`]).
+const HASH_COLUMNS: [&str; 2] = ["call_id", "response_hash"];
 
 /// Encodes record batches as one Parquet file in memory.
 pub fn encode_parquet(
@@ -767,6 +796,8 @@ pub struct PartWriter {
         std::collections::VecDeque<(String, tokio::task::JoinHandle<Result<(), StorageError>>)>,
     /// How many parts may be in flight at once; 0 encodes each part inside `flush`.
     max_inflight: usize,
+    /// Rows per part when not [`part_rows`].
+    rows_per_part: Option<usize>,
 }
 
 impl Drop for PartWriter {
@@ -795,6 +826,12 @@ impl PartWriter {
         self
     }
 
+    /// Commits parts of about `rows` rows: for a writer among many buffering at once.
+    pub fn with_part_rows(mut self, rows: usize) -> Self {
+        self.rows_per_part = Some(rows.max(1));
+        self
+    }
+
     /// Starts numbering parts at `seq` (used when resuming a folder that has parts).
     pub fn with_start_seq(mut self, seq: usize) -> Self {
         self.next_seq = seq;
@@ -808,7 +845,7 @@ impl PartWriter {
         }
         self.pending_rows += batch.num_rows();
         self.pending.push(batch);
-        if self.pending_rows >= part_rows() {
+        if self.pending_rows >= self.rows_per_part.unwrap_or_else(part_rows) {
             self.flush().await?;
         }
         Ok(())
@@ -893,6 +930,36 @@ impl PartWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Unique columns are written plain and hex hashes uncompressed; the other columns
+    /// keep their dictionary and Snappy.
+    #[test]
+    fn unique_columns_skip_the_dictionary_and_hashes_skip_compression() {
+        use datafusion::arrow::array::{ArrayRef, StringArray};
+        use datafusion::parquet::basic::Encoding;
+        use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
+        let col = |f: fn(usize) -> String| -> ArrayRef {
+            Arc::new(StringArray::from_iter_values((0..5000).map(f)))
+        };
+        let batch = RecordBatch::try_from_iter(vec![
+            ("call_id", col(|i| format!("{:024x}", i * 7919))),
+            ("model", col(|i| format!("model-{}", i % 3))),
+            ("response", col(|i| format!("answer {i} of a few words"))),
+        ])
+        .unwrap();
+        let bytes = encode_parquet(&batch.schema(), &[batch]).unwrap();
+        let reader = SerializedFileReader::new(bytes::Bytes::from(bytes)).unwrap();
+        let rg = reader.metadata().row_group(0).clone();
+        let dict = |i: usize| {
+            rg.column(i)
+                .encodings()
+                .any(|e| matches!(e, Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY))
+        };
+        let codec = |i: usize| rg.column(i).compression();
+        assert!(!dict(0) && codec(0) == Compression::UNCOMPRESSED, "call_id");
+        assert!(dict(1) && codec(1) == Compression::SNAPPY, "model");
+        assert!(!dict(2) && codec(2) == Compression::SNAPPY, "response");
+    }
 
     /// `cases` parts carry a bloom filter on `case_id`: a part answers "maybe" for its own
     /// ids and "no" for ids it does not hold, while a part written without filters (any
