@@ -98,7 +98,7 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
             };
             next_line = block.first_line + block.lines;
             let (ptx, prx) = std::sync::mpsc::sync_channel(1);
-            // The receiver stops at the first error (or was dropped): read no further.
+            // The consumer was dropped (it stops at the first error): read no further.
             if tx.send(prx).is_err() {
                 return;
             }
@@ -108,6 +108,8 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
             });
         }
     });
+    // A parse job cannot drop its sender without sending: a panic in a `rayon::spawn` job
+    // aborts the process (rayon's default), so no block is skipped silently here.
     let parsed = rx.into_iter().map_while(|p| p.recv().ok());
     // Stop at a block's first error: the records before it, then the error.
     let records = parsed.scan(false, |failed, mut block| {

@@ -575,9 +575,9 @@ impl ImportSink {
         &mut self,
         chunk: tokio::sync::oneshot::Receiver<(Vec<Record>, Vec<Keys>)>,
     ) -> Result<(), ImportError> {
-        let (records, keys) = chunk
-            .await
-            .map_err(|_| ImportError::Writer("import: the keys of a chunk were lost".into()))?;
+        let (records, keys) = chunk.await.map_err(|_| {
+            ImportError::Writer("the job hashing a chunk of records stopped".into())
+        })?;
         for (r, k) in records.into_iter().zip(keys) {
             self.stage(r, k).await?;
         }
