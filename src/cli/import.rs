@@ -267,9 +267,8 @@ async fn import_into(a: ImportArgs) -> Result<(), CliError> {
                 *per_format.entry(r.source.format).or_default() += 1;
                 chunk.push(r);
                 if chunk.len() == IMPORT_CHUNK {
-                    sink.push_many(std::mem::take(&mut chunk))
-                        .await
-                        .map_err(sink_err)?;
+                    let full = std::mem::replace(&mut chunk, Vec::with_capacity(IMPORT_CHUNK));
+                    sink.push_many(full).await.map_err(sink_err)?;
                 }
             }
             sink.push_many(chunk).await.map_err(sink_err)?;

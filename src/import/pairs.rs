@@ -73,7 +73,7 @@ impl std::ops::Deref for Bytes {
 /// # Errors
 /// The file cannot be opened.
 pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
-    type Parsed = Vec<Result<Record, ImportError>>;
+    type Parsed = Vec<Vec<Result<Record, ImportError>>>;
     let f = std::fs::File::open(path).map_err(|e| bad_file(path, e))?;
     let file = std::sync::Arc::new(path.to_path_buf());
     let model = std::sync::Arc::new(opts.model.clone());
@@ -91,7 +91,7 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
                 Ok(b) => b,
                 Err(e) => {
                     let (etx, erx) = std::sync::mpsc::sync_channel(1);
-                    let _ = etx.send(vec![Err(bad(&file, next_line, "(line)", e))]);
+                    let _ = etx.send(vec![vec![Err(bad(&file, next_line, "(line)", e))]]);
                     let _ = tx.send(erx);
                     return;
                 }
@@ -114,35 +114,43 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
     // Stop at a block's first error: the records before it, then the error.
     let records = parsed.scan(false, |failed, mut block| {
         (!*failed).then(|| {
-            if let Some(e) = block.iter().position(Result::is_err) {
-                block.truncate(e + 1);
+            let bad = block.iter().enumerate().find_map(|(s, slice)| {
+                let e = slice.iter().position(Result::is_err)?;
+                Some((s, e))
+            });
+            if let Some((s, e)) = bad {
+                block.truncate(s + 1);
+                block[s].truncate(e + 1);
                 *failed = true;
             }
             block
         })
     });
-    Ok(Box::new(records.flatten()))
+    Ok(Box::new(records.flatten().flatten()))
 }
 
-/// A block's records, parsed slice by slice on rayon's pool.
+/// A block's records, parsed slice by slice on rayon's pool (each slice's records written
+/// in place, not gathered into one vector).
 fn parse_block(
     file: &Path,
     model: &Option<String>,
     block: &Block,
-) -> Vec<Result<Record, ImportError>> {
+) -> Vec<Vec<Result<Record, ImportError>>> {
     use rayon::prelude::*;
+    // Each record's `source_file`, written out once per block.
+    let file_text = file.display().to_string();
     // Slices in order, each remembering its last request: the samples and models of a
     // case usually sit together and send the same request text.
     split_lines(block)
         .par_chunks(SLICE_LINES)
-        .flat_map_iter(|slice| {
+        .map(|slice| {
             let mut last: Option<(String, Request)> = None;
             slice
                 .iter()
                 .filter_map(|&(n, line)| match std::str::from_utf8(line) {
                     Err(e) => Some(Err(bad(file, n, "(line)", format!("invalid UTF-8: {e}")))),
                     Ok(l) if l.trim().is_empty() => None,
-                    Ok(l) => Some(record(file, n, l, model, &mut last)),
+                    Ok(l) => Some(record(file, &file_text, n, l, model, &mut last)),
                 })
                 .collect::<Vec<_>>()
         })
@@ -373,26 +381,40 @@ struct Line<'a> {
     started_at: Option<&'a RawValue>,
 }
 
-impl<'a> Line<'a> {
-    /// The optional scalar fields present, by name.
-    fn scalars(&self) -> impl Iterator<Item = (&'static str, &'a RawValue)> {
-        [
-            ("sample_idx", self.sample_idx),
-            ("expected", self.expected),
-            ("http_status", self.http_status),
-            ("error", self.error),
-            ("latency_ms", self.latency_ms),
-            ("provider", self.provider),
-            ("attempts", self.attempts),
-            ("started_at", self.started_at),
-        ]
-        .into_iter()
-        .filter_map(|(k, raw)| Some((k, raw?)))
+/// A line's optional scalar fields, each read on its own from its raw text (`null` kept
+/// as `Value::Null`, an absent field `None`): no map of them is built per line.
+struct Scalars {
+    sample_idx: Option<Value>,
+    expected: Option<Value>,
+    http_status: Option<Value>,
+    error: Option<Value>,
+    latency_ms: Option<Value>,
+    provider: Option<Value>,
+    attempts: Option<Value>,
+    started_at: Option<Value>,
+}
+
+impl Scalars {
+    fn of(line: &Line) -> Self {
+        let read = |raw: Option<&RawValue>| {
+            raw.map(|r| serde_json::from_str::<Value>(r.get()).expect("raw JSON re-parses"))
+        };
+        Scalars {
+            sample_idx: read(line.sample_idx),
+            expected: read(line.expected),
+            http_status: read(line.http_status),
+            error: read(line.error),
+            latency_ms: read(line.latency_ms),
+            provider: read(line.provider),
+            attempts: read(line.attempts),
+            started_at: read(line.started_at),
+        }
     }
 }
 
-/// One line as a record. `last` is the previous line's request text and what it gave,
-/// reused when this line's request text is the same byte for byte.
+/// One line as a record (`file_text` is `file` as `source_file` names it). `last` is the
+/// previous line's request text and what it gave, reused when this line's request text is
+/// the same byte for byte.
 ///
 /// The line is split into its fields with `request` and `response` left as raw text: the
 /// request is parsed only when it differs from the last one, and the response by
@@ -400,6 +422,7 @@ impl<'a> Line<'a> {
 /// is built for a well-formed line but its small top-level fields.
 fn record(
     file: &Path,
+    file_text: &str,
     n: usize,
     line: &str,
     model: &Option<String>,
@@ -423,16 +446,7 @@ fn record(
         .filter(|r| r.get().starts_with('{'))
         .ok_or_else(|| bad(file, n, "request", "missing or not an object"))?;
     let resp = fields.response;
-    // The rest are small scalars: as a `Value` object of those present, read as before.
-    let v = Value::Object(
-        fields
-            .scalars()
-            .map(|(k, raw)| {
-                let x: Value = serde_json::from_str(raw.get()).expect("raw JSON re-parses");
-                (k.to_string(), x)
-            })
-            .collect(),
-    );
+    let v = Scalars::of(&fields);
     let rq = match last.as_ref() {
         Some((text, rq)) if text == req.get() => rq.clone(),
         _ => {
@@ -448,22 +462,27 @@ fn record(
         .or(rq.model)
         .ok_or_else(|| bad(file, n, "request.model", "missing (or pass --model)"))?;
     let status = v
-        .get("http_status")
+        .http_status
+        .as_ref()
         .and_then(Value::as_i64)
         .map(|s| s as i32);
-    let error = v.get("error").and_then(Value::as_str).map(String::from);
+    let error = v.error.as_ref().and_then(Value::as_str).map(String::from);
     let mut r = Record {
         model,
         system: rq.system,
         input: rq.input,
-        expected: v.get("expected").and_then(Value::as_str).map(String::from),
+        expected: v
+            .expected
+            .as_ref()
+            .and_then(Value::as_str)
+            .map(String::from),
         request_key: rq.key,
         max_tokens: rq.max_tokens,
         temperature: rq.temperature,
         http_status: status,
         source: Provenance {
             format: "pairs",
-            file: file.display().to_string(),
+            file: file_text.to_string(),
             id: Some(n.to_string()),
         },
         ..Record::default()
@@ -484,7 +503,7 @@ fn record(
         _ => return Err(bad(file, n, "response", "missing or not an object")),
     }
     r.error = error;
-    r.sample_idx = match v.get("sample_idx") {
+    r.sample_idx = match &v.sample_idx {
         None | Some(Value::Null) => None,
         Some(s) => Some(
             s.as_i64()
@@ -499,16 +518,18 @@ fn record(
 
 /// The optional `provider`, `attempts`, `latency_ms` and `started_at` (RFC 3339 text or
 /// Unix seconds) of a line.
-fn facts(file: &Path, n: usize, v: &Value, r: &mut Record) -> Result<(), ImportError> {
-    let field = |k: &str| v.get(k).filter(|x| !x.is_null());
-    if let Some(p) = field("provider") {
+fn facts(file: &Path, n: usize, v: &Scalars, r: &mut Record) -> Result<(), ImportError> {
+    fn field(x: &Option<Value>) -> Option<&Value> {
+        x.as_ref().filter(|x| !x.is_null())
+    }
+    if let Some(p) = field(&v.provider) {
         r.provider = Some(
             p.as_str()
                 .ok_or_else(|| bad(file, n, "provider", "not a string"))?
                 .to_string(),
         );
     }
-    if let Some(a) = field("attempts") {
+    if let Some(a) = field(&v.attempts) {
         r.attempts = Some(
             a.as_i64()
                 .filter(|k| (0..=i32::MAX as i64).contains(k))
@@ -516,14 +537,14 @@ fn facts(file: &Path, n: usize, v: &Value, r: &mut Record) -> Result<(), ImportE
                 as i32,
         );
     }
-    if let Some(l) = field("latency_ms") {
+    if let Some(l) = field(&v.latency_ms) {
         r.latency_ms = Some(
             l.as_f64()
                 .filter(|x| x.is_finite() && *x >= 0.0)
                 .ok_or_else(|| bad(file, n, "latency_ms", "not a non-negative number"))?,
         );
     }
-    r.started_at_us = match field("started_at") {
+    r.started_at_us = match field(&v.started_at) {
         None => None,
         Some(Value::String(t)) => Some(
             chrono::DateTime::parse_from_rfc3339(t)
@@ -608,12 +629,12 @@ fn check_request_fields(file: &Path, n: usize, req: &Value) -> Result<(), Import
 }
 
 /// The line's optional fields must have their type when present.
-fn check_optional_fields(file: &Path, n: usize, v: &Value) -> Result<(), ImportError> {
-    check_int(file, n, v.get("http_status"), "http_status", 100, 599)?;
+fn check_optional_fields(file: &Path, n: usize, v: &Scalars) -> Result<(), ImportError> {
+    check_int(file, n, v.http_status.as_ref(), "http_status", 100, 599)?;
     check_typed(
         file,
         n,
-        v.get("latency_ms"),
+        v.latency_ms.as_ref(),
         "latency_ms",
         Value::is_number,
         "a number",
@@ -621,7 +642,7 @@ fn check_optional_fields(file: &Path, n: usize, v: &Value) -> Result<(), ImportE
     check_typed(
         file,
         n,
-        v.get("expected"),
+        v.expected.as_ref(),
         "expected",
         Value::is_string,
         "a string",
@@ -629,7 +650,7 @@ fn check_optional_fields(file: &Path, n: usize, v: &Value) -> Result<(), ImportE
     check_typed(
         file,
         n,
-        v.get("error"),
+        v.error.as_ref(),
         "error",
         Value::is_string,
         "a string",

@@ -370,12 +370,13 @@ impl ScoreBuilders {
     }
 }
 
-/// What staging computes of a record before appending it.
-#[derive(Clone)]
+/// What staging computes of a record before appending it. What the records of one case
+/// or request share is counted, not copied: a record whose case or request is the one
+/// before it takes its neighbour's.
 struct Keys {
-    test: String,
-    case_id: String,
-    request_hash: String,
+    test: Arc<str>,
+    case_id: Arc<str>,
+    request_hash: Arc<str>,
     response_hash: Option<String>,
     /// The call id of a direct record (see the module documentation), `None` for a staged
     /// one.
@@ -464,7 +465,7 @@ pub struct ImportSink {
     staged: Builders,
     cases: CaseBuilders,
     /// The case of the last record pushed.
-    last_case: Option<String>,
+    last_case: Option<Arc<str>>,
     sb: ScoreBuilders,
     writers: Vec<DirectWriter>,
     next_writer: usize,
@@ -476,7 +477,8 @@ pub struct ImportSink {
     /// The last chunks pushed, oldest first, whose keys rayon computes while the chunks
     /// before them are staged: a push stages the oldest once [`KEYED_AHEAD`] wait,
     /// [`Self::finish`] stages them all.
-    pending: std::collections::VecDeque<tokio::sync::oneshot::Receiver<(Vec<Record>, Vec<Keys>)>>,
+    pending:
+        std::collections::VecDeque<tokio::sync::oneshot::Receiver<(Vec<Record>, Vec<Vec<Keys>>)>>,
     /// Records pushed (staged or pending).
     pushed: u64,
     /// Records staged, so the next one's `seq`.
@@ -573,12 +575,12 @@ impl ImportSink {
     /// Stages a chunk once rayon has its keys.
     async fn stage_pending(
         &mut self,
-        chunk: tokio::sync::oneshot::Receiver<(Vec<Record>, Vec<Keys>)>,
+        chunk: tokio::sync::oneshot::Receiver<(Vec<Record>, Vec<Vec<Keys>>)>,
     ) -> Result<(), ImportError> {
         let (records, keys) = chunk.await.map_err(|_| {
             ImportError::Writer("the job hashing a chunk of records stopped".into())
         })?;
-        for (r, k) in records.into_iter().zip(keys) {
+        for (r, k) in records.iter().zip(keys.iter().flatten()) {
             self.stage(r, k).await?;
         }
         Ok(())
@@ -586,13 +588,13 @@ impl ImportSink {
 
     /// Appends one record, with its keys, to the direct or staged batch (and its case's
     /// fields when its case is not the last record's); commits full batches.
-    async fn stage(&mut self, r: Record, k: Keys) -> Result<(), ImportError> {
+    async fn stage(&mut self, r: &Record, k: &Keys) -> Result<(), ImportError> {
         let seq = self.next_seq;
         self.next_seq += 1;
         if !self.models.contains(&r.model) {
             self.models.insert(r.model.clone());
         }
-        if self.last_case.as_deref() != Some(k.case_id.as_str()) {
+        if self.last_case.as_deref() != Some(&*k.case_id) {
             let c = &mut self.cases;
             c.seq.append_value(seq);
             c.case_id.append_value(&k.case_id);
@@ -613,7 +615,7 @@ impl ImportSink {
             }
         }
         if let Some(id) = &k.call_id {
-            self.direct.append(seq, &r, &k);
+            self.direct.append(seq, r, k);
             self.direct_ids.append_value(id);
             self.direct_rows += 1;
             if self.direct.rows >= STAGE_ROWS {
@@ -639,7 +641,7 @@ impl ImportSink {
             sb.detail.append_option(sc.detail.as_deref());
             sb.rows += 1;
         }
-        self.staged.append(seq, &r, &k);
+        self.staged.append(seq, r, k);
         self.staged_rows += 1;
         if r.sample_idx.is_none() {
             self.missing_samples += 1;
@@ -1049,26 +1051,24 @@ impl ImportSink {
     }
 }
 
-/// The keys of a chunk's records, in order. Records of one case (its samples, its models)
-/// usually sit together: each slice reuses the previous record's hashes when its case or
-/// request is the same.
-fn chunk_keys(test: &Option<String>, records: &[Record]) -> Vec<Keys> {
+/// The keys of a chunk's records, in order, by slices of 256 records (each slice's keys
+/// written in place, not gathered into one vector). Records of one case (its samples, its
+/// models) usually sit together: each slice reuses the previous record's hashes when its
+/// case or request is the same.
+fn chunk_keys(test: &Option<String>, records: &[Record]) -> Vec<Vec<Keys>> {
     use rayon::prelude::*;
     records
         .par_chunks(256)
-        .flat_map_iter(|chunk| {
-            let mut prev: Option<(&Record, Keys)> = None;
-            chunk
-                .iter()
-                .map(|r| {
-                    let k = match &prev {
-                        Some((p, pk)) => keys_after(test, r, p, pk),
-                        None => keys(test, r),
-                    };
-                    prev = Some((r, k.clone()));
-                    k
-                })
-                .collect::<Vec<_>>()
+        .map(|chunk| {
+            let mut out: Vec<Keys> = Vec::with_capacity(chunk.len());
+            for (i, r) in chunk.iter().enumerate() {
+                let k = match i.checked_sub(1) {
+                    Some(p) => keys_after(test, r, &chunk[p], &out[p]),
+                    None => keys(test, r),
+                };
+                out.push(k);
+            }
+            out
         })
         .collect()
 }
@@ -1084,7 +1084,7 @@ fn keys_after(test: &Option<String>, r: &Record, p: &Record, pk: &Keys) -> Keys 
     let request_hash = if r.request_key == p.request_key {
         pk.request_hash.clone()
     } else {
-        call::sha_prefix(&[&r.request_key], 32)
+        call::sha_prefix(&[&r.request_key], 32).into()
     };
     Keys {
         test: pk.test.clone(),
@@ -1098,10 +1098,11 @@ fn keys_after(test: &Option<String>, r: &Record, p: &Record, pk: &Keys) -> Keys 
 /// A record's test (`test`, the `--test` default, over the record's own), case id, hashes
 /// and (direct records) call id.
 fn keys(test: &Option<String>, r: &Record) -> Keys {
-    let test = test
-        .clone()
-        .or_else(|| r.test.clone())
-        .unwrap_or_else(|| "imported".into());
+    let test: Arc<str> = test
+        .as_deref()
+        .or(r.test.as_deref())
+        .unwrap_or("imported")
+        .into();
     // One case per (test, the source's case id) where the source has one, else per
     // (test, system, input).
     let case_id = match &r.case_key {
@@ -1116,7 +1117,8 @@ fn keys(test: &Option<String>, r: &Record) -> Keys {
             24,
         ),
     };
-    let request_hash = call::sha_prefix(&[&r.request_key], 32);
+    let request_hash: Arc<str> = call::sha_prefix(&[&r.request_key], 32).into();
+    let case_id: Arc<str> = case_id.into();
     Keys {
         call_id: direct_call_id(r, &case_id, &request_hash),
         response_hash: call::response_hash(r.response.as_deref()),
