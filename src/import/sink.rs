@@ -405,6 +405,9 @@ fn direct_calls(
     RecordBatch::try_new(schema, cols)
 }
 
+/// A chunk of records and, once rayon has computed them, their keys ([`chunk_keys`]).
+type Keyed = tokio::sync::oneshot::Receiver<(Vec<Record>, Vec<Vec<Keys>>)>;
+
 /// What a direct calls writer task is sent.
 enum ToWriter {
     Batch(RecordBatch),
@@ -477,8 +480,7 @@ pub struct ImportSink {
     /// The last chunks pushed, oldest first, whose keys rayon computes while the chunks
     /// before them are staged: a push stages the oldest once [`KEYED_AHEAD`] wait,
     /// [`Self::finish`] stages them all.
-    pending:
-        std::collections::VecDeque<tokio::sync::oneshot::Receiver<(Vec<Record>, Vec<Vec<Keys>>)>>,
+    pending: std::collections::VecDeque<Keyed>,
     /// Records pushed (staged or pending).
     pushed: u64,
     /// Records staged, so the next one's `seq`.
@@ -573,10 +575,7 @@ impl ImportSink {
     }
 
     /// Stages a chunk once rayon has its keys.
-    async fn stage_pending(
-        &mut self,
-        chunk: tokio::sync::oneshot::Receiver<(Vec<Record>, Vec<Vec<Keys>>)>,
-    ) -> Result<(), ImportError> {
+    async fn stage_pending(&mut self, chunk: Keyed) -> Result<(), ImportError> {
         let (records, keys) = chunk.await.map_err(|_| {
             ImportError::Writer("the job hashing a chunk of records stopped".into())
         })?;
