@@ -17,6 +17,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::{ImportError, Options, Provenance, Record, RecordIter, bad, bad_file};
+use crate::stages::call::openai;
 
 /// Bytes the reader thread takes from the file at a time (whole lines; a longer line makes
 /// a longer block): big enough that a parse of a block keeps every core busy, small enough
@@ -357,14 +358,14 @@ fn request(file: &Path, n: usize, req: &Value) -> Result<Request, ImportError> {
     })
 }
 
-/// A line's fields, as raw text, borrowed from the line: a JSON `null` is `None` as an
-/// absent field is; fields of other names are ignored.
+/// A line's fields, as raw text borrowed from the line but for the response, which is
+/// `R`: types read in the same pass ([`TypedBody`]) or raw text too. A JSON `null` is
+/// `None` as an absent field is; fields of other names are ignored.
 #[derive(serde::Deserialize)]
-struct Line<'a> {
+struct Line<'a, R> {
     #[serde(borrow)]
     request: Option<&'a RawValue>,
-    #[serde(borrow)]
-    response: Option<&'a RawValue>,
+    response: Option<R>,
     #[serde(borrow)]
     sample_idx: Option<&'a RawValue>,
     #[serde(borrow)]
@@ -383,6 +384,15 @@ struct Line<'a> {
     started_at: Option<&'a RawValue>,
 }
 
+/// A response read as types while its line is split.
+type TypedBody = openai::MapOnly<openai::TypedResponse>;
+
+/// A line's response: read with the line, or raw text for [`openai::parse`].
+enum Response<'a> {
+    Parsed(crate::stages::call::http::Parsed),
+    Raw(&'a RawValue),
+}
+
 /// A line's optional scalar fields, each read on its own from its raw text (`null` kept
 /// as `Value::Null`, an absent field `None`): no map of them is built per line.
 struct Scalars {
@@ -397,7 +407,7 @@ struct Scalars {
 }
 
 impl Scalars {
-    fn of(line: &Line) -> Self {
+    fn of<R>(line: &Line<R>) -> Self {
         let read = |raw: Option<&RawValue>| {
             raw.map(|r| serde_json::from_str::<Value>(r.get()).expect("raw JSON re-parses"))
         };
@@ -418,10 +428,10 @@ impl Scalars {
 /// previous line's request text and what it gave, reused when this line's request text is
 /// the same byte for byte.
 ///
-/// The line is split into its fields with `request` and `response` left as raw text: the
-/// request is parsed only when it differs from the last one, and the response by
-/// [`openai::parse`](crate::stages::call::openai::parse)'s typed path, so no `Value` tree
-/// is built for a well-formed line but its small top-level fields.
+/// The line is split into its fields with `request` left as raw text, parsed only when it
+/// differs from the last one, and the response read as types in the same pass (else as raw
+/// text, by [`openai::parse`]), so no `Value` tree is built for a well-formed line but its
+/// small top-level fields.
 fn record(
     file: &Path,
     file_text: &str,
@@ -430,25 +440,41 @@ fn record(
     model: &Option<String>,
     last: &mut Option<(String, Request)>,
 ) -> Result<Record, ImportError> {
-    let fields: Line = match serde_json::from_str(line) {
-        Ok(f) => f,
-        Err(e) => {
-            // Not JSON (the parser's own message), JSON that is not an object, or an object
-            // that names a field twice.
-            let v = serde_json::from_str::<Value>(line)
-                .map_err(|e| bad(file, n, "(line)", format!("not JSON: {e}")))?;
-            if v.is_object() {
-                return Err(bad(file, n, "(line)", e));
-            }
-            return Err(bad(file, n, "request", "missing or not an object"));
+    // One pass for a well-formed line: its response read as types while the line is split.
+    // A line that pass refuses (any stray shape or type, a field named twice) or whose
+    // response has no choice is split again with the response as raw text, which gives
+    // the same record or the error naming the field.
+    let typed = serde_json::from_str::<Line<TypedBody>>(line)
+        .ok()
+        .and_then(|mut f| {
+            let resp = match f.response.take() {
+                None => None,
+                Some(body) => Some(Response::Parsed(openai::parsed_of(body)?)),
+            };
+            Some((f.request, Scalars::of(&f), resp))
+        });
+    let (req, v, resp) = match typed {
+        Some(parts) => parts,
+        None => {
+            let f: Line<&RawValue> = match serde_json::from_str(line) {
+                Ok(f) => f,
+                Err(e) => {
+                    // Not JSON (the parser's own message), JSON that is not an object, or
+                    // an object that names a field twice.
+                    let v = serde_json::from_str::<Value>(line)
+                        .map_err(|e| bad(file, n, "(line)", format!("not JSON: {e}")))?;
+                    if v.is_object() {
+                        return Err(bad(file, n, "(line)", e));
+                    }
+                    return Err(bad(file, n, "request", "missing or not an object"));
+                }
+            };
+            (f.request, Scalars::of(&f), f.response.map(Response::Raw))
         }
     };
-    let req = fields
-        .request
+    let req = req
         .filter(|r| r.get().starts_with('{'))
         .ok_or_else(|| bad(file, n, "request", "missing or not an object"))?;
-    let resp = fields.response;
-    let v = Scalars::of(&fields);
     let rq = match last.as_ref() {
         Some((text, rq)) if text == req.get() => rq.clone(),
         _ => {
@@ -489,20 +515,23 @@ fn record(
         },
         ..Record::default()
     };
-    match resp.map(RawValue::get) {
-        Some("null") | None if error.is_some() => {}
-        Some(text) if text.starts_with('{') => {
-            let p = crate::stages::call::openai::parse(text.as_bytes())
-                .map_err(|e| bad(file, n, "response", e))?;
-            r.response = Some(p.content);
-            r.finish_reason = p.finish_reason;
-            r.prompt_tokens = p.prompt_tokens;
-            r.completion_tokens = p.completion_tokens;
-            r.reasoning_tokens = p.reasoning_tokens;
-            r.reasoning_chars = p.reasoning_chars;
-            r.http_status = status.or(Some(200));
+    let parsed = match resp {
+        None if error.is_some() => None,
+        Some(Response::Raw(raw)) if raw.get() == "null" && error.is_some() => None,
+        Some(Response::Parsed(p)) => Some(p),
+        Some(Response::Raw(raw)) if raw.get().starts_with('{') => {
+            Some(openai::parse(raw.get().as_bytes()).map_err(|e| bad(file, n, "response", e))?)
         }
         _ => return Err(bad(file, n, "response", "missing or not an object")),
+    };
+    if let Some(p) = parsed {
+        r.response = Some(p.content);
+        r.finish_reason = p.finish_reason;
+        r.prompt_tokens = p.prompt_tokens;
+        r.completion_tokens = p.completion_tokens;
+        r.reasoning_tokens = p.reasoning_tokens;
+        r.reasoning_chars = p.reasoning_chars;
+        r.http_status = status.or(Some(200));
     }
     r.error = error;
     r.sample_idx = match &v.sample_idx {
@@ -694,6 +723,53 @@ mod tests {
         assert_eq!(records[0].response.as_deref(), Some("ok"));
         assert_eq!(records[3].response, None);
         assert_eq!(records[3].error.as_deref(), Some("boom"));
+    }
+
+    /// A response the one-pass read refuses is read again as raw text with the same result
+    /// the `Value` path gives: a fractional token count (NULL, not an error), a key named
+    /// twice (the last wins), no choice (the error naming `response`), a content that is
+    /// not text (its error); a well-formed one is read in the first pass.
+    #[test]
+    fn responses_the_one_pass_read_refuses_are_read_as_raw_text() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.jsonl");
+        let req = r#""request": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#;
+        let read = |resp: &str| {
+            std::fs::write(&p, format!(r#"{{{req}, "response": {resp}}}"#)).unwrap();
+            open(&p, &Options::default()).unwrap().next().unwrap()
+        };
+        let ok = read(
+            r#"{"choices": [{"message": {"content": "a"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (ok.response.as_deref(), ok.finish_reason.as_deref()),
+            (Some("a"), Some("stop"))
+        );
+        assert_eq!((ok.prompt_tokens, ok.completion_tokens), (Some(3), Some(1)));
+        let fractional = read(
+            r#"{"choices": [{"message": {"content": "b"}}], "usage": {"prompt_tokens": 3.5, "completion_tokens": 2}}"#,
+        )
+        .unwrap();
+        assert_eq!(fractional.response.as_deref(), Some("b"));
+        assert_eq!(
+            (fractional.prompt_tokens, fractional.completion_tokens),
+            (None, Some(2))
+        );
+        let twice = read(
+            r#"{"choices": [{"message": {"content": "first"}}], "choices": [{"message": {"content": "last"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(twice.response.as_deref(), Some("last"));
+        let none = read(r#"{"choices": []}"#).unwrap_err().to_string();
+        assert!(
+            none.contains("c.jsonl:1") && none.contains("response") && none.contains("choices[0]"),
+            "{none}"
+        );
+        let number = read(r#"{"choices": [{"message": {"content": 5}}]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(number.contains("message.content is 5"), "{number}");
     }
 
     /// Over several read blocks: every line read once, in order, `source_id` its line number

@@ -50,7 +50,7 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
 /// fields in order, which the `Value` path rejects. (A flattened `IgnoredAny` field did the
 /// same, but made serde buffer every key the struct does not read, such as the response's
 /// `id` and `model`: a third of an import's response parse.)
-struct MapOnly<T>(T);
+pub(crate) struct MapOnly<T>(T);
 
 impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -75,7 +75,7 @@ impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
 /// the keys it does not read skipped, with no `Value` tree built; each struct is read only
 /// from an object ([`MapOnly`]).
 #[derive(serde::Deserialize)]
-struct TypedResponse {
+pub(crate) struct TypedResponse {
     choices: Vec<MapOnly<TypedChoice>>,
     #[serde(default)]
     usage: Option<MapOnly<TypedUsage>>,
@@ -119,7 +119,13 @@ struct TypedDetails {
 /// count, a duplicate key, no choice...), and the caller then takes the `Value` path, which
 /// gives the same result or the precise error. Where both succeed they agree field by field.
 pub fn parse_typed(bytes: &[u8]) -> Option<Parsed> {
-    let MapOnly(r) = serde_json::from_slice::<MapOnly<TypedResponse>>(bytes).ok()?;
+    parsed_of(serde_json::from_slice(bytes).ok()?)
+}
+
+/// A response body read as types ([`parse_typed`]'s first step), for a reader that reads it
+/// within a larger document (an imported line); `None` where [`parse_typed`] declines after
+/// reading it (no choice).
+pub(crate) fn parsed_of(MapOnly(r): MapOnly<TypedResponse>) -> Option<Parsed> {
     let MapOnly(choice) = r.choices.into_iter().next()?;
     let MapOnly(m) = choice.message;
     let usage = r.usage.map(|MapOnly(u)| u);
