@@ -306,6 +306,67 @@ pub async fn for_each_batch(
     Ok(())
 }
 
+/// A query run on its own task, its batches read in order by [`Batches::next`]: a caller
+/// that folds one query's output on its own thread starts the next query first, so the
+/// pool scans and aggregates while the fold runs.
+pub struct Batches {
+    rx: tokio::sync::mpsc::Receiver<datafusion::arrow::array::RecordBatch>,
+    task: Option<tokio::task::JoinHandle<Result<(), QueryError>>>,
+    sql: String,
+}
+
+impl Batches {
+    /// Starts `sql`; at most two batches wait for the reader.
+    pub fn spawn(ctx: &SessionContext, sql: String) -> Self {
+        use futures::StreamExt;
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let (ctx, query) = (ctx.clone(), sql.clone());
+        let task = tokio::spawn(async move {
+            let mut stream = ctx
+                .sql(&query)
+                .await
+                .map_err(QueryError::df(query.clone()))?
+                .execute_stream()
+                .await
+                .map_err(QueryError::df(query.clone()))?;
+            while let Some(b) = stream.next().await {
+                let b = b.map_err(QueryError::df(query.clone()))?;
+                // The reader stopped (it failed): so does the query.
+                if tx.send(b).await.is_err() {
+                    break;
+                }
+            }
+            Ok(())
+        });
+        Batches {
+            rx,
+            task: Some(task),
+            sql,
+        }
+    }
+
+    /// The next batch; `None` once the query is done.
+    ///
+    /// # Errors
+    /// The query's error (or its task's panic), after the batches before it.
+    pub async fn next(
+        &mut self,
+    ) -> Result<Option<datafusion::arrow::array::RecordBatch>, QueryError> {
+        if let Some(b) = self.rx.recv().await {
+            return Ok(Some(b));
+        }
+        match self.task.take() {
+            None => Ok(None),
+            Some(task) => match task.await {
+                Ok(done) => done.map(|()| None),
+                Err(e) => Err(QueryError::df(self.sql.clone())(DataFusionError::External(
+                    Box::new(e),
+                ))),
+            },
+        }
+    }
+}
+
 /// About `passes` SQL conditions slicing `column` (a string column of the rows of `source`, a
 /// `FROM ... WHERE ...` clause holding `rows` rows) into ranges of similar row counts: the
 /// bounds are quantiles of a sample of every k-th row's value, read in one scan of the
@@ -648,6 +709,53 @@ pub async fn open_run(
 #[cfg(test)]
 mod tests {
     use super::id_slices;
+
+    /// A spawned query's batches arrive whole and in order, then `None`; a query that fails
+    /// when planned, or while it runs, gives its error from `next`, naming the query.
+    #[tokio::test]
+    async fn spawned_batches_come_in_order_and_errors_reach_the_reader() {
+        use datafusion::arrow::array::AsArray;
+        use datafusion::arrow::datatypes::Int64Type;
+        let ctx = super::new_context();
+        let mut b = super::Batches::spawn(
+            &ctx,
+            "SELECT value * 2 AS v FROM generate_series(1, 20000) ORDER BY value".into(),
+        );
+        let mut got = Vec::new();
+        while let Some(batch) = b.next().await.unwrap() {
+            got.extend(
+                batch
+                    .column(0)
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .iter()
+                    .copied(),
+            );
+        }
+        assert_eq!(got, (1..=20000).map(|v| v * 2).collect::<Vec<i64>>());
+        assert!(b.next().await.unwrap().is_none());
+        let mut missing = super::Batches::spawn(&ctx, "SELECT x FROM no_such_table".into());
+        let e = missing.next().await.unwrap_err().to_string();
+        assert!(e.contains("no_such_table"), "{e}");
+        let mut failing = super::Batches::spawn(
+            &ctx,
+            "SELECT CAST(CASE WHEN value > 15000 THEN 'x' ELSE '1' END AS INT) FROM generate_series(1, 20000)"
+                .into(),
+        );
+        let mut err = None;
+        loop {
+            match failing.next().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => break,
+                Err(e) => {
+                    err = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        let err = err.expect("the cast fails while the query runs");
+        assert!(err.contains("CAST") || err.contains("Cannot cast"), "{err}");
+    }
 
     /// `register_scores_of` registers the named versions' folders and nothing else: a stage
     /// about one version does not read (or list) the others.

@@ -23,7 +23,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
 
-use crate::query::{QueryError, new_context, text_rows};
+use crate::query::{Batches, QueryError, new_context, text_rows};
 use crate::schema::Table;
 use crate::stages::score::{JUDGE_VERDICTS, MetricKind, ScorerId};
 use crate::stages::validate::VERDICTS;
@@ -445,8 +445,11 @@ pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRo
     // A capability group of several tests merges each template's cells over its tests
     // before folding them (a template may span tests); of one test, it takes its test's.
     let mut merged: HashMap<String, (usize, Vec<Moments>)> = HashMap::new();
-    for slice in &slices {
-        crate::query::for_each_batch(&ctx, &cells_sql(&filter, slice, &inds), |b| {
+    let spawn = |slice: &String| Batches::spawn(&ctx, cells_sql(&filter, slice, &inds));
+    let mut next = slices.first().map(spawn);
+    for i in 0..slices.len() {
+        let mut cells = next.take().expect("each slice's query is started");
+        let mut fold = |b: &RecordBatch| -> Result<(), QueryError> {
             let keys = (0..5).map(|i| utf8(b, i)).collect::<Result<Vec<_>, _>>()?;
             let nums = (5..b.num_columns())
                 .map(|i| float(b, i))
@@ -509,8 +512,17 @@ pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRo
                 }
             }
             Ok(())
-        })
-        .await?;
+        };
+        // The slice's groups come once its aggregation is done: the next slice's query
+        // starts then, and runs on the pool while this thread folds them.
+        let first = cells.next().await?;
+        next = slices.get(i + 1).map(spawn);
+        if let Some(b) = first {
+            fold(&b)?;
+            while let Some(b) = cells.next().await? {
+                fold(&b)?;
+            }
+        }
         for (_, (parent, cells)) in merged.drain() {
             for (ind, c) in caps.list[parent].inds.iter_mut().zip(&cells) {
                 ind.clusters.add(c);
