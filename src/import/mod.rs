@@ -183,6 +183,18 @@ pub struct Record {
     pub scores: Vec<ImportedScore>,
 }
 
+impl Record {
+    /// Takes an OpenAI response's answer, finish reason and token counts.
+    pub(crate) fn set_response(&mut self, p: crate::stages::call::http::Parsed) {
+        self.response = Some(p.content);
+        self.finish_reason = p.finish_reason;
+        self.prompt_tokens = p.prompt_tokens;
+        self.completion_tokens = p.completion_tokens;
+        self.reasoning_tokens = p.reasoning_tokens;
+        self.reasoning_chars = p.reasoning_chars;
+    }
+}
+
 /// Records of one source, one at a time.
 pub type RecordIter = Box<dyn Iterator<Item = Result<Record, ImportError>> + Send>;
 

@@ -194,12 +194,7 @@ fn record(
             let body = body.ok_or_else(|| bad(file, n, "response.body", "missing"))?;
             let p = crate::stages::call::openai::parse_value(body)
                 .map_err(|e| bad(file, n, "response.body", e))?;
-            r.response = Some(p.content);
-            r.finish_reason = p.finish_reason;
-            r.prompt_tokens = p.prompt_tokens;
-            r.completion_tokens = p.completion_tokens;
-            r.reasoning_tokens = p.reasoning_tokens;
-            r.reasoning_chars = p.reasoning_chars;
+            r.set_response(p);
         } else {
             let msg = body
                 .and_then(|b| b.pointer("/error/message"))

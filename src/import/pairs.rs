@@ -525,12 +525,7 @@ fn record(
         _ => return Err(bad(file, n, "response", "missing or not an object")),
     };
     if let Some(p) = parsed {
-        r.response = Some(p.content);
-        r.finish_reason = p.finish_reason;
-        r.prompt_tokens = p.prompt_tokens;
-        r.completion_tokens = p.completion_tokens;
-        r.reasoning_tokens = p.reasoning_tokens;
-        r.reasoning_chars = p.reasoning_chars;
+        r.set_response(p);
         r.http_status = status.or(Some(200));
     }
     r.error = error;
