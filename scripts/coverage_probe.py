@@ -16,6 +16,9 @@ there B <= 0 is rare, but when it happens the truth is above the interval 12-60%
 With B > 0 the upper side misses 0.2-0.9% in the weak-effect cells and 2.2-3.5% in the
 strong-effect unequal ones: the bound toward 1/2 would need to grow with the template effect's
 strength faster than B r^1.25 does (r^2 covers the strong cells, at 1.4x the width).
+Session 18 took the other side: the bound away from 1/2 now takes a CR2 variance below the
+binomial one, which brings those weak-effect cells to 95.0-96.0% (`score` here is that
+version; the figures above are of the one before; scripts/coverage_variants.py has the rest).
 """
 import sys
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """An independent numpy re-simulation of benches/coverage.rs's designs for the pass-rate
-interval (`cr2_score`: before the size-weighted variance, before the floored-variance
-multiplier away from 1/2, and now) and the paired difference (`cr2`, `cr2_ri`, and
-`cr2_score`, the clustered Tango score interval for pass/fail pairs), used to
-choose between variants at more replications than the bench runs (the figures in parentheses
-in docs/functions.md: 10,000 replications, seeds 2026 and 9090).
+interval (`cr2_score` now, and `cr2_score_prev`, before its bound away from 1/2 took a design
+effect below 1) and the paired difference (`cr2`, `cr2_ri`, and `cr2_score`, the clustered
+Tango score interval for pass/fail pairs), used to choose between variants at more
+replications than the bench runs (the figures in parentheses in docs/functions.md: 20,000
+replications for rates, 10,000 for paired differences, seeds 2026 and 9090). Rates run the
+bench's three designs: 0.5, exactly 0.05, and drawn per replication from [0.04, 0.06].
 Nothing here calls evalflow; the formulas are written out again.
 
     python3 scripts/coverage_sim.py [reps [seed]]          # pass rates
@@ -118,9 +119,10 @@ def floored_quantile(kappa, df):
     return np.maximum(f(x), Z)
 
 
-def score(n, k, k_exp=1.25, size_weighted=True, floored=True):
-    """cr2_score. floored=False is the previous version; with also size_weighted=False,
-    k_exp=1.5 the one before."""
+def score(n, k, k_exp=1.25, size_weighted=True, floored=True, below=True):
+    """cr2_score. below=False is the version before session 18 (the bound away from 1/2 at a
+    design effect of at least 1); with also floored=False the one before; with also
+    size_weighted=False, k_exp=1.5 the one before that."""
     N, p, V, df = cr2(n, k)
     t = stats.t.ppf(0.975, df)
     q = np.where(p * (1 - p) > 0, p * (1 - p), 1)
@@ -140,6 +142,14 @@ def score(n, k, k_exp=1.25, size_weighted=True, floored=True):
         t_away = s * floored_quantile(kappa, df) + (1 - s) * t
     t_lo, t_hi = np.where(p <= 0.5, t_away, t), np.where(p <= 0.5, t, t_away)
     wl, wh = wilson(p, N, t_lo)[0], wilson(p, N, t_hi)[1]
+    if below:
+        # Away from 1/2 a CR2 variance below the binomial part counts, weighed by |1 - 2p|,
+        # the design effect floored at 1/2 (NEAR_DEFF_FLOOR).
+        s_ = np.abs(1 - 2 * p)
+        de = np.clip(V / np.where(naive > 0, naive, 1), 0.5, 1)
+        Ne = N / (1 - s_ * (1 - de))
+        wl = np.where(p <= 0.5, wilson(p, Ne, t_lo)[0], wl)
+        wh = np.where(p > 0.5, wilson(p, Ne, t_hi)[1], wh)
 
     def side(Bs, t):
         def inside(P):
@@ -211,30 +221,35 @@ def table(rows, names):
             if G == 10:
                 s[2], s[3] = min(s[2], c), max(s[3], w)
     for m in names:
-        print(f"{m:>14}", "G>=20 %.1f-%.1f  G=10 %.1f  width G=10 %.2f, G>=20 %.2f" % tuple(summ[m]))
+        print(f"{m:>14}", "G>=20 %.1f-%.1f  G=10 %.1f  width G=10 %.3f, G>=20 %.3f" % tuple(summ[m]))
 
 
 def cell(lo, hi, truth, est):
-    orc = 2 * Z * est.std(ddof=1)
+    orc = 2 * Z * (est - truth).std(ddof=1)
     return (100 * np.mean((lo <= truth) & (truth <= hi)), np.mean(hi - lo) / orc,
             100 * np.mean(hi < truth))
 
 
 def main_rates(R, seed):
     rng = np.random.default_rng(seed)
-    methods = {"cr2_score_old": lambda n, k: score(n, k, 1.5, False, False),
-               "cr2_score_prev": lambda n, k: score(n, k, floored=False), "cr2_score": score}
+    methods = {"cr2_score_prev": lambda n, k: score(n, k, below=False), "cr2_score": score}
     rows = []
-    for mu in (0.5, 0.05):
+    rates = np.linspace(0.04, 0.06, 201)  # "0.04-0.06": drawn per replication, as the bench
+    for rate in (0.5, 0.05, "0.04-0.06"):
         for uneq in (False, True):
             for rho in (0.05, 0.3):
                 for G in (5, 10, 20, 40, 100):
                     s = sigma(rho)
-                    a = intercept(mu, s)
+                    if rate == "0.04-0.06":
+                        idx = rng.integers(0, len(rates), R)
+                        mu = rates[idx]
+                        a = np.array([intercept(m, s) for m in rates])[idx][:, None]
+                    else:
+                        mu, a = rate, intercept(rate, s)
                     n = sizes(rng, R, G, uneq)
                     k = rng.binomial(n.astype(int), expit(a + s * rng.standard_normal((R, G)))).astype(float)
                     est = k.sum(1) / n.sum(1)
-                    rows.append((f'{G:3d} {"1-50" if uneq else "10  "} {rho:4} {mu:4}', G,
+                    rows.append((f'{G:3d} {"1-50" if uneq else "10  "} {rho:4} {rate}', G,
                                  [cell(*f(n, k), mu, est) for f in methods.values()]))
     table(rows, list(methods))
 

@@ -117,9 +117,10 @@ def score(p, n, var, t, k=1.25, var_half=None, t_away=None):
     """The clustered score interval: each bound is the outermost p0 on its side of p with
     (p - p0)^2 <= t^2 V(p0), V(p0) = p0 (1 - p0) / n + B max(r, r^k), r = p0 (1 - p0) / (p (1 - p)),
     B = var - p (1 - p) / n away from 1/2 and var_half - p (1 - p) / n toward 1/2 (the upper side
-    when p <= 1/2); a side with B <= 0 gets Wilson's bound at n. The multiplier is t toward 1/2
-    and t_away (default t) away from it. Solved here by a fine grid and brentq (evalflow scans
-    512 points and bisects)."""
+    when p <= 1/2); with B <= 0 the side toward 1/2 gets Wilson's bound at n and the side away
+    from it Wilson's at n / deff, deff = 1 - |1 - 2p| (1 - max(var / naive, 1/2)). The multiplier
+    is t toward 1/2 and t_away (default t) away from it. Solved here by a fine grid and brentq
+    (evalflow scans 512 points and bisects)."""
     naive = p * (1 - p) / n
     var_half = var if var_half is None else var_half
     t_away = t if t_away is None else t_away
@@ -129,6 +130,12 @@ def score(p, n, var, t, k=1.25, var_half=None, t_away=None):
     else:
         (b_lo, t_lo), (b_hi, t_hi) = (var_half - naive, t_half), (var - naive, t_away)
     wl, wh = wilson(p, n, t_lo)[0], wilson(p, n, t_hi)[1]
+    if naive > 0 and var < naive:
+        deff = 1 - abs(1 - 2 * p) * (1 - max(var / naive, 0.5))
+        if p <= 0.5:
+            wl = wilson(p, n / deff, t_lo)[0]
+        else:
+            wh = wilson(p, n / deff, t_hi)[1]
 
     def outer(edge, b, t, fallback):
         if not (naive > 0 and b > 0):
@@ -293,6 +300,12 @@ def main():
     assert abs(r["anova_between"] - 1955 / 127008) < 1e-15
     t = stats.t.ppf(0.975, r["cr2_df"])
     print("    t:", repr(float(t)), " symmetric score:", score(1 / 18, 18, 1 / 144, t))
+    # A CR2 variance below the binomial one (tests/stats.rs cr2_score_variance_below_binomial):
+    # {0,0,0,0,0}, {1,0,0,0,0}, {1,1,0,0,0}, {1,1,0,0,0}: p = 1/4, V = 11/1200, naive 3/320,
+    # deff 44/45; away from 1/2 Wilson at 20 / (1 - (1/2)(1/45)) = 1800/89, toward 1/2 at 20.
+    x = [0] * 5 + [1, 0, 0, 0, 0] + [1, 1, 0, 0, 0] * 2
+    r = report("score under-dispersed example", x, list("aaaaabbbbbcccccddddd"))
+    assert abs(r["cr2_se"] ** 2 - 11 / 1200) < 1e-15
     # The floored-variance quantile (unit test in src/udaf/cluster_interval.rs).
     for level, df, kappa in [(0.95, 9, 0.5), (0.95, 3, 117 / 176), (0.95, 19, 0.8), (0.9, 2.5, 0.3)]:
         print(f"floored_t_quantile({level}, {df}, {kappa}):", repr(floored_t_quantile(level, df, kappa)))

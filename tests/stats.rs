@@ -1240,6 +1240,51 @@ async fn cr2_ri_takes_the_larger_variance() {
     assert!(close(f(&r[0][0]).unwrap(), f(&r[0][1]).unwrap(), 1e-12));
 }
 
+/// A CR2 variance below the binomial one narrows only the bound away from 1/2: clusters
+/// {0,0,0,0,0}, {1,0,0,0,0}, {1,1,0,0,0}, {1,1,0,0,0}; N = 20, p = 1/4, S = (-5/4, -1/4, 3/4,
+/// 3/4), sum S^2 = 11/4, V = (11/4) / (3/4) / 400 = 11/1200 against the binomial 3/320: deff
+/// 44/45, df 3. The ANOVA template variance is negative, so the side toward 1/2 has no
+/// between part: Wilson at N = 20 with t(3). Away from 1/2 the design effect counts by the
+/// skewness 1/2: 1 - (1/2)(1 - 44/45) = 89/90, Wilson at 1800/89 with the multiplier
+/// (z + t) / 2 (the floored quantile is z when no template variance is seen).
+/// scripts/cr2_reference.py: lo 0.08801645143621334, hi 0.5987936566446217.
+#[tokio::test]
+async fn cr2_score_variance_below_binomial_narrows_only_the_bound_away_from_half() {
+    let ctx = ctx_with(2);
+    let r = rows(
+        &ctx,
+        "SELECT clustered_mean_ci(x, c)['lo'], clustered_mean_ci(x, c)['hi'], \
+         clustered_mean_ci(x, c)['se'], clustered_mean_ci(x, c)['df'] \
+         FROM (VALUES (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), \
+         (1.0, 'b'), (0.0, 'b'), (0.0, 'b'), (0.0, 'b'), (0.0, 'b'), \
+         (1.0, 'c'), (1.0, 'c'), (0.0, 'c'), (0.0, 'c'), (0.0, 'c'), \
+         (1.0, 'd'), (1.0, 'd'), (0.0, 'd'), (0.0, 'd'), (0.0, 'd')) AS t(x, c)",
+    )
+    .await;
+    assert_close(f(&r[0][2]), (11.0f64 / 1200.0).sqrt(), "se");
+    assert_close(f(&r[0][3]), 3.0, "df");
+    let (lo, hi) = (f(&r[0][0]).unwrap(), f(&r[0][1]).unwrap());
+    let wilson = |p: f64, n: f64, z: f64| {
+        let (z2, den) = (z * z, 1.0 + z * z / n);
+        let half = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / den;
+        (
+            (p + z2 / (2.0 * n)) / den - half,
+            (p + z2 / (2.0 * n)) / den + half,
+        )
+    };
+    let tq: f64 = 3.1824463052837078; // scipy t(3) 0.975
+    let ta = 0.5 * 1.959963984540054 + 0.5 * tq;
+    assert!(
+        close(lo, wilson(0.25, 1800.0 / 89.0, ta).0, 1e-12),
+        "lo {lo}"
+    );
+    assert!(close(lo, 0.08801645143621334, 1e-9), "lo {lo}");
+    // The design effect floored at 1 would have given Wilson at 20 here.
+    assert!(lo > wilson(0.25, 20.0, ta).0 + 4e-4);
+    assert!(close(hi, wilson(0.25, 20.0, tq).1, 1e-12), "hi {hi}");
+    assert!(close(hi, 0.5987936566446217, 1e-9), "hi {hi}");
+}
+
 /// No failures at all is never a zero-width interval: 0 of 120 from 3 templates of 40 gives
 /// Wilson at n = 120 with t(2): hi = t^2 / (120 + t^2) = 0.13365420214735274 (scipy).
 #[tokio::test]

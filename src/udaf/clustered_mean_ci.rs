@@ -97,15 +97,17 @@ impl AggSpec for ClusteredMeanCi {
                   `'cr2_score'`: for proportions, the clustered score interval: the p0 with \
                   (mean - p0)^2 <= t^2 V(p0), V(p0) = p0 (1 - p0) / n + B max(r, r^1.25), \
                   r = p0 (1 - p0) / (mean (1 - mean)), B = se_cr2^2 - mean (1 - mean) / n the \
-                  between-template part (design effect at least 1), so the template variance \
-                  grows toward 0.5 as it does for rare outcomes; for the bound toward 0.5, B \
+                  between-template part (design effect at least 1 on that side), so the \
+                  template variance grows toward 0.5 as it does for rare outcomes; for the bound \
+                  toward 0.5, B \
                   becomes B + |1 - 2 mean| max(0, B_anova - B), B_anova the one-way ANOVA \
                   (random-intercept) estimate, which weighs templates by size n_g rather than \
                   n_g^2; towards the nearer bound it is \
                   the Wilson interval at the effective size, with the multiplier |1 - 2 mean| c + \
                   (1 - |1 - 2 mean|) t, c the quantile of a variance floored at its binomial share \
-                  1 / deff (between the normal and the t quantile), and at a rate of 0 or 1 Wilson \
-                  at n; \
+                  (between the normal and the t quantile), and a design effect below 1 counts \
+                  there too, as 1 - |1 - 2 mean| (1 - max(deff, 0.5)); at a rate of 0 or 1 \
+                  Wilson at n; \
                   `'cr2_ri'`: as `'cr2'` with the variance at least the random-intercept \
                   model's, MSW / n + sigma_b^2 sum n_g^2 / n^2 from the one-way ANOVA (the \
                   default of `paired_diff_clustered` for graded scores); \
