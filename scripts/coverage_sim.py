@@ -230,24 +230,33 @@ def cell(lo, hi, truth, est):
             100 * np.mean(hi < truth))
 
 
+JITTERED = np.linspace(0.04, 0.06, 201)  # "0.04-0.06": a rate drawn per replication, as the bench
+
+
+def draw_rates(rng, R, G, uneq, rho, rate):
+    """R evals of G templates (10 cases or 1 to 50): sizes, failures per template, and the true
+    rate per eval (`rate`, or drawn from JITTERED when it is "0.04-0.06")."""
+    s = sigma(rho)
+    if rate == "0.04-0.06":
+        idx = rng.integers(0, len(JITTERED), R)
+        mu = JITTERED[idx]
+        a = np.array([intercept(m, s) for m in JITTERED])[idx][:, None]
+    else:
+        mu, a = np.full(R, rate), intercept(rate, s)
+    n = sizes(rng, R, G, uneq)
+    k = rng.binomial(n.astype(int), expit(a + s * rng.standard_normal((R, G)))).astype(float)
+    return n, k, mu
+
+
 def main_rates(R, seed):
     rng = np.random.default_rng(seed)
     methods = {"cr2_score_prev": lambda n, k: score(n, k, below=False), "cr2_score": score}
     rows = []
-    rates = np.linspace(0.04, 0.06, 201)  # "0.04-0.06": drawn per replication, as the bench
     for rate in (0.5, 0.05, "0.04-0.06"):
         for uneq in (False, True):
             for rho in (0.05, 0.3):
                 for G in (5, 10, 20, 40, 100):
-                    s = sigma(rho)
-                    if rate == "0.04-0.06":
-                        idx = rng.integers(0, len(rates), R)
-                        mu = rates[idx]
-                        a = np.array([intercept(m, s) for m in rates])[idx][:, None]
-                    else:
-                        mu, a = rate, intercept(rate, s)
-                    n = sizes(rng, R, G, uneq)
-                    k = rng.binomial(n.astype(int), expit(a + s * rng.standard_normal((R, G)))).astype(float)
+                    n, k, mu = draw_rates(rng, R, G, uneq, rho, rate)
                     est = k.sum(1) / n.sum(1)
                     rows.append((f'{G:3d} {"1-50" if uneq else "10  "} {rho:4} {rate}', G,
                                  [cell(*f(n, k), mu, est) for f in methods.values()]))

@@ -34,7 +34,7 @@ import sys
 import numpy as np
 from scipy import special, stats
 
-from coverage_sim import Z, anova, cr2, expit, floored_quantile, intercept, outer, score, sigma, sizes, wilson
+from coverage_sim import Z, anova, cr2, draw_rates, expit, floored_quantile, outer, score, wilson
 
 
 def variant(n, k, k_exp=1.25, fshrink=False, zhalf=False, icc_beta=0.0, anova_mult=1.0,
@@ -144,21 +144,12 @@ def main(R, seed, with_profile):
     if with_profile:
         variants["profile"] = Profile()
     rng = np.random.default_rng(seed)
-    rates = np.linspace(0.04, 0.06, 201)
     print("design".ljust(24), " ".join(f"{v:>17}" for v in variants))
     for rate in (0.05, "0.04-0.06"):
         for uneq in (False, True):
             for rho in (0.05, 0.3):
                 for G in (10, 20, 40):
-                    s = sigma(rho)
-                    if rate == "0.04-0.06":
-                        idx = rng.integers(0, len(rates), R)
-                        mu = rates[idx]
-                        a = np.array([intercept(m, s) for m in rates])[idx][:, None]
-                    else:
-                        mu, a = np.full(R, rate), intercept(rate, s)
-                    n = sizes(rng, R, G, uneq)
-                    k = rng.binomial(n.astype(int), expit(a + s * rng.standard_normal((R, G)))).astype(float)
+                    n, k, mu = draw_rates(rng, R, G, uneq, rho, rate)
                     orc = 2 * Z * (k.sum(1) / n.sum(1) - mu).std(ddof=1)
                     cells = []
                     for f in variants.values():
