@@ -640,12 +640,12 @@ pub fn clustered_score(p: f64, n: f64, var: f64, t: f64) -> (f64, f64) {
 /// rate that came out far above the truth came with a variance that came out high, so a
 /// variance below the binomial part is seen with rates near or below the truth, whose bound
 /// away from 1/2 is not the one at risk. Flooring it at the binomial part instead made rare
-/// rates with weak template effects cover 96.2-96.7% from 20 templates (96.7% at exactly
-/// 0.05, 20 templates of 10, the lattice peak where even Wilson at `n` covers 96.7%); taking
-/// it as estimated brings them to 95.3-95.7% and leaves strong template effects, where such a
-/// variance comes with rates far below the truth, within 0.2 points (20,000 replications,
-/// `scripts/coverage_sim.py`). A rate of 0 or 1 gets Wilson at `n` on both sides, never a
-/// zero width.
+/// rates with weak template effects cover up to 96.6% from 20 templates (at exactly 0.05 with
+/// 20 templates of 10 even Wilson at `n` covers 96.7% of binomial counts, a peak of the
+/// lattice); taking it as estimated brings them to 95.0-96.0% and leaves strong template
+/// effects, where such a variance comes with rates far below the truth, within 0.2 points
+/// (20,000 replications, two seeds, `scripts/coverage_sim.py`). A rate of 0 or 1 gets Wilson
+/// at `n` on both sides, never a zero width.
 ///
 /// [`cluster_interval`] passes (to [`clustered_score_quantiles`])
 /// `var_half = var + |1 - 2p| max(0, B_anova - B)`, with `B_anova`
