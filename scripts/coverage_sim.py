@@ -10,6 +10,7 @@ Nothing here calls evalflow; the formulas are written out again.
 
     python3 scripts/coverage_sim.py [reps [seed]]          # pass rates
     python3 scripts/coverage_sim.py --paired [reps [seed]] # paired differences (memory: reps x 250 MB / 1000)
+    python3 scripts/coverage_sim.py --pooled [reps [runs]]  # the widest cells, runs x reps pooled
 """
 import sys
 
@@ -263,7 +264,31 @@ def main_rates(R, seed):
     table(rows, list(methods))
 
 
-def main_paired(R, seed, delta=0.5):
+def draw_pairs(rng, R, G, uneq, rho, mu, delta=0.5):
+    """R evals of G templates of pass/fail pairs: A at template effect s u (rate `mu`), B at
+    a shift `delta` plus its own template effect (half the SD) and, per case, B's draw equal
+    to A's half the time. Returns sizes, per-template sums of B - A and of (B - A)^2, and the
+    true difference of population rates."""
+    s = sigma(rho)
+    tau = s / 2
+    a = intercept(mu, s)
+    truth = lnmean(a + delta, np.sqrt(s * s + tau * tau)) - mu
+    n = sizes(rng, R, G, uneq)
+    u = rng.standard_normal((R, G))
+    pa = expit(a + s * u)
+    pb = expit(a + delta + s * u + tau * rng.standard_normal((R, G)))
+    m = int(n.max())
+    ua = rng.random((R, G, m))
+    ub = np.where(rng.random((R, G, m)) < 0.5, ua, rng.random((R, G, m)))
+    valid = np.arange(m)[None, None, :] < n[:, :, None]
+    A = (ua < pa[:, :, None]) & valid
+    Bv = (ub < pb[:, :, None]) & valid
+    x = (Bv.sum(2) - A.sum(2)).astype(float)
+    ss = (A ^ Bv).sum(2).astype(float)  # sum of d^2 per cluster
+    return n, x, ss, truth
+
+
+def main_paired(R, seed):
     rng = np.random.default_rng(seed)
     names = ["cr2", "cr2_ri", "cr2_score"]
     rows = []
@@ -271,22 +296,7 @@ def main_paired(R, seed, delta=0.5):
         for uneq in (False, True):
             for rho in (0.05, 0.3):
                 for G in (5, 10, 20, 40, 100):
-                    s = sigma(rho)
-                    tau = s / 2
-                    a = intercept(mu, s)
-                    truth = lnmean(a + delta, np.sqrt(s * s + tau * tau)) - mu
-                    n = sizes(rng, R, G, uneq)
-                    u = rng.standard_normal((R, G))
-                    pa = expit(a + s * u)
-                    pb = expit(a + delta + s * u + tau * rng.standard_normal((R, G)))
-                    m = int(n.max())
-                    ua = rng.random((R, G, m))
-                    ub = np.where(rng.random((R, G, m)) < 0.5, ua, rng.random((R, G, m)))
-                    valid = np.arange(m)[None, None, :] < n[:, :, None]
-                    A = (ua < pa[:, :, None]) & valid
-                    Bv = (ub < pb[:, :, None]) & valid
-                    x = (Bv.sum(2) - A.sum(2)).astype(float)
-                    ss = (A ^ Bv).sum(2).astype(float)  # sum of d^2 per cluster
+                    n, x, ss, truth = draw_pairs(rng, R, G, uneq, rho, mu)
                     est = x.sum(1) / n.sum(1)
                     cells = [cell(*diff_interval(n, x, ss, fl), truth, est) for fl in (False, True)]
                     cells.append(cell(*paired_score(n, x, ss), truth, est))
@@ -294,8 +304,40 @@ def main_paired(R, seed, delta=0.5):
     table(rows, names)
 
 
+def main_pooled(R, seeds):
+    """The widest default cells at 20 templates, pooled over `seeds` runs of R replications:
+    coverage, the misses above, and mean width over the oracle's with a bootstrap SE (the
+    oracle's SD is estimated from the pooled errors, so the SE covers both)."""
+    designs = [("rate 0.05", 0.05), ("rate 0.04-0.06", "0.04-0.06"), ("paired, rate 0.1", 0.1)]
+    for label, rate in designs:
+        widths, errs, covered, above = [], [], [], []
+        for seed in seeds:
+            rng = np.random.default_rng(seed)
+            if label.startswith("paired"):
+                n, x, ss, truth = draw_pairs(rng, R, 20, True, 0.3, rate)
+                lo, hi = paired_score(n, x, ss)
+            else:
+                n, x, truth = draw_rates(rng, R, 20, True, 0.3, rate)
+                lo, hi = score(n, x)
+            est = x.sum(1) / n.sum(1)
+            widths.append(hi - lo)
+            errs.append(est - truth)
+            covered.append((lo <= truth) & (truth <= hi))
+            above.append(hi < truth)
+        w, e = np.concatenate(widths), np.concatenate(errs)
+        ratio = lambda i: w[i].mean() / (2 * Z * e[i].std(ddof=1))
+        boot = np.random.default_rng(0)
+        se = np.std([ratio(boot.integers(0, len(w), len(w))) for _ in range(200)])
+        print(f"20 templates of 1-50, ICC 0.3, {label}: {len(w)} replications, coverage "
+              f"{100 * np.concatenate(covered).mean():.2f}% (above {100 * np.concatenate(above).mean():.2f}%), "
+              f"width {ratio(slice(None)):.4f} +- {se:.4f} x the oracle", flush=True)
+
+
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--paired"]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
     R = int(args[0]) if args else 4000
-    seed = int(args[1]) if len(args) > 1 else 2026
-    (main_paired if "--paired" in sys.argv else main_rates)(R, seed)
+    if "--pooled" in sys.argv:
+        main_pooled(R, range(10, 10 + (int(args[1]) if len(args) > 1 else 6)))
+    else:
+        seed = int(args[1]) if len(args) > 1 else 2026
+        (main_paired if "--paired" in sys.argv else main_rates)(R, seed)

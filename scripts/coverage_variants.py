@@ -6,6 +6,7 @@ in docs/functions.md about what does not work can be re-run. Nothing here calls 
     python3 scripts/coverage_variants.py [reps [seed]]              # about 2 min at 20,000
     python3 scripts/coverage_variants.py --profile [reps [seed]]    # + logit-normal profile
                                                                     #   likelihood (slow: 1,000)
+    python3 scripts/coverage_variants.py --frontier [reps]          # the widest cell, seeds 31, 32
 
 Per cell: coverage, mean width over the oracle's, and the share of samples with the truth
 above the interval. The variants (each changes the shipped interval in one place):
@@ -160,7 +161,29 @@ def main(R, seed, with_profile):
                     print(label.ljust(24), " ".join(f"{c:>17}" for c in cells), flush=True)
 
 
+def frontier(R):
+    """The widest cell (20 templates of 1 to 50, ICC 0.3, rate 0.05) under the two knobs that
+    set the bound toward 1/2: the growth exponent and the weight of the size-weighted term.
+    Session 19 (60,000 replications): they move along one line of coverage against width."""
+    variants = {"shipped": score, "exp1.2": lambda n, k: variant(n, k, k_exp=1.2),
+                "exp1.35": lambda n, k: variant(n, k, k_exp=1.35),
+                "anova0.5": lambda n, k: variant(n, k, anova_mult=0.5),
+                "anova1.5": lambda n, k: variant(n, k, anova_mult=1.5),
+                "exp1.2,anova1.5": lambda n, k: variant(n, k, k_exp=1.2, anova_mult=1.5),
+                "exp1.35,anova0.5": lambda n, k: variant(n, k, k_exp=1.35, anova_mult=0.5)}
+    for seed in (31, 32):
+        n, k, mu = draw_rates(np.random.default_rng(seed), R, 20, True, 0.3, 0.05)
+        orc = 2 * Z * (k.sum(1) / n.sum(1) - mu).std(ddof=1)
+        for name, f in variants.items():
+            lo, hi = f(n, k)
+            print(seed, name.ljust(17), f"{100 * np.mean((lo <= mu) & (mu <= hi)):6.2f}% "
+                  f"{np.mean(hi - lo) / orc:.4f}x above {100 * np.mean(hi < mu):4.2f}%", flush=True)
+
+
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--profile"]
-    main(int(args[0]) if args else 20000, int(args[1]) if len(args) > 1 else 2026,
-         "--profile" in sys.argv)
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if "--frontier" in sys.argv:
+        frontier(int(args[0]) if args else 60000)
+    else:
+        main(int(args[0]) if args else 20000, int(args[1]) if len(args) > 1 else 2026,
+             "--profile" in sys.argv)
