@@ -308,17 +308,22 @@ def main_pooled(R, seeds):
     """The widest default cells at 20 templates, pooled over `seeds` runs of R replications:
     coverage, the misses above, and mean width over the oracle's with a bootstrap SE (the
     oracle's SD is estimated from the pooled errors, so the SE covers both)."""
-    designs = [("rate 0.05", 0.05), ("rate 0.04-0.06", "0.04-0.06"), ("paired, rate 0.1", 0.1)]
-    for label, rate in designs:
+    def rates(rate):
+        def run(rng):
+            n, k, mu = draw_rates(rng, R, 20, True, 0.3, rate)
+            return (n, k, mu, *score(n, k))
+        return run
+
+    def pairs(rng):
+        n, x, ss, truth = draw_pairs(rng, R, 20, True, 0.3, 0.1)
+        return (n, x, truth, *paired_score(n, x, ss))
+
+    designs = [("rate 0.05", rates(0.05)), ("rate 0.04-0.06", rates("0.04-0.06")),
+               ("paired, rate 0.1", pairs)]
+    for label, run in designs:
         widths, errs, covered, above = [], [], [], []
         for seed in seeds:
-            rng = np.random.default_rng(seed)
-            if label.startswith("paired"):
-                n, x, ss, truth = draw_pairs(rng, R, 20, True, 0.3, rate)
-                lo, hi = paired_score(n, x, ss)
-            else:
-                n, x, truth = draw_rates(rng, R, 20, True, 0.3, rate)
-                lo, hi = score(n, x)
+            n, x, truth, lo, hi = run(np.random.default_rng(seed))
             est = x.sum(1) / n.sum(1)
             widths.append(hi - lo)
             errs.append(est - truth)
