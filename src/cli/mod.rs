@@ -240,6 +240,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Run(a) => {
             let mut r = Runner::open(&a.pipeline, a.out.as_deref()).await?;
             eprintln!("run root: {}", r.store.display());
+            remember_root(r.store.display());
             let rows = r.run_all().await?;
             println!("run {} ({})\n", r.manifest.run_id, r.store.display());
             println!("{}", aggregate::render(&rows));
@@ -356,6 +357,21 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
     }
+}
+
+/// The root of the last `run` in this process: a library caller (the Python package's
+/// `evalflow.run`) learns where a run without `--out` went, as the CLI user reads it on stderr.
+static LAST_ROOT: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+fn remember_root(root: &str) {
+    if let Ok(mut r) = LAST_ROOT.lock() {
+        *r = Some(root.to_string());
+    }
+}
+
+/// Takes the root recorded by the last `run` of this process, if any.
+pub fn take_last_root() -> Option<String> {
+    LAST_ROOT.lock().ok().and_then(|mut r| r.take())
 }
 
 async fn open_stage(a: &StageArgs) -> Result<Runner, CliError> {
