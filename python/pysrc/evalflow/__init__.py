@@ -180,7 +180,7 @@ def _register_store(ctx, url: str, done: set) -> None:
         endpoint=endpoint,
         allow_http=allow_http,
     )
-    ctx.register_object_store(f"s3://{parsed.netloc}", store, None)
+    ctx.register_object_store("s3://", store, parsed.netloc)
 
 
 def open_run(root: str | os.PathLike, ctx=None):
