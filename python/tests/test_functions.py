@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import datafusion
 import numpy as np
@@ -193,3 +194,21 @@ def test_functions_run_in_a_datafusion_dataframe(ctx):
     assert got.keys() == {"model-0", "model-1", "model-2"}
     for k in got:
         assert got[k] == pytest.approx(want[k], rel=1e-12)
+
+
+def test_every_public_function_has_a_typed_docstring_in_the_stubs():
+    """The .pyi stubs a notebook completes from: every name of `__all__` is there, documented."""
+    import ast
+
+    stub = ast.parse((Path(evalflow.__file__).with_suffix(".pyi")).read_text())
+    documented = {
+        n.name
+        for n in stub.body
+        if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and ast.get_docstring(n)
+    }
+    missing = [name for name in evalflow.__all__ if name not in documented]
+    assert missing == []
+    for cls in (n for n in stub.body if isinstance(n, ast.ClassDef) and n.name in ("Run", "Comparison")):
+        for f in cls.body:
+            if isinstance(f, ast.FunctionDef) and not f.name.startswith("_"):
+                assert ast.get_docstring(f), f"{cls.name}.{f.name}"
