@@ -45,7 +45,10 @@ impl AggregateFunction {
         self.inner.name()
     }
 
-    fn __datafusion_aggregate_udf__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
+    fn __datafusion_aggregate_udf__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
         let ffi = FFI_AggregateUDF::from(self.inner.clone());
         PyCapsule::new(py, ffi, Some(c"datafusion_aggregate_udf".to_owned()))
     }
@@ -179,7 +182,11 @@ fn layout(
                     .map_err(|e| (cli::EXIT_INTERNAL, format!("table `{name}`: {e}")))?;
                 let schema = provider.schema();
                 let urls = match provider.downcast_ref::<ListingTable>() {
-                    Some(l) => l.table_paths().iter().map(|u| u.as_str().to_string()).collect(),
+                    Some(l) => l
+                        .table_paths()
+                        .iter()
+                        .map(|u| u.as_str().to_string())
+                        .collect(),
                     None => Vec::new(),
                 };
                 out.push((name.to_string(), urls, ipc_schema(&schema)?));
@@ -214,7 +221,11 @@ fn invoke(py: Python<'_>, argv: Vec<String>) -> PyResult<Ended> {
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
-            let code = if e.use_stderr() { cli::EXIT_BAD_INPUT } else { 0 };
+            let code = if e.use_stderr() {
+                cli::EXIT_BAD_INPUT
+            } else {
+                0
+            };
             let text = e.render().to_string();
             if code == 0 {
                 // --help and --version: printed, as the binary does.
@@ -312,7 +323,8 @@ fn recv(
 /// `rescore --scorer-file` reads.
 #[pyfunction]
 fn scorer_toml(json: &str) -> PyResult<String> {
-    let bad = |e: String| pyo3::exceptions::PyValueError::new_err(format!("scorer definition: {e}"));
+    let bad =
+        |e: String| pyo3::exceptions::PyValueError::new_err(format!("scorer definition: {e}"));
     let v: toml::Value = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
     toml::to_string(&v).map_err(|e| bad(e.to_string()))
 }
