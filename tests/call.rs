@@ -13,6 +13,9 @@ use evalflow::runner::Runner;
 use evalflow::schema::Table;
 use futures::StreamExt;
 
+#[path = "common/moto.rs"]
+mod moto;
+
 fn loopback() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
 }
@@ -524,15 +527,15 @@ fn child_evalflow() {
     std::process::exit(code);
 }
 
-/// Call ids a SIGKILLed session left durable: committed parts plus complete journal lines.
-fn durable_call_ids(rt: &tokio::runtime::Runtime, root: &Path) -> HashSet<String> {
+/// Call ids a SIGKILLed session left durable: committed parts plus complete journal lines
+/// (in `jdir`).
+fn durable_call_ids(rt: &tokio::runtime::Runtime, root: &Path, jdir: &Path) -> HashSet<String> {
     let mut ids: HashSet<String> = rt
         .block_on(calls(root))
         .into_iter()
         .map(|r| r.call_id)
         .collect();
-    let jdir = root.join("_journal").join("calls");
-    for e in std::fs::read_dir(&jdir).into_iter().flatten() {
+    for e in std::fs::read_dir(jdir).into_iter().flatten() {
         let text = std::fs::read_to_string(e.unwrap().path()).unwrap_or_default();
         // A torn last line (killed mid-write) was never fsynced as a whole: not durable.
         for line in text.lines() {
@@ -556,7 +559,7 @@ fn durable_call_ids(rt: &tokio::runtime::Runtime, root: &Path) -> HashSet<String
 /// `cache`: with the response cache on, a broken journal recovery would be masked (the
 /// re-run would be served from the cache instead of re-sending), so the cache-off run is
 /// the one that proves the journal.
-fn sigkill_resume(cache: bool) {
+fn sigkill_resume(cache: bool, on_s3: bool) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
@@ -575,24 +578,58 @@ fn sigkill_resume(cache: bool) {
         80,
         &format!("samples = 3\nconcurrency = {concurrency}"),
     );
+    // On S3 the run lives in moto's bucket; `root` is then a local mirror of it, read after
+    // each session, and the journal lives in this machine's state folder.
+    let moto = on_s3.then(|| moto::Moto::start("kill"));
+    let state = dir.path().join("state");
     let root = dir.path().join("run");
-    let cache_dir = dir.path().join("cache");
-    let cache_env = if cache {
-        cache_dir.to_str().unwrap()
+    let url = if on_s3 {
+        "s3://kill/runs/r".to_string()
     } else {
-        "off"
+        root.to_str().unwrap().to_string()
     };
-    let (p, root_s) = (p.to_str().unwrap(), root.to_str().unwrap());
-    let o = bin().args(["generate", p, "--out", root_s]).output();
+    let cache_dir = if on_s3 {
+        // The default cache of an object-store root: `responses` in the state folder.
+        state.join("responses")
+    } else {
+        dir.path().join("cache")
+    };
+    let cache_env = if cache {
+        cache_dir.to_str().unwrap().to_string()
+    } else {
+        "off".to_string()
+    };
+    let env_of = |mut e: Evalflow| {
+        e = e.env("EVALFLOW_STATE_DIR", state.to_str().unwrap());
+        if on_s3 && cache {
+            e = e.env_remove("EVALFLOW_CACHE_DIR");
+        } else {
+            e = e.env("EVALFLOW_CACHE_DIR", &cache_env);
+        }
+        for (k, v) in moto.iter().flat_map(|m| m.env()) {
+            e = e.env(k, &v);
+        }
+        e
+    };
+    let sync = || {
+        if let Some(m) = &moto {
+            rt.block_on(mirror(&m.endpoint, "kill", "runs/r", &root));
+        }
+    };
+    let jdir = if on_s3 {
+        state.join("journals")
+    } else {
+        root.join("_journal")
+    };
+    let (p, root_s) = (p.to_str().unwrap(), url.as_str());
+    let o = env_of(bin().args(["generate", p, "--out", root_s])).output();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
     // Kill at several points: early (startup), mid-flight, around a commit (every 2 s).
     let mut marks = vec![0usize];
     let mut durable = vec![HashSet::new()];
     for ms in [150u64, 450, 900, 2100, 250, 700] {
-        let mut child = bin()
-            .args(["call", p, "--out", root_s])
-            .env("EVALFLOW_CACHE_DIR", cache_env)
+        let mut child = env_of(bin().args(["call", p, "--out", root_s]))
             .command()
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -604,7 +641,8 @@ fn sigkill_resume(cache: bool) {
         // Requests the killed process wrote just before dying reach the log a moment later.
         std::thread::sleep(Duration::from_millis(200));
         marks.push(read_log(&log).len());
-        durable.push(durable_call_ids(&rt, &root));
+        sync();
+        durable.push(durable_call_ids(&rt, &root, &journal_calls(&jdir)));
     }
     assert!(
         *marks.last().unwrap() < 1200,
@@ -614,11 +652,9 @@ fn sigkill_resume(cache: bool) {
         durable.last().unwrap().len() > 100,
         "the killed sessions recorded work: {marks:?}"
     );
-    let o = bin()
-        .args(["call", p, "--out", root_s])
-        .env("EVALFLOW_CACHE_DIR", cache_env)
-        .output();
+    let o = env_of(bin().args(["call", p, "--out", root_s])).output();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    sync();
     let reqs = read_log(&log);
     marks.push(reqs.len());
     assert_eq!(cache, cache_dir.exists(), "the cache setting took effect");
@@ -658,7 +694,7 @@ fn sigkill_resume(cache: bool) {
         seen.extend(in_session);
     }
     eprintln!(
-        "cache {cache}: requests {} for 1200 calls, re-sent {resent_total}, marks {marks:?}",
+        "cache {cache}, s3 {on_s3}: requests {} for 1200 calls, re-sent {resent_total}, marks {marks:?}",
         reqs.len()
     );
 
@@ -705,12 +741,72 @@ fn sigkill_resume(cache: bool) {
 
 #[test]
 fn sigkill_resume_without_the_cache_pays_no_durable_call_twice() {
-    sigkill_resume(false);
+    sigkill_resume(false, false);
 }
 
 #[test]
 fn sigkill_resume_with_the_cache_pays_no_durable_call_twice() {
-    sigkill_resume(true);
+    sigkill_resume(true, false);
+}
+
+/// The same kill matrix on an `s3://` root (moto's server): the journal in this machine's
+/// state folder keeps every answered call, so each kill re-pays at most the calls in flight.
+#[test]
+fn sigkill_resume_on_s3_without_the_cache_pays_no_durable_call_twice() {
+    sigkill_resume(false, true);
+}
+
+/// On S3 with the default cache (`responses` in the state folder, not beside the root).
+#[test]
+fn sigkill_resume_on_s3_with_the_default_cache_pays_no_durable_call_twice() {
+    sigkill_resume(true, true);
+}
+
+/// The `calls` journal folder under `dir`: `dir/calls` for a local root's `_journal`, the
+/// one root's `journals/<key>/calls` in a state folder.
+fn journal_calls(dir: &Path) -> PathBuf {
+    if dir.join("calls").exists() || dir.ends_with("_journal") {
+        return dir.join("calls");
+    }
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .map(|e| e.unwrap().path().join("calls"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| dir.join("none"))
+}
+
+/// Copies every object under `prefix` of moto's `bucket` into `local` (replacing it), so
+/// the local readers of these tests read an S3 run as it stands.
+async fn mirror(endpoint: &str, bucket: &str, prefix: &str, local: &Path) {
+    use object_store::{ObjectStore, ObjectStoreExt};
+    let s3 = object_store::aws::AmazonS3Builder::new()
+        .with_endpoint(endpoint)
+        .with_allow_http(true)
+        .with_bucket_name(bucket)
+        .with_region("us-east-1")
+        .with_access_key_id("test")
+        .with_secret_access_key("test")
+        .build()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(local);
+    let listed: Vec<_> = s3
+        .list(Some(&object_store::path::Path::from(prefix)))
+        .collect::<Vec<_>>()
+        .await;
+    for m in listed {
+        let m = m.unwrap();
+        let rel = m
+            .location
+            .as_ref()
+            .strip_prefix(prefix)
+            .unwrap()
+            .trim_start_matches('/');
+        let to = local.join(rel);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        let bytes = s3.get(&m.location).await.unwrap().bytes().await.unwrap();
+        std::fs::write(to, bytes).unwrap();
+    }
 }
 
 /// `evalflow mock-server ARGS` on a free loopback port: the child and its base URL.

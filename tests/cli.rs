@@ -3,6 +3,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "common/moto.rs"]
+mod moto;
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_evalflow"))
 }
@@ -525,70 +528,17 @@ fn run_prints_rogan_gladen_corrected_rates_given_a_holdout() {
     assert_eq!(lo, 0.0);
 }
 
-/// Kills a child process when dropped.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A run on real S3-compatible object storage (moto's server on loopback, started here;
 /// `.ci/run` installs it): every stage writes through object_store, SQL reads it back,
 /// and a re-run resumes without re-calling.
 #[test]
 fn run_on_s3_object_storage_and_resume() {
-    use std::io::{Read, Write};
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    // `python3 -m moto.server` works wherever pip put moto, even without its script on PATH.
-    let server = Command::new("python3")
-        .args([
-            "-m",
-            "moto.server",
-            "-H",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("python3 runs moto's server (python3 -m pip install 'moto[server]'; .ci/run does)");
-    let _guard = KillOnDrop(server);
-    let addr = format!("127.0.0.1:{port}");
-    let mut created = false;
-    for _ in 0..100 {
-        if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
-            write!(s, "PUT /evalflow-test HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
-            let mut resp = String::new();
-            let _ = s.read_to_string(&mut resp);
-            if resp.starts_with("HTTP/1.1 200") {
-                created = true;
-                break;
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    assert!(
-        created,
-        "moto's server did not start on {addr}: python3 -m pip install 'moto[server]'"
-    );
-    let endpoint = format!("http://{addr}");
+    let moto = moto::Moto::start("evalflow-test");
     let s3 = |args: &[&str]| {
         bin()
             .args(args)
             .current_dir(repo())
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_REGION", "us-east-1")
-            .env("AWS_ENDPOINT", &endpoint)
-            .env("AWS_ALLOW_HTTP", "true")
+            .envs(moto.env())
             .output()
             .unwrap()
     };

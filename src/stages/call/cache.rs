@@ -13,8 +13,10 @@
 //! miss: losing a cache entry only costs a call, so logs are not fsynced. Entries written
 //! during a session are seen by the next session, not by the one writing them.
 //!
-//! The default folder is `.evalflow-cache` beside a local run root; the `EVALFLOW_CACHE_DIR`
-//! variable names another, and `EVALFLOW_CACHE_DIR=off` disables it.
+//! The default folder is `.evalflow-cache` beside a local run root, and `responses` in this
+//! machine's state folder ([`super::journal::local_state_dir`]) for an object-store root, so
+//! the same requests into a new `s3://` root cost nothing either; the `EVALFLOW_CACHE_DIR`
+//! variable names another folder, and `EVALFLOW_CACHE_DIR=off` disables it.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -72,8 +74,12 @@ pub fn dir_for_root(store: &RunStore) -> Option<PathBuf> {
         Ok(v) if v == "off" || v.is_empty() => None,
         Ok(v) => Some(PathBuf::from(v)),
         Err(_) => {
-            if !store.table_url("calls").starts_with("file:") {
+            let url = store.table_url("calls");
+            if url.starts_with("memory:") {
                 return None;
+            }
+            if !url.starts_with("file:") {
+                return Some(super::journal::local_state_dir().join("responses"));
             }
             Some(Path::new(store.display()).parent()?.join(".evalflow-cache"))
         }

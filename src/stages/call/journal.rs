@@ -9,8 +9,13 @@
 //! (skipping call ids already committed) before any new request is sent, so a SIGKILL at
 //! any moment loses nothing that was recorded and duplicates nothing that was committed.
 //!
-//! The journal lives beside `calls/`, not in it, so table listings never see it. It
-//! needs a local run root (fsync); object-store roots rely on the part commits alone.
+//! The journal lives beside `calls/`, not in it, so table listings never see it. It needs
+//! a local file (fsync): an object-store root's journal lives on the machine that calls,
+//! under [`local_state_dir`] in a folder named by a hash of the root's URL and endpoint, so
+//! a session killed on an `s3://` root re-pays only the calls in flight, as on a local root.
+//! A session on another machine does not see that journal: it re-pays what the killed one
+//! answered since its last commit (a few seconds of calls), and a journal left behind is
+//! folded in (committed ids skipped) whenever a session on this machine next runs the root.
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -18,12 +23,50 @@ use std::path::{Path, PathBuf};
 use super::CallRow;
 use crate::storage::RunStore;
 
-/// The journal folder of a local run root, `None` for object-store roots.
+/// The variable naming the folder of the local state of object-store roots.
+pub const STATE_ENV: &str = "EVALFLOW_STATE_DIR";
+
+/// The folder of this machine's state for object-store roots (their call journals, and the
+/// response cache by default): `$EVALFLOW_STATE_DIR`, else `$XDG_CACHE_HOME/evalflow`, else
+/// `~/.cache/evalflow`, else `evalflow-state` in the temporary folder.
+pub fn local_state_dir() -> PathBuf {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var(STATE_ENV)
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("evalflow")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache").join("evalflow")))
+        .unwrap_or_else(|| std::env::temp_dir().join("evalflow-state"))
+}
+
+/// The journal folder of a run root: `_journal/calls` in a local root; for an object-store
+/// root, a folder of [`local_state_dir`] named by the root's URL and the S3 endpoint (two
+/// servers may hold buckets of one name); `None` for `memory://` roots, which no crash
+/// outlives.
 pub fn dir_for(store: &RunStore) -> Option<PathBuf> {
-    store
-        .table_url("calls")
-        .starts_with("file:")
-        .then(|| Path::new(store.display()).join("_journal").join("calls"))
+    let url = store.table_url("calls");
+    if url.starts_with("file:") {
+        return Some(Path::new(store.display()).join("_journal").join("calls"));
+    }
+    if url.starts_with("memory:") {
+        return None;
+    }
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(url.as_bytes());
+    for k in ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"] {
+        h.update(b"\n");
+        h.update(std::env::var(k).unwrap_or_default().as_bytes());
+    }
+    let key = hex::encode(&h.finalize()[..10]);
+    let dir = local_state_dir().join("journals").join(key);
+    // Which root a folder belongs to, for a person looking at the state folder.
+    if std::fs::create_dir_all(&dir).is_ok() {
+        let _ = std::fs::write(dir.join("root.txt"), format!("{}\n", store.display()));
+    }
+    Some(dir.join("calls"))
 }
 
 /// An open journal file.
