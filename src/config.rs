@@ -35,6 +35,15 @@ pub struct ModelConfig {
     pub timeout_secs: f64,
     #[serde(default = "default_retries")]
     pub max_retries: u32,
+    /// A request that has waited this many times the 95th percentile latency of this
+    /// model's completed requests of its size is abandoned and retried as a timeout (at
+    /// least `hang_floor_secs`, at most `timeout_secs`), so hung requests cannot hold the
+    /// concurrency; 0 turns the adaptive deadline off (stages/call/deadline.rs).
+    #[serde(default = "default_hang_factor")]
+    pub hang_factor: f64,
+    /// The shortest adaptive deadline, in seconds.
+    #[serde(default = "default_hang_floor")]
+    pub hang_floor_secs: f64,
     /// Retry once at double max_tokens when the answer is empty with finish_reason `length`.
     #[serde(default)]
     pub retry_empty_length: bool,
@@ -57,6 +66,12 @@ fn default_samples() -> u32 {
 }
 fn default_timeout() -> f64 {
     60.0
+}
+fn default_hang_factor() -> f64 {
+    8.0
+}
+fn default_hang_floor() -> f64 {
+    1.0
 }
 fn default_retries() -> u32 {
     5

@@ -1252,3 +1252,69 @@ async fn judge_checklist_scorer_over_http() {
         assert_eq!(judge_rows.len(), 20, "one judge call per valid answer");
     }
 }
+
+/// Hung requests are abandoned at the adaptive deadline, not at `timeout_secs`: with 5% of
+/// attempts hanging, every call is answered, each hung attempt's retry reaches the server
+/// within a few healthy latencies' multiple (the mock's log), long before the 30 s
+/// timeout, and the row counts the abandoned attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_requests_are_retried_within_the_adaptive_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let cfg = MockConfig {
+        latency: Duration::from_millis(20),
+        request_log: Some(log.clone()),
+        ..mock_cfg(vec![(Fault::Hang, 0.05)])
+    };
+    let server = MockServer::start(loopback(), cfg).await.unwrap();
+    let p = pipeline(
+        dir.path(),
+        "hang",
+        &server.base_url(),
+        80,
+        "concurrency = 16\ntimeout_secs = 30\nhang_factor = 8\nhang_floor_secs = 0.5",
+    );
+    let rows = generate_and_call(&p, &dir.path().join("run")).await;
+    assert_eq!(rows.len(), 400);
+    let failed: Vec<_> = rows.iter().filter(|r| r.error.is_some()).collect();
+    assert!(
+        failed.is_empty(),
+        "every call answered: {:?}",
+        failed.first()
+    );
+    let reqs = read_log(&log);
+    let mut by_call: HashMap<String, Vec<&serde_json::Value>> = HashMap::new();
+    for r in &reqs {
+        by_call
+            .entry(r["call_id"].as_str().unwrap().to_string())
+            .or_default()
+            .push(r);
+    }
+    let mut hung = 0;
+    let mut worst = 0.0f64;
+    for (id, attempts) in &by_call {
+        for w in attempts.windows(2) {
+            if w[0]["fault"] == "hang" {
+                hung += 1;
+                let gap = w[1]["t"].as_f64().unwrap() - w[0]["t"].as_f64().unwrap();
+                worst = worst.max(gap);
+            }
+        }
+        let row = rows.iter().find(|r| &r.call_id == id).unwrap();
+        assert_eq!(
+            row.attempts as usize,
+            attempts.len(),
+            "{id}: attempts counted"
+        );
+    }
+    assert!(hung >= 5, "the mock hung some attempts ({hung})");
+    // 0.5 s floor (8 x p95 of 20 ms is less), plus the retry's backoff: far below 30 s. Hangs
+    // sent before 32 requests completed wait a little longer, until the deadline adapts.
+    assert!(
+        worst < 5.0,
+        "a hung attempt's retry came {worst:.2} s after it"
+    );
+    let abandoned = rows.iter().filter(|r| r.attempts > 1).count();
+    assert!(abandoned >= hung.min(1));
+    drop(server);
+}

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
+use super::deadline::{self, Deadlines};
 use super::limits::{Limits, backoff, parse_retry_after};
 use super::{CallError, CallRequest, CallResult, Provider, anthropic, openai};
 use crate::config::ModelConfig;
@@ -54,7 +55,8 @@ pub struct HttpProvider {
     url: reqwest::Url,
     model: ModelConfig,
     limits: Limits,
-    timeout: Duration,
+    /// `timeout_secs`, shortened for requests far slower than the healthy ones.
+    deadlines: Deadlines,
     /// The key, kept only to scrub it from error text.
     secret: Option<String>,
 }
@@ -158,7 +160,11 @@ impl HttpProvider {
             url,
             model: model.clone(),
             limits: Limits::new(model.requests_per_minute, model.tokens_per_minute),
-            timeout: Duration::from_secs_f64(model.timeout_secs.max(0.001)),
+            deadlines: Deadlines::new(
+                model.hang_factor,
+                Duration::from_secs_f64(model.hang_floor_secs.max(0.0)),
+                Duration::from_secs_f64(model.timeout_secs.max(0.001)),
+            ),
             secret,
         })
     }
@@ -194,14 +200,38 @@ impl HttpProvider {
             let bytes = resp.bytes().await?;
             Ok::<_, reqwest::Error>((status, retry_after, bytes))
         };
-        let (status, retry_after, bytes) = match tokio::time::timeout(self.timeout, send).await {
-            Err(_) => {
-                return Attempt::Failed(
-                    None,
-                    format!("timeout after {}s", self.model.timeout_secs),
-                    true,
-                    None,
-                );
+        let size = deadline::bucket(max_tokens);
+        let started = std::time::Instant::now();
+        tokio::pin!(send);
+        // The deadline is re-read every 100 ms: the first requests of a run wait on
+        // `timeout_secs` only until enough of them have completed to know the healthy latency.
+        let sent = loop {
+            let (limit, p95) = self.deadlines.limit(size);
+            let waited = started.elapsed();
+            if waited >= limit {
+                break Err((limit, p95));
+            }
+            let wait = (limit - waited).min(Duration::from_millis(100));
+            if let Ok(r) = tokio::time::timeout(wait, &mut send).await {
+                break Ok(r);
+            }
+        };
+        let (status, retry_after, bytes) = match sent {
+            Err((limit, p95)) => {
+                let msg = match p95 {
+                    Some(p) => format!(
+                        "timeout after {:.2}s (adaptive deadline: {} x the 95th percentile \
+                         {:.3}s of completed requests, at least hang_floor_secs = {}; \
+                         timeout_secs = {})",
+                        limit.as_secs_f64(),
+                        self.model.hang_factor,
+                        p,
+                        self.model.hang_floor_secs,
+                        self.model.timeout_secs
+                    ),
+                    None => format!("timeout after {}s", self.model.timeout_secs),
+                };
+                return Attempt::Failed(None, msg, true, None);
             }
             Ok(Err(e)) => return Attempt::Failed(None, transport_error(&e), true, None),
             Ok(Ok(x)) => x,
@@ -221,7 +251,10 @@ impl HttpProvider {
             Wire::Anthropic => anthropic::parse(&bytes),
         };
         match parsed {
-            Ok(p) => Attempt::Ok(status, p),
+            Ok(p) => {
+                self.deadlines.record(size, started.elapsed());
+                Attempt::Ok(status, p)
+            }
             Err(msg) => Attempt::Failed(Some(status), msg, true, None),
         }
     }

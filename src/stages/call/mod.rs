@@ -11,6 +11,7 @@
 
 pub mod anthropic;
 pub mod cache;
+pub mod deadline;
 pub mod http;
 pub mod journal;
 pub mod limits;
