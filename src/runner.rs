@@ -46,11 +46,10 @@ impl RunError {
         match self {
             RunError::Pipeline(_) | RunError::Root { .. } | RunError::Scorer { .. } => true,
             RunError::Query(e) => e.is_bad_input(),
-            RunError::Storage(e) | RunError::Call(CallError::Storage(e)) => e.is_bad_input(),
-            RunError::Call(CallError::Provider(..)) => true,
+            RunError::Storage(e) => e.is_bad_input(),
+            RunError::Call(e) => e.is_bad_input(),
             RunError::Generate(generate::GenerateError::Rephrase { .. }) => false,
             RunError::Generate(_) => true,
-            _ => false,
         }
     }
 }

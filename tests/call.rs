@@ -1318,3 +1318,118 @@ async fn hung_requests_are_retried_within_the_adaptive_deadline() {
     assert!(abandoned >= hung.min(1));
     drop(server);
 }
+
+/// A judge scorer re-run under a 16 MiB memory limit gives the same scores as without one;
+/// under a limit too small for its prompts' query it exits 2 naming the limit (a query
+/// failure, not a provider that "cannot be built"), writing no scores version.
+#[test]
+fn judge_under_a_memory_limit_scores_the_same_or_exits_2_naming_it() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let model = rt
+        .block_on(MockServer::start(
+            loopback(),
+            MockConfig {
+                answer: AnswerMode::Vader,
+                ..mock_cfg(vec![])
+            },
+        ))
+        .unwrap();
+    let judge = rt
+        .block_on(MockServer::start(
+            loopback(),
+            MockConfig {
+                answer: AnswerMode::Checklist,
+                ..mock_cfg(vec![])
+            },
+        ))
+        .unwrap();
+    let p = pipeline(
+        dir.path(),
+        "judged",
+        &model.base_url(),
+        200,
+        "concurrency = 32",
+    );
+    let root = dir.path().join("run");
+    let o = bin()
+        .args(["run", p.to_str().unwrap(), "--out", root.to_str().unwrap()])
+        .env("EVALFLOW_CACHE_DIR", "off")
+        .output();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let scorer = dir.path().join("judge.toml");
+    std::fs::write(
+        &scorer,
+        format!(
+            "[[scorer]]\nname = \"helpful\"\nkind = \"judge\"\nmetric = \"numeric\"\n\
+             model = {{ provider = \"openai\", base_url = \"{}\", name = \"judge-model\", temperature = 0.0, concurrency = 32 }}\n\
+             questions = [{{ id = \"label\", text = \"Is the answer a sentiment label?\" }}, {{ id = \"short\", text = \"Is it one word?\" }}]\n",
+            judge.base_url()
+        ),
+    )
+    .unwrap();
+    let copy = |name: &str| {
+        let to = dir.path().join(name);
+        let o = Command::new("cp")
+            .args(["-a", root.to_str().unwrap(), to.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        to
+    };
+    let (free, limited, tiny) = (copy("free"), copy("limited"), copy("tiny"));
+    let rescore = |root: &Path, limit: Option<&str>| {
+        let mut args: Vec<String> = limit
+            .map(|l| vec!["--memory-limit".to_string(), l.to_string()])
+            .unwrap_or_default();
+        args.extend(
+            [
+                "rescore",
+                root.to_str().unwrap(),
+                "--scorer-file",
+                scorer.to_str().unwrap(),
+            ]
+            .map(String::from),
+        );
+        bin().args(args).env("EVALFLOW_CACHE_DIR", "off").output()
+    };
+    let scores = |root: &Path| {
+        rt.block_on(async {
+            let store = evalflow::storage::RunStore::open(root.to_str().unwrap()).unwrap();
+            let ctx = evalflow::query::new_context();
+            evalflow::query::register_run(&ctx, &store, "")
+                .await
+                .unwrap();
+            evalflow::query::text_rows(
+                &ctx,
+                "SELECT call_id, scoring_version, validity, score, passed FROM scores \
+                 WHERE scorer = 'helpful' ORDER BY call_id",
+            )
+            .await
+            .unwrap()
+        })
+    };
+    let o = rescore(&free, None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = rescore(&limited, Some("16MiB"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (a, b) = (scores(&free), scores(&limited));
+    assert_eq!(a.len(), 1000);
+    assert_eq!(a, b, "the same judge scores under a 16 MiB limit");
+    let before: Vec<_> = std::fs::read_dir(tiny.join("scores"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let o = rescore(&tiny, Some("2KiB"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("memory limit of 2.0 KiB"), "{err}");
+    assert!(!err.contains("cannot be built"), "{err}");
+    assert!(err.contains("judge prompts"), "the judge's own query hit the limit: {err}");
+    let after: Vec<_> = std::fs::read_dir(tiny.join("scores"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(before, after, "no scores version left behind");
+    drop((model, judge));
+}

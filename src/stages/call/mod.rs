@@ -58,6 +58,19 @@ pub enum CallError {
     },
 }
 
+impl CallError {
+    /// Whether the user can fix it (exit 2): a provider that cannot be built, a plan over
+    /// the memory limit, a bad root; a journal or I/O failure is not.
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            CallError::Provider(..) => true,
+            CallError::Query(e) => e.is_bad_input(),
+            CallError::Storage(e) => e.is_bad_input(),
+            CallError::Journal { .. } => false,
+        }
+    }
+}
+
 /// One request to a model: what the provider needs to answer a case once.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CallRequest {

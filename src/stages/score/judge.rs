@@ -126,31 +126,28 @@ impl JudgeScorer {
         let version = version(checklist, judge);
         let sub = store.child(&format!("judge/{version}"));
         // The judge prompts become the nested run's cases (rebuilt each time: cheap, and
-        // deterministic, so resumed judge calls keep their ids).
+        // deterministic, so resumed judge calls keep their ids). No ORDER BY: a case's id is
+        // its judged call's id whatever the order, and a global sort of the corpus was the
+        // largest allocation of the judge (1.3 GiB at 2M answers).
         let ctx = new_context();
         register_run(&ctx, store, "").await.map_err(query_err)?;
         let df = ctx
             .sql(
                 "SELECT k.call_id, c.input, k.response FROM calls k JOIN validity v ON k.call_id = v.call_id \
-                 JOIN cases c ON k.case_id = c.case_id WHERE v.validity = 'valid_answer' ORDER BY k.call_id",
+                 JOIN cases c ON k.case_id = c.case_id WHERE v.validity = 'valid_answer'",
             )
             .await
-            .map_err(|e| query_err(QueryError::DataFusion { context: "judge".into(), source: e }))?;
-        let mut s = df.execute_stream().await.map_err(|e| {
-            query_err(QueryError::DataFusion {
-                context: "judge".into(),
-                source: e,
-            })
-        })?;
+            .map_err(|e| query_err(QueryError::df("judge prompts")(e)))?;
+        let mut s = df
+            .execute_stream()
+            .await
+            .map_err(|e| query_err(QueryError::df("judge prompts")(e)))?;
         sub.delete_dir("cases").await?;
         let mut w = sub.part_writer("cases", Table::Cases.schema(), "part");
         while let Some(b) = s.next().await {
-            let b = crate::schema::plain_strings(b.map_err(|e| {
-                query_err(QueryError::DataFusion {
-                    context: "judge".into(),
-                    source: e,
-                })
-            })?);
+            let b = crate::schema::plain_strings(
+                b.map_err(|e| query_err(QueryError::df("judge prompts")(e)))?,
+            );
             let col = |n: &str| {
                 b.column_by_name(n)
                     .unwrap()
@@ -228,10 +225,12 @@ impl JudgeScorer {
     }
 }
 
+/// A query failure stays a query failure (a memory refusal is `QueryError::Memory`, exit 2
+/// naming the limit), never a provider that "cannot be built".
 fn query_err(e: QueryError) -> CallError {
     match e {
         QueryError::Storage(s) => CallError::Storage(s),
-        other => CallError::Provider("judge".into(), other.to_string()),
+        other => CallError::Query(other),
     }
 }
 

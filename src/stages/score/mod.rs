@@ -221,9 +221,25 @@ pub enum ScorerError {
     /// A user scorer's definition is bad (names file, line and field).
     #[error(transparent)]
     Definition(Box<user::DefError>),
-    /// The judge's own calls failed while preparing its answers (not bad input).
+    /// The judge's own calls failed while preparing its answers: bad input only when the
+    /// cause is (its model cannot be built, a query over the memory limit).
     #[error("scorer `{spec}`: preparing the judge's answers: {msg}")]
-    JudgeCalls { spec: String, msg: String },
+    JudgeCalls {
+        spec: String,
+        msg: String,
+        bad_input: bool,
+    },
+}
+
+impl ScorerError {
+    /// The judge's preparation failed with `e`.
+    pub fn judge_calls(spec: &str, e: &crate::stages::call::CallError) -> Self {
+        ScorerError::JudgeCalls {
+            spec: spec.to_string(),
+            msg: e.to_string(),
+            bad_input: e.is_bad_input(),
+        }
+    }
 }
 
 impl From<user::DefError> for ScorerError {
@@ -235,7 +251,10 @@ impl From<user::DefError> for ScorerError {
 impl ScorerError {
     /// Whether the error is the user's input (exit 2) rather than a failure (exit 3).
     pub fn is_bad_input(&self) -> bool {
-        !matches!(self, ScorerError::JudgeCalls { .. })
+        match self {
+            ScorerError::JudgeCalls { bad_input, .. } => *bad_input,
+            _ => true,
+        }
     }
 }
 
@@ -373,10 +392,7 @@ pub async fn build_for_run(
     let provider = crate::stages::call::build_provider(&model).map_err(|e| bad(e.to_string()))?;
     let s = judge::JudgeScorer::prepare(store, &checklist, &model, provider)
         .await
-        .map_err(|e| ScorerError::JudgeCalls {
-            spec: spec.to_string(),
-            msg: e.to_string(),
-        })?;
+        .map_err(|e| ScorerError::judge_calls(spec, &e))?;
     Ok(Box::new(s))
 }
 

@@ -1119,10 +1119,7 @@ pub async fn prepare(
             .map_err(|e| ScorerError::from(def.err("model", e.to_string())))?;
         let j = JudgeScorer::prepare(store, &checklist, model, provider)
             .await
-            .map_err(|e| ScorerError::JudgeCalls {
-                spec: def.name.clone(),
-                msg: e.to_string(),
-            })?;
+            .map_err(|e| ScorerError::judge_calls(&def.name, &e))?;
         s.rule = Rule::Judge(Some(Box::new(j)));
     }
     Ok(Box::new(s))
