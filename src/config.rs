@@ -68,10 +68,10 @@ fn default_timeout() -> f64 {
     60.0
 }
 fn default_hang_factor() -> f64 {
-    8.0
+    5.0
 }
 fn default_hang_floor() -> f64 {
-    1.0
+    0.25
 }
 fn default_retries() -> u32 {
     5
