@@ -1425,7 +1425,10 @@ fn judge_under_a_memory_limit_scores_the_same_or_exits_2_naming_it() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("memory limit of 2.0 KiB"), "{err}");
     assert!(!err.contains("cannot be built"), "{err}");
-    assert!(err.contains("judge prompts"), "the judge's own query hit the limit: {err}");
+    assert!(
+        err.contains("judge prompts"),
+        "the judge's own query hit the limit: {err}"
+    );
     let after: Vec<_> = std::fs::read_dir(tiny.join("scores"))
         .unwrap()
         .map(|e| e.unwrap().file_name())

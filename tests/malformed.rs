@@ -9,6 +9,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "common/moto.rs"]
+mod moto;
+
 use sha2::{Digest, Sha256};
 
 fn bin() -> Command {
@@ -959,53 +962,10 @@ fn gs_and_az_roots_name_the_cargo_feature_they_need() {
     }
 }
 
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn sql_table_on_s3_registers_its_object_store() {
-    use std::io::{Read, Write};
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let server = Command::new("python3")
-        .args([
-            "-m",
-            "moto.server",
-            "-H",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("python3 runs moto's server (python3 -m pip install 'moto[server]')");
-    let _guard = KillOnDrop(server);
-    let addr = format!("127.0.0.1:{port}");
-    let mut created = false;
-    for _ in 0..100 {
-        if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
-            write!(s, "PUT /tables HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
-            let mut resp = String::new();
-            let _ = s.read_to_string(&mut resp);
-            if resp.starts_with("HTTP/1.1 200") {
-                created = true;
-                break;
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    assert!(created, "moto's server did not start on {addr}");
-    let endpoint = format!("http://{addr}");
+    let moto = moto::Moto::start("tables");
+    let endpoint = moto.endpoint.clone();
     let s3 = |args: &[&str]| {
         without_aws(&[
             ("AWS_ACCESS_KEY_ID", "test"),

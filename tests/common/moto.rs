@@ -62,6 +62,7 @@ impl Moto {
     }
 
     /// The `AWS_*` environment that points object_store at this server.
+    #[allow(dead_code)] // each test binary compiles this module; not every one needs it
     pub fn env(&self) -> Vec<(&'static str, String)> {
         vec![
             ("AWS_ACCESS_KEY_ID", "test".into()),
