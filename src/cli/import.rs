@@ -571,7 +571,7 @@ async fn import_into(
             if a.keep_duplicates {
                 ""
             } else {
-                "; --keep-duplicates keeps copies from other files as samples"
+                "; --keep-duplicates keeps the copies in other files of records without a sample index, as more samples"
             }
         );
     }
