@@ -1193,34 +1193,37 @@ impl ImportSink {
         let passes = (self.rows() as usize).div_ceil(pass_rows());
         let mut id = None;
         let (mut direct_dups, mut staged_dups) = (0u64, 0u64);
-        let count = |rows: Vec<Vec<Option<String>>>| -> u64 {
-            rows.first()
-                .and_then(|r| r[0].as_deref())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
+        // Each call id's records (of the direct and of the staged calls) and distinct
+        // fingerprints, in one scan per slice.
+        let mut tagged = Vec::new();
+        if direct {
+            tagged.push("SELECT call_id, fp, 1 AS d FROM ids");
+        }
+        if staged {
+            tagged.push("SELECT call_id, fp, 0 AS d FROM staged_calls");
+        }
+        let tagged = tagged.join(" UNION ALL ");
         for range in id_slices("call_id", passes) {
             let sql = format!(
-                "SELECT call_id FROM ({ids}) WHERE {range} GROUP BY call_id \
-                 HAVING count(*) > 1 AND count(DISTINCT fp) > 1 LIMIT 1"
+                "SELECT max(CASE WHEN n > 1 AND fps > 1 THEN call_id END), \
+                 sum(CASE WHEN nd > 1 THEN nd - 1 ELSE 0 END), \
+                 sum(CASE WHEN n - nd > 1 THEN n - nd - 1 ELSE 0 END) \
+                 FROM (SELECT call_id, count(*) AS n, count(DISTINCT fp) AS fps, sum(d) AS nd \
+                 FROM ({tagged}) WHERE {range} GROUP BY call_id HAVING count(*) > 1)"
             );
             let rows = crate::query::text_rows(ctx, &sql).await?;
+            let cell = |c: usize| -> u64 {
+                rows.first()
+                    .and_then(|r| r[c].as_deref())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
             id = rows.first().and_then(|r| r[0].clone());
             if id.is_some() {
                 break;
             }
-            let copies = |table: &str| {
-                format!(
-                    "SELECT count(*) - count(DISTINCT call_id) FROM {table} WHERE {range}"
-                )
-            };
-            if direct {
-                direct_dups += count(crate::query::text_rows(ctx, &copies("ids")).await?);
-            }
-            if staged {
-                staged_dups +=
-                    count(crate::query::text_rows(ctx, &copies("staged_calls")).await?);
-            }
+            direct_dups += cell(1);
+            staged_dups += cell(2);
         }
         let Some(id) = id else {
             return Ok((direct_dups, staged_dups));
