@@ -544,13 +544,15 @@ fn import_interrupted_by_a_signal_leaves_nothing_behind() {
         .unwrap();
         // Wait until the import has written scratch parts.
         let start = Instant::now();
-        while parts(&root.join("_import/ids")) == 0 && parts(&root.join("_import/staging")) == 0
-        {
+        while parts(&root.join("_import/ids")) == 0 && parts(&root.join("_import/staging")) == 0 {
             assert!(
                 child.try_wait().unwrap().is_none(),
                 "the import finished before the signal: make the corpus larger"
             );
-            assert!(start.elapsed() < Duration::from_secs(120), "no scratch part");
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "no scratch part"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         let killed = Command::new("kill")
@@ -577,7 +579,10 @@ fn import_interrupted_by_a_signal_leaves_nothing_behind() {
                 .collect();
             assert_eq!(left, ["notes.txt"], "{signal}: the root is as it was");
         } else {
-            assert!(!root.exists(), "{signal}: the root the import created is gone");
+            assert!(
+                !root.exists(),
+                "{signal}: the root the import created is gone"
+            );
         }
     }
 }

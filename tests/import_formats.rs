@@ -583,7 +583,11 @@ fn conversations_with_the_same_last_turn_are_distinct_cases() {
         "multi.jsonl",
         &[
             pair(&first, "yes", serde_json::json!({"expected": "yes"})),
-            pair(&second, "yes, it is round", serde_json::json!({"expected": "round"})),
+            pair(
+                &second,
+                "yes, it is round",
+                serde_json::json!({"expected": "round"}),
+            ),
             hot,
         ],
     );
@@ -629,9 +633,7 @@ fn conversations_with_the_same_last_turn_are_distinct_cases() {
             serde_json::json!({"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": body(&second)}),
         ],
     );
-    let ok_line = |id: &str| {
-        serde_json::json!({"id": format!("r-{id}"), "custom_id": id, "error": null, "response": {"status_code": 200, "body": {"model": "m", "choices": [{"message": {"content": "yes"}, "finish_reason": "stop"}]}}})
-    };
+    let ok_line = |id: &str| serde_json::json!({"id": format!("r-{id}"), "custom_id": id, "error": null, "response": {"status_code": 200, "body": {"model": "m", "choices": [{"message": {"content": "yes"}, "finish_reason": "stop"}]}}});
     let output = jsonl(d.path(), "batch_out.jsonl", &[ok_line("a"), ok_line("b")]);
     let (_d2, root2, _) = import(&[
         output.to_str().unwrap(),
@@ -656,7 +658,11 @@ fn conflicting_expected_answers_are_refused_naming_both_lines_unless_one_is_chos
             pair(&q, "yes", serde_json::json!({"expected": "positive"})),
             pair(&other, "no", serde_json::json!({"expected": "negative"})),
             pair(&q, "yes", serde_json::json!({"sample_idx": 1})),
-            pair(&q, "yes", serde_json::json!({"expected": "negative", "sample_idx": 2})),
+            pair(
+                &q,
+                "yes",
+                serde_json::json!({"expected": "negative", "sample_idx": 2}),
+            ),
         ],
     );
     let f = file.to_str().unwrap();
@@ -696,8 +702,16 @@ fn cluster_test_and_capability_fields_are_read_by_pairs_and_batch() {
                 "a",
                 serde_json::json!({"template": "t1", "test": "negation", "capability": "Negation"}),
             ),
-            pair(&[("user", "q2")], "a", serde_json::json!({"metadata": {"template": "t1"}})),
-            pair(&[("user", "q3")], "a", serde_json::json!({"template": "t2"})),
+            pair(
+                &[("user", "q2")],
+                "a",
+                serde_json::json!({"metadata": {"template": "t1"}}),
+            ),
+            pair(
+                &[("user", "q3")],
+                "a",
+                serde_json::json!({"template": "t2"}),
+            ),
         ],
     );
     let (_d, root, out) = import(&[file.to_str().unwrap(), "--cluster", "template"]);
@@ -907,7 +921,9 @@ fn every_bad_line_is_reported_and_skip_bad_lines_imports_the_rest() {
     let mut bad_lines = Vec::new();
     for i in 1..=100 {
         if i % 4 == 0 {
-            rows.push(format!("{{\"request\": {{\"model\": \"m\"}}, \"bad\": {i}}}"));
+            rows.push(format!(
+                "{{\"request\": {{\"model\": \"m\"}}, \"bad\": {i}}}"
+            ));
             bad_lines.push(i);
         } else {
             rows.push(pair(&[("user", &format!("q{i}"))], "a", serde_json::json!({})).to_string());
@@ -930,9 +946,16 @@ fn every_bad_line_is_reported_and_skip_bad_lines_imports_the_rest() {
     assert!(err.contains("... and 5 more"), "{err}");
     assert!(!root.exists());
     let skipped = d.path().join("skipped.jsonl");
-    let (root, o) = import_raw(d.path(), &[f, "--skip-bad-lines", skipped.to_str().unwrap()]);
+    let (root, o) = import_raw(
+        d.path(),
+        &[f, "--skip-bad-lines", skipped.to_str().unwrap()],
+    );
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("skipped 25 bad record(s)"), "{}", text(&o));
+    assert!(
+        text(&o).contains("skipped 25 bad record(s)"),
+        "{}",
+        text(&o)
+    );
     let v = sql(&root, "SELECT count(*) AS n FROM calls");
     assert_eq!(v[0]["n"], 75);
     let written: Vec<Value> = std::fs::read_to_string(&skipped)

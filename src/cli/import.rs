@@ -9,18 +9,35 @@
 //!   files, given with `--batch-input`, as arguments or found in a folder, are joined with
 //!   the batch output by `custom_id`.
 //! - One case per distinct (test, source case id) where the source has case ids (Inspect
-//!   sample id, lm-eval doc id), else per distinct (test, system, input); the test is
-//!   `--test`, else the source's
-//!   (Inspect task, lm-eval task, promptfoo description), else `imported`. The case's
-//!   cluster (`template_id`) is the `--cluster` field where the source has it, else the
-//!   case itself. A sample index the source does not record is the order of repeats of
-//!   the same (case, model), after the highest index recorded for it.
+//!   sample id, lm-eval doc id), else per distinct (test, whole request): every message
+//!   (two conversations that end in the same user turn are two cases), the system prompt
+//!   and the parameters that change the answer (`crate::import::request_case_key`); the
+//!   test is `--test`, else the record's own `test`, else the source's (Inspect task,
+//!   lm-eval task, promptfoo description), else `imported`; a record's `capability`
+//!   field wins over `--capability`. Two records of one case with different `expected`
+//!   are refused (exit 2, naming both) unless `--on-conflicting-expected first|last`
+//!   says which wins. The case's cluster (`template_id`) is the `--cluster` field (every
+//!   reader reads it; no record having it is exit 2), else the case itself. A sample
+//!   index the source does not record is the order of repeats of the same (case, model),
+//!   after the highest index recorded for it.
+//! - Copies are imported once, with their count printed: the same file named twice is
+//!   read once; a record identical to one of an earlier file but for where it came from
+//!   (a copy of the file) is dropped (`--keep-duplicates` keeps it as a sample), and so is
+//!   an exact copy of a sample (same index). Two different records of one sample are
+//!   refused. `--model` renames the one model of the sources; over several it is refused
+//!   (exit 2) rather than pooling their samples.
+//! - Every bad record is reported (the first 20 named, all counted; an error body is a
+//!   provider-error call, not a bad record); `--skip-bad-lines FILE` imports the others
+//!   and writes each bad one to FILE as a JSON line (file, row, field, error, the line).
+//! - SIGINT or SIGTERM stops the import, removes `_import/`, every table it wrote and the
+//!   root when it created it, and exits 130.
 //! - Calls carry what the source recorded and NULL for the rest, plus the provenance
 //!   columns `source_format`, `source_file`, `source_id` (see `import::calls_schema`).
 //! - The tool's own verdicts become scores versions `<tool>-<scorer>@imported` under
 //!   `scores/`, one row per imported call of that tool (NULL score for a call the tool did
 //!   not score or that failed), so SQL compares them with evalflow's scorers.
-//! - Writes `<root>/import.toml`, a pipeline naming the imported model, and a manifest
+//! - Writes `<root>/import.toml`, a pipeline naming the imported models (all of them,
+//!   comma-separated, in its one `[model]`), and a manifest
 //!   with `generate` and `call` complete: `evalflow validate <root>/import.toml --out <root>`
 //!   and `evalflow score ...` then run as on any run.
 //! - The core streams (`crate::import::sink`): a record that names its sample goes straight
@@ -214,9 +231,10 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut int), Ok(mut term)) =
-                (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
-            else {
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
                 return;
             };
             tokio::select! {
@@ -265,7 +283,9 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
 }
 
 fn interrupted() -> CliError {
-    CliError::Interrupted("import: interrupted; nothing was imported (no table, no _import/ left)".into())
+    CliError::Interrupted(
+        "import: interrupted; nothing was imported (no table, no _import/ left)".into(),
+    )
 }
 
 async fn import_into(
@@ -348,9 +368,9 @@ async fn import_into(
     .await
     .map_err(sink_err)?;
     let mut skip_out = match &a.skip_bad_lines {
-        Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p).map_err(|e| {
-            CliError::BadInput(format!("--skip-bad-lines {}: {e}", p.display()))
-        })?)),
+        Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p).map_err(
+            |e| CliError::BadInput(format!("--skip-bad-lines {}: {e}", p.display())),
+        )?)),
         None => None,
     };
     // Bad records: the first BAD_SHOWN named, all counted.

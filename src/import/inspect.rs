@@ -18,7 +18,8 @@
 //!   (passed), `I` 0 (failed), `P` 0.5, `N` 0 (failed), numbers and booleans as they are,
 //!   a dict one score per key (`<scorer>.<key>`); `answer` and `explanation` go to
 //!   `detail`. Inspect's epoch reduction is not a row: it is a GROUP BY `case_id` in SQL.
-//! - `--cluster FIELD` takes each case's cluster from the sample `metadata` field.
+//! - `--cluster FIELD` takes each case's cluster from the sample `metadata` field; its
+//!   `test` and `capability` metadata fields, when present, land in the case.
 //! - A `.eval` log is read entry by entry (`header.json` first, or `_journal/start.json`
 //!   for a log still being written, then each `samples/*.json`), decompressing only that
 //!   entry (zstd, as Inspect writes today, deflate or stored). A `.json` log is parsed as
@@ -426,11 +427,7 @@ fn sample_record(
             scores.extend(scores_of(name, sc));
         }
     }
-    let meta = |f: &str| {
-        s.get("metadata")
-            .and_then(|m| m.get(f))
-            .and_then(as_text)
-    };
+    let meta = |f: &str| s.get("metadata").and_then(|m| m.get(f)).and_then(as_text);
     Ok(Record {
         source_model: Some(h.model.clone()),
         capability: meta("capability"),

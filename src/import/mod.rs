@@ -15,6 +15,8 @@
 //!   Parquet magic, the top-level keys of JSON), never from the name alone.
 //! - What a format does not record stays `None` (NULL): a reader never invents a provider,
 //!   a start time, an HTTP status or an attempt count.
+//! - A bad row is an `Err` in its place and the reader goes on with the next row (a file
+//!   error ends it), so the import can name every bad row or skip them.
 //!
 //! # Errors
 //! [`ImportError`]: every variant names the file, and a bad row names its line (or row,
@@ -461,7 +463,9 @@ pub(crate) fn request_case_key(req: &Value) -> Option<String> {
         .unwrap_or(&[]);
     let params: serde_json::Map<String, Value> = obj
         .iter()
-        .filter(|(k, v)| k.as_str() != "messages" && !NOT_THE_CASE.contains(&k.as_str()) && !v.is_null())
+        .filter(|(k, v)| {
+            k.as_str() != "messages" && !NOT_THE_CASE.contains(&k.as_str()) && !v.is_null()
+        })
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     conversation_key(msgs, params)
@@ -504,10 +508,7 @@ pub(crate) fn error_text(e: &Value) -> Option<String> {
         Value::String(s) => Some(s.clone()),
         Value::Object(m) => {
             let msg = m.get("message").and_then(Value::as_str);
-            let code = m
-                .get("code")
-                .or_else(|| m.get("type"))
-                .and_then(as_text);
+            let code = m.get("code").or_else(|| m.get("type")).and_then(as_text);
             Some(match (code, msg) {
                 (Some(c), Some(msg)) => format!("{c}: {msg}"),
                 (None, Some(msg)) => msg.to_string(),

@@ -12,6 +12,10 @@
 //!   model, `max_tokens` (or `max_completion_tokens`) and `temperature`. The input files
 //!   are read into a map from `custom_id` to request before the output streams: they are
 //!   bounded by the API's batch size (50,000 requests), not by the archive.
+//! - The case is the whole request (every message and the parameters, not the `seed` that
+//!   tells samples apart). `test`, `capability` and the `--cluster` field come from the
+//!   output line, its input line, or the request's `metadata`. A 200 whose body is an
+//!   `error` object is a provider error too.
 //! - Without an input line a record keeps an empty input and is its own case (keyed by
 //!   `custom_id`); the model then comes from the response body or `--model`.
 //! - `provider` is `openai`, `source_id` the `custom_id`.
@@ -133,10 +137,7 @@ fn record(
         },
         test: field_of(&v, input, "test"),
         capability: field_of(&v, input, "capability"),
-        cluster: opts
-            .cluster
-            .as_deref()
-            .and_then(|f| field_of(&v, input, f)),
+        cluster: opts.cluster.as_deref().and_then(|f| field_of(&v, input, f)),
         ..Record::default()
     };
     match req {

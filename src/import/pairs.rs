@@ -2,10 +2,14 @@
 //!
 //! # Behavior
 //! One `{"request": {...}, "response": {...}}` pair per line in the OpenAI chat format;
-//! optional `sample_idx`, `expected`, `http_status`, `error`, `latency_ms`, `provider`,
-//! `attempts` and `started_at` (RFC 3339 text or Unix seconds). The input is the last user
-//! message, the system the last system (or developer) message. `source_id` is the line
-//! number (the pairs format has no id of its own).
+//! optional `sample_idx`, `expected`, `http_status`, `error` (text, or an object such as
+//! `{"code", "message"}`), `latency_ms`, `provider`, `attempts`, `started_at` (RFC 3339
+//! text or Unix seconds), `test` and `capability`; the `--cluster` field is a top-level
+//! field or one of `metadata`. The input is the last user message, the system the last
+//! system (or developer) message; the case is the whole request (every message and the
+//! parameters, see [`super::request_case_key`]). A response that is an error body
+//! (`{"error": {...}}`, with the line's `http_status`) is a provider error. `source_id` is
+//! the line number (the pairs format has no id of its own).
 //!
 //! # Errors
 //! A bad line names `file:line` and the field; a mistyped optional field is an error,

@@ -4,7 +4,9 @@
 //! A table with an `input` column plus any calls columns (`response`, `model`, `system`,
 //! `expected`, `sample_idx`, `finish_reason`, token counts, `http_status`, `error`,
 //! `provider`, `attempts`, `latency_ms`, `max_tokens`, `temperature`, `started_at`).
-//! Columns are cast to the calls types; `source_id` is the row number (from 1).
+//! Columns are cast to the calls types; `source_id` is the row number (from 1). `test`,
+//! `capability` and the `--cluster` column (which must exist) land in cases; the case is
+//! (system, input) with `max_tokens` and `temperature`, keyed as a chat request with them.
 //!
 //! # Errors
 //! A value that does not convert is an error naming `file:row` and the column; a file that
@@ -34,7 +36,9 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
         .map_err(|e| bad_file(path, format!("footer: not a Parquet file: {e}")))?;
     if let Some(f) = &opts.cluster
         && !datafusion::arrow::record_batch::RecordBatchReader::schema(&reader)
-            .fields().iter().any(|c| c.name() == f)
+            .fields()
+            .iter()
+            .any(|c| c.name() == f)
     {
         return Err(bad(
             path,

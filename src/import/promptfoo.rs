@@ -15,7 +15,10 @@
 //! - promptfoo's verdict is an imported score `promptfoo-assert@imported` (`score`,
 //!   `passed` = `success`, the grading reason in `detail`), and each of its `namedScores`
 //!   one `promptfoo-<name>@imported`.
-//! - `--cluster FIELD` takes each case's cluster from the test `vars`.
+//! - `--cluster FIELD` takes each case's cluster from the test `vars`; `test` and
+//!   `capability` from the test's `metadata` (or `vars`). A chat prompt is a case by its
+//!   whole conversation, not its last user turn; the provider's config is the model's
+//!   (part of the request hash), not the case's.
 //! - `source_id` is the result's `id`, else `test<testIdx>/prompt<promptIdx>`.
 //!
 //! # Memory

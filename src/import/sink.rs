@@ -24,9 +24,15 @@
 //!    - staged `calls`: sample indices from the file, else the order of repeats of the same
 //!      (case, model) after the highest given index (`row_number()` over the records that
 //!      lack one), and the call id as a SQL function of (case, model, sample, request hash);
+//!    - a record of a later file identical to one of an earlier file ([`Keys::fp`], the
+//!      k-th copy within a file matching the k-th of another) is dropped before samples are
+//!      numbered (the same file twice, a copy of it);
 //!    - a duplicate call id (two records of the same case, model and sample) is refused
-//!      (exit 2) before anything reaches `calls/`, and the run root keeps no table;
-//!    - `cases`: each case's first record (lowest `seq`), in corpus order.
+//!      (exit 2) when the records differ, and kept once when they are copies, before
+//!      anything reaches `calls/`; a refusal leaves the run root no table;
+//!    - two `expected` of one case are refused (or one wins: `--on-conflicting-expected`);
+//!    - `cases`: each case's first record (lowest `seq`), in corpus order, with its
+//!      `expected` (the first non-NULL, or the last).
 //! 3. The calls parts are renamed (direct) or written (staged, without `seq`) into `calls/`,
 //!    and `_import/` is deleted.
 
@@ -762,9 +768,8 @@ impl ImportSink {
             .column_by_name("fp")
             .expect("the staging schema has fp")
             .clone();
-        let id_batch =
-            RecordBatch::try_new(ids_schema(), vec![batch.column(0).clone(), ids, fps])
-                .expect("ids batch matches its schema");
+        let id_batch = RecordBatch::try_new(ids_schema(), vec![batch.column(0).clone(), ids, fps])
+            .expect("ids batch matches its schema");
         for (b, rows) in id_buckets(&id_batch) {
             self.ids[b].write(rows).await?;
         }
@@ -1356,7 +1361,12 @@ fn keys_after(test: &Option<String>, r: &Record, p: &Record, pk: &Keys) -> Keys 
 
 /// [`Keys::fp`]: the case, model, request and answer of a record and every fact recorded
 /// about its call, but not its provenance (file, line).
-fn fingerprint(r: &Record, case_id: &str, request_hash: &str, response_hash: Option<&str>) -> String {
+fn fingerprint(
+    r: &Record,
+    case_id: &str,
+    request_hash: &str,
+    response_hash: Option<&str>,
+) -> String {
     let facts = format!(
         "{:?}|{:?}",
         (
@@ -1654,7 +1664,9 @@ mod tests {
             vec![
                 Arc::new(UInt64Array::from_iter_values(0..ids.len() as u64)),
                 Arc::new(StringArray::from_iter_values(ids)),
-                Arc::new(StringArray::from_iter_values(ids.iter().map(|i| format!("fp{i}")))),
+                Arc::new(StringArray::from_iter_values(
+                    ids.iter().map(|i| format!("fp{i}")),
+                )),
             ],
         )
         .unwrap();
