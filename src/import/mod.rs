@@ -81,6 +81,24 @@ impl ImportError {
         self
     }
 
+    /// The same error as one that ends the file (the rows after it cannot be read), with
+    /// the same text.
+    pub(crate) fn fatal(self) -> Self {
+        match self {
+            ImportError::Field {
+                file,
+                at,
+                field,
+                msg,
+                ..
+            } => ImportError::File {
+                file: format!("{file}:{at}: field `{field}`"),
+                msg,
+            },
+            e => e,
+        }
+    }
+
     /// Whether the error is one row's (the rows after it can still be read), not the
     /// file's.
     pub fn is_row(&self) -> bool {

@@ -97,7 +97,7 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
                 Ok(b) => b,
                 Err(e) => {
                     let (etx, erx) = std::sync::mpsc::sync_channel(1);
-                    let _ = etx.send(vec![vec![Err(bad(&file, next_line, "(line)", e))]]);
+                    let _ = etx.send(vec![vec![Err(bad(&file, next_line, "(line)", e).fatal())]]);
                     let _ = tx.send(erx);
                     return;
                 }

@@ -88,14 +88,16 @@ impl Iterator for Rows {
                         self.row0 + 1,
                         "(rows)",
                         format!("cannot decode the rows from here on: {e}"),
-                    )));
+                    )
+                    .fatal()));
                 }
             };
             let mut out = Vec::new();
             let (model, cluster) = (&self.model, &self.cluster);
             if let Err(e) = batch_records(&self.file, self.row0, &b, model, cluster, &mut out) {
+                // A column that does not convert: no row of the batch can be read.
                 self.failed = true;
-                return Some(Err(e));
+                return Some(Err(e.fatal()));
             }
             self.row0 += b.num_rows();
             self.pending.extend(out);
