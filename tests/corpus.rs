@@ -542,9 +542,13 @@ fn import_interrupted_by_a_signal_leaves_nothing_behind() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-        // Wait until the import has written scratch parts.
+        // Wait until the import has written parts under `_import/` (its direct calls parts
+        // come first, every 2000 rows).
         let start = Instant::now();
-        while parts(&root.join("_import/ids")) == 0 && parts(&root.join("_import/staging")) == 0 {
+        while ["calls", "ids", "staging"]
+            .iter()
+            .all(|t| parts(&root.join("_import").join(t)) == 0)
+        {
             assert!(
                 child.try_wait().unwrap().is_none(),
                 "the import finished before the signal: make the corpus larger"
