@@ -463,7 +463,9 @@ fn import_refuses_two_records_of_one_sample_and_keeps_no_table() {
     let corpus = dir.path().join("dup.jsonl");
     write_corpus(&corpus, 3_000);
     let body = std::fs::read_to_string(&corpus).unwrap();
-    let first = body.lines().next().unwrap().to_string();
+    // The first line again with another answer: two different records of one sample.
+    let mut first: serde_json::Value = serde_json::from_str(body.lines().next().unwrap()).unwrap();
+    first["response"]["choices"][0]["message"]["content"] = "a different answer".into();
     std::fs::write(&corpus, format!("{body}{first}\n")).unwrap();
     let root = dir.path().join("dup-run");
     let o = bin(&[
@@ -480,6 +482,112 @@ fn import_refuses_two_records_of_one_sample_and_keeps_no_table() {
     );
     for t in ["cases", "calls", "_import/staging", "_import/calls"] {
         assert_eq!(parts(&root.join(t)), 0, "{t} has no part");
+    }
+}
+
+/// An exact copy of a record that names its sample (the first line again at the end, one
+/// of a corpus imported with a copy of itself) is the same call: imported once, counted,
+/// over several duplicate-check passes; the calls are those of the corpus alone.
+#[test]
+fn import_drops_exact_copies_of_a_sample_and_counts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    write_corpus(&corpus, 3_000);
+    let once = import_file(&corpus, &dir.path().join("once"));
+    let copy = dir.path().join("copy.jsonl");
+    std::fs::copy(&corpus, &copy).unwrap();
+    let body = std::fs::read_to_string(&corpus).unwrap();
+    let first = body.lines().next().unwrap().to_string();
+    std::fs::write(&copy, format!("{body}{first}\n")).unwrap();
+    let root = dir.path().join("twice");
+    let out = ok(&[
+        "import",
+        corpus.to_str().unwrap(),
+        copy.to_str().unwrap(),
+        "--out",
+        root.to_str().unwrap(),
+    ]);
+    assert!(out.contains("duplicates: 3001 record(s)"), "{out}");
+    let q = "SELECT count(*) AS n, count(DISTINCT call_id) AS ids, sum(length(response)) AS chars FROM calls";
+    assert_eq!(sql(&root, q, &[]), sql(&once, q, &[]));
+    assert_eq!(sql(&root, q, &[])[0]["n"], 3000);
+    assert_eq!(parts(&root.join("_import")), 0);
+    assert!(!root.join("_import").exists());
+}
+
+/// SIGINT (Ctrl-C) and SIGTERM in the middle of an import of a large file: the process
+/// exits 130 and leaves the run root as it was: no `_import/` scratch, no table, and no
+/// root at all when the import created it.
+#[cfg(unix)]
+#[test]
+fn import_interrupted_by_a_signal_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("big.jsonl");
+    write_corpus(&corpus, 300_000);
+    for (signal, pre_existing) in [("-INT", false), ("-TERM", true)] {
+        let root = dir.path().join(format!("run{signal}"));
+        if pre_existing {
+            std::fs::create_dir(&root).unwrap();
+            std::fs::write(root.join("notes.txt"), "mine").unwrap();
+        }
+        let mut child = cmd(&[
+            "import",
+            corpus.to_str().unwrap(),
+            "--out",
+            root.to_str().unwrap(),
+            "--threads",
+            "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+        // Wait until the import has written parts under `_import/` (its direct calls parts
+        // come first, every 2000 rows).
+        let start = Instant::now();
+        while ["calls", "ids", "staging"]
+            .iter()
+            .all(|t| parts(&root.join("_import").join(t)) == 0)
+        {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the import finished before the signal: make the corpus larger"
+            );
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "no scratch part"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let killed = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(130),
+            "{signal}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("interrupted"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if pre_existing {
+            let left: Vec<String> = std::fs::read_dir(&root)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+                .collect();
+            assert_eq!(left, ["notes.txt"], "{signal}: the root is as it was");
+        } else {
+            assert!(
+                !root.exists(),
+                "{signal}: the root the import created is gone"
+            );
+        }
     }
 }
 

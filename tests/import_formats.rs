@@ -517,3 +517,453 @@ fn malformed_sources_name_the_row_and_field() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).contains("--model"), "{}", text(&o));
 }
+
+// ------------------------------------------------------------------ issue 40: the import side
+
+/// Writes `rows` as JSON lines to `<dir>/<name>`.
+fn jsonl(dir: &Path, name: &str, rows: &[Value]) -> PathBuf {
+    let p = dir.join(name);
+    let body: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+/// A pairs line: `msgs` as (role, content), the answer, and extra top-level fields.
+fn pair(msgs: &[(&str, &str)], answer: &str, extra: Value) -> Value {
+    let messages: Vec<Value> = msgs
+        .iter()
+        .map(|(r, c)| serde_json::json!({"role": r, "content": c}))
+        .collect();
+    let mut v = serde_json::json!({
+        "request": {"model": "m", "messages": messages},
+        "response": {"choices": [{"message": {"content": answer}, "finish_reason": "stop"}]},
+    });
+    if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
+        o.extend(e);
+    }
+    v
+}
+
+/// `evalflow import` with `args` into `<dir>/run`, whatever the outcome.
+fn import_raw(dir: &Path, args: &[&str]) -> (PathBuf, Output) {
+    let root = dir.join("run");
+    let mut all = vec!["import"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--out", root.to_str().unwrap()]);
+    (root.clone(), bin(&all))
+}
+
+fn n(v: &Value) -> i64 {
+    v.as_i64().unwrap_or_else(|| panic!("not an integer: {v}"))
+}
+
+/// Item 1: two conversations whose last user turn is the same but whose earlier turns
+/// differ are two cases (each with its own expected), in the pairs and the batch readers;
+/// so are one conversation at two temperatures. Before, they were one case with two
+/// samples and the second `expected` was dropped.
+#[test]
+fn conversations_with_the_same_last_turn_are_distinct_cases() {
+    let d = tempfile::tempdir().unwrap();
+    let first = [
+        ("system", "You are a tutor."),
+        ("user", "What is 2 + 2?"),
+        ("assistant", "4"),
+        ("user", "Are you sure?"),
+    ];
+    let second = [
+        ("system", "You are a tutor."),
+        ("user", "Is the earth flat?"),
+        ("assistant", "No"),
+        ("user", "Are you sure?"),
+    ];
+    let mut hot = pair(&first, "yes", serde_json::json!({"expected": "yes"}));
+    hot["request"]["temperature"] = serde_json::json!(1.0);
+    let file = jsonl(
+        d.path(),
+        "multi.jsonl",
+        &[
+            pair(&first, "yes", serde_json::json!({"expected": "yes"})),
+            pair(
+                &second,
+                "yes, it is round",
+                serde_json::json!({"expected": "round"}),
+            ),
+            hot,
+        ],
+    );
+    let (_d, root, _) = import(&[file.to_str().unwrap()]);
+    let v = sql(
+        &root,
+        "SELECT c.input, c.expected, count(*) AS calls FROM cases c JOIN calls k \
+         ON c.case_id = k.case_id GROUP BY c.case_id, c.input, c.expected ORDER BY c.expected",
+    );
+    let got: Vec<(String, String, i64)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["input"].as_str().unwrap().to_string(),
+                r["expected"].as_str().unwrap().to_string(),
+                n(&r["calls"]),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("Are you sure?".to_string(), "round".to_string(), 1),
+            ("Are you sure?".to_string(), "yes".to_string(), 1),
+            ("Are you sure?".to_string(), "yes".to_string(), 1),
+        ]
+    );
+    // The batch reader keys a case by its whole request too.
+    let body = |msgs: &[(&str, &str)]| {
+        let messages: Vec<Value> = msgs
+            .iter()
+            .map(|(r, c)| serde_json::json!({"role": r, "content": c}))
+            .collect();
+        serde_json::json!({"model": "m", "messages": messages})
+    };
+    let input = jsonl(
+        d.path(),
+        "batch_in.jsonl",
+        &[
+            serde_json::json!({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body(&first)}),
+            serde_json::json!({"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": body(&second)}),
+        ],
+    );
+    let ok_line = |id: &str| serde_json::json!({"id": format!("r-{id}"), "custom_id": id, "error": null, "response": {"status_code": 200, "body": {"model": "m", "choices": [{"message": {"content": "yes"}, "finish_reason": "stop"}]}}});
+    let output = jsonl(d.path(), "batch_out.jsonl", &[ok_line("a"), ok_line("b")]);
+    let (_d2, root2, _) = import(&[
+        output.to_str().unwrap(),
+        "--batch-input",
+        input.to_str().unwrap(),
+    ]);
+    let v = sql(&root2, "SELECT count(*) AS n FROM cases");
+    assert_eq!(v[0]["n"], 2);
+}
+
+/// Item 1: two records of one case with different `expected` are refused, naming both
+/// lines, and nothing is written; `--on-conflicting-expected` says which wins.
+#[test]
+fn conflicting_expected_answers_are_refused_naming_both_lines_unless_one_is_chosen() {
+    let d = tempfile::tempdir().unwrap();
+    let q = [("user", "Is this review positive? 'Great food.'")];
+    let other = [("user", "Is this review positive? 'Cold soup.'")];
+    let file = jsonl(
+        d.path(),
+        "conflict.jsonl",
+        &[
+            pair(&q, "yes", serde_json::json!({"expected": "positive"})),
+            pair(&other, "no", serde_json::json!({"expected": "negative"})),
+            pair(&q, "yes", serde_json::json!({"sample_idx": 1})),
+            pair(
+                &q,
+                "yes",
+                serde_json::json!({"expected": "negative", "sample_idx": 2}),
+            ),
+        ],
+    );
+    let f = file.to_str().unwrap();
+    let (root, o) = import_raw(d.path(), &[f]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("{f}:1 and {f}:4")) && err.contains("--on-conflicting-expected"),
+        "{err}"
+    );
+    assert!(!root.exists(), "a refused import leaves no root");
+    for (choice, want) in [("first", "positive"), ("last", "negative")] {
+        let (_d, root, _) = import(&[f, "--on-conflicting-expected", choice]);
+        let v = sql(
+            &root,
+            "SELECT c.expected, count(*) AS calls FROM cases c JOIN calls k \
+             ON c.case_id = k.case_id WHERE c.input LIKE '%Great%' GROUP BY c.expected",
+        );
+        assert_eq!(v.as_array().unwrap().len(), 1, "{choice}: {v}");
+        assert_eq!(v[0]["expected"], want, "{choice}");
+        assert_eq!(v[0]["calls"], 3, "{choice}");
+    }
+}
+
+/// Item 5: `--cluster FIELD` is read by the pairs reader (a top-level or `metadata`
+/// field) and the batch reader (the request's `metadata`), `test` and `capability` fields
+/// land in cases, and a field no record has is exit 2 naming it.
+#[test]
+fn cluster_test_and_capability_fields_are_read_by_pairs_and_batch() {
+    let d = tempfile::tempdir().unwrap();
+    let file = jsonl(
+        d.path(),
+        "clustered.jsonl",
+        &[
+            pair(
+                &[("user", "q1")],
+                "a",
+                serde_json::json!({"template": "t1", "test": "negation", "capability": "Negation"}),
+            ),
+            pair(
+                &[("user", "q2")],
+                "a",
+                serde_json::json!({"metadata": {"template": "t1"}}),
+            ),
+            pair(
+                &[("user", "q3")],
+                "a",
+                serde_json::json!({"template": "t2"}),
+            ),
+        ],
+    );
+    let (_d, root, out) = import(&[file.to_str().unwrap(), "--cluster", "template"]);
+    assert!(!out.contains("none recorded"), "{out}");
+    let v = sql(
+        &root,
+        "SELECT input, template_id, test, capability FROM cases ORDER BY input",
+    );
+    let got: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {} {} {}",
+                r["input"].as_str().unwrap(),
+                r["template_id"].as_str().unwrap(),
+                r["test"].as_str().unwrap(),
+                r["capability"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "q1 t1 negation Negation",
+            "q2 t1 imported imported",
+            "q3 t2 imported imported"
+        ]
+    );
+    // The batch reader: the cluster from the request's metadata.
+    let input = jsonl(
+        d.path(),
+        "in.jsonl",
+        &(0..4)
+            .map(|i| {
+                serde_json::json!({"custom_id": format!("c{i}"), "method": "POST", "url": "/v1/chat/completions",
+                    "body": {"model": "m", "messages": [{"role": "user", "content": format!("q{i}")}],
+                             "metadata": {"template": format!("t{}", i % 2)}}})
+            })
+            .collect::<Vec<_>>(),
+    );
+    let output = jsonl(
+        d.path(),
+        "out.jsonl",
+        &(0..4)
+            .map(|i| {
+                serde_json::json!({"custom_id": format!("c{i}"), "error": null, "response": {"status_code": 200,
+                    "body": {"model": "m", "choices": [{"message": {"content": "x"}, "finish_reason": "stop"}]}}})
+            })
+            .collect::<Vec<_>>(),
+    );
+    let (_d2, root2, _) = import(&[
+        output.to_str().unwrap(),
+        "--batch-input",
+        input.to_str().unwrap(),
+        "--cluster",
+        "template",
+    ]);
+    let v = sql(
+        &root2,
+        "SELECT count(*) AS cases, count(DISTINCT template_id) AS clusters FROM cases",
+    );
+    assert_eq!((n(&v[0]["cases"]), n(&v[0]["clusters"])), (4, 2));
+    // A field no record has: exit 2 naming it, nothing left.
+    let d3 = tempfile::tempdir().unwrap();
+    let (root3, o) = import_raw(d3.path(), &[file.to_str().unwrap(), "--cluster", "tmpl"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--cluster `tmpl`"), "{}", text(&o));
+    assert!(!root3.exists());
+}
+
+/// Item 6: the same records imported twice (the same file twice, or a copy of it) give
+/// the samples of one import, with the copies counted; records repeated within one file
+/// stay samples; `--keep-duplicates` keeps the copies.
+#[test]
+fn the_same_records_imported_twice_count_once() {
+    let d = tempfile::tempdir().unwrap();
+    let mut rows = Vec::new();
+    for case in 0..5 {
+        // No sample index: the corpus of the issue. The two samples of a case give the
+        // same answer (they are still two samples).
+        for _ in 0..2 {
+            rows.push(pair(
+                &[("user", &format!("review {case}"))],
+                "positive",
+                serde_json::json!({"expected": "positive"}),
+            ));
+        }
+    }
+    let file = jsonl(d.path(), "a.jsonl", &rows);
+    let copy = d.path().join("copy.jsonl");
+    std::fs::copy(&file, &copy).unwrap();
+    let (f, c) = (file.to_str().unwrap(), copy.to_str().unwrap());
+    let calls = |root: &Path| n(&sql(root, "SELECT count(*) AS n FROM calls")[0]["n"]);
+    let (_d0, once, _) = import(&[f]);
+    assert_eq!(calls(&once), 10);
+    let (_d1, twice, out) = import(&[f, f]);
+    assert_eq!(calls(&twice), 10, "the same file twice: {out}");
+    let (_d2, copied, out) = import(&[f, c]);
+    assert_eq!(calls(&copied), 10, "a copy: {out}");
+    assert!(out.contains("duplicates: 10 record(s)"), "{out}");
+    let (_d3, kept, _) = import(&[f, c, "--keep-duplicates"]);
+    assert_eq!(calls(&kept), 20);
+    // With sample indices (the direct path), a copy is dropped too.
+    let indexed: Vec<Value> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut r = r.clone();
+            r["sample_idx"] = serde_json::json!(i % 2);
+            r
+        })
+        .collect();
+    let file = jsonl(d.path(), "b.jsonl", &indexed);
+    let copy = jsonl(d.path(), "b-copy.jsonl", &indexed);
+    let (_d4, root, out) = import(&[file.to_str().unwrap(), copy.to_str().unwrap()]);
+    assert_eq!(calls(&root), 10, "{out}");
+    assert!(out.contains("duplicates: 10 record(s)"), "{out}");
+    let ids = sql(&root, "SELECT count(DISTINCT call_id) AS n FROM calls");
+    assert_eq!(ids[0]["n"], 10);
+}
+
+/// Item 6: `--model NAME` over records of several models is refused (exit 2, naming two
+/// of them), not merged into one model with their samples pooled; over one model it
+/// renames it.
+#[test]
+fn a_model_override_that_would_merge_models_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let rows: Vec<Value> = ["m-a", "m-b", "m-c"]
+        .iter()
+        .map(|m| {
+            let mut r = pair(&[("user", "q")], "x", serde_json::json!({}));
+            r["request"]["model"] = serde_json::json!(m);
+            r
+        })
+        .collect();
+    let file = jsonl(d.path(), "three.jsonl", &rows);
+    let (root, o) = import_raw(d.path(), &[file.to_str().unwrap(), "--model", "one"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--model one would merge") && err.contains("`m-a`") && err.contains("`m-b`"),
+        "{err}"
+    );
+    assert!(!root.exists());
+    // Item 19: without --model, import.toml names every model of the corpus.
+    let (_d, root, _) = import(&[file.to_str().unwrap()]);
+    let toml = std::fs::read_to_string(root.join("import.toml")).unwrap();
+    assert!(toml.contains("name = \"m-a, m-b, m-c\""), "{toml}");
+    // One model renamed.
+    let one = jsonl(d.path(), "one.jsonl", &rows[..1]);
+    let (_d, root, _) = import(&[one.to_str().unwrap(), "--model", "renamed"]);
+    let v = sql(&root, "SELECT min(model) AS m FROM calls");
+    assert_eq!(v[0]["m"], "renamed");
+}
+
+/// Item 16: error bodies are provider errors, not bad lines: `"response": {"error": ...}`
+/// with an HTTP status, an `"error": {...}` object, and a batch 200 whose body is an error.
+#[test]
+fn error_bodies_are_imported_as_provider_errors() {
+    let d = tempfile::tempdir().unwrap();
+    let file = jsonl(
+        d.path(),
+        "errors.jsonl",
+        &[
+            serde_json::json!({"request": {"model": "m", "messages": [{"role": "user", "content": "q1"}]},
+                "response": {"error": {"message": "Rate limit reached", "type": "rate_limit_error", "code": "rate_limit"}},
+                "http_status": 429}),
+            serde_json::json!({"request": {"model": "m", "messages": [{"role": "user", "content": "q2"}]},
+                "response": null, "error": {"message": "upstream timed out", "code": "timeout"}}),
+            pair(&[("user", "q3")], "fine", serde_json::json!({})),
+        ],
+    );
+    let (_d, root, _) = import(&[file.to_str().unwrap()]);
+    let v = sql(
+        &root,
+        "SELECT c.input, k.http_status, k.error, k.response FROM calls k JOIN cases c \
+         ON k.case_id = c.case_id ORDER BY c.input",
+    );
+    assert_eq!(v[0]["http_status"], 429);
+    assert_eq!(v[0]["error"], "rate_limit: Rate limit reached");
+    assert!(v[0]["response"].is_null());
+    assert!(v[1]["http_status"].is_null());
+    assert_eq!(v[1]["error"], "timeout: upstream timed out");
+    assert!(v[2]["error"].is_null());
+    ok(&[
+        "validate",
+        root.join("import.toml").to_str().unwrap(),
+        "--out",
+        root.to_str().unwrap(),
+    ]);
+    let v = sql(
+        &root,
+        "SELECT count(*) AS n FROM validity WHERE validity = 'provider_error'",
+    );
+    assert_eq!(v[0]["n"], 2);
+}
+
+/// Item 16: every bad line is reported (the first 20 named, the total counted), not only
+/// the first, and nothing is written; `--skip-bad-lines FILE` imports the others and
+/// writes the bad ones to FILE.
+#[test]
+fn every_bad_line_is_reported_and_skip_bad_lines_imports_the_rest() {
+    let d = tempfile::tempdir().unwrap();
+    let mut rows: Vec<String> = Vec::new();
+    let mut bad_lines = Vec::new();
+    for i in 1..=100 {
+        if i % 4 == 0 {
+            rows.push(format!(
+                "{{\"request\": {{\"model\": \"m\"}}, \"bad\": {i}}}"
+            ));
+            bad_lines.push(i);
+        } else {
+            rows.push(pair(&[("user", &format!("q{i}"))], "a", serde_json::json!({})).to_string());
+        }
+    }
+    let file = d.path().join("bad.jsonl");
+    std::fs::write(&file, rows.join("\n") + "\n").unwrap();
+    let f = file.to_str().unwrap();
+    let (root, o) = import_raw(d.path(), &[f]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(err.contains("25 bad record(s)"), "{err}");
+    for line in &bad_lines[..20] {
+        assert!(
+            err.contains(&format!("{f}:{line}: field `request.messages`")),
+            "line {line}: {err}"
+        );
+    }
+    assert!(!err.contains(&format!("{f}:84:")), "only 20 named: {err}");
+    assert!(err.contains("... and 5 more"), "{err}");
+    assert!(!root.exists());
+    let skipped = d.path().join("skipped.jsonl");
+    let (root, o) = import_raw(
+        d.path(),
+        &[f, "--skip-bad-lines", skipped.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("skipped 25 bad record(s)"),
+        "{}",
+        text(&o)
+    );
+    let v = sql(&root, "SELECT count(*) AS n FROM calls");
+    assert_eq!(v[0]["n"], 75);
+    let written: Vec<Value> = std::fs::read_to_string(&skipped)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(written.len(), 25);
+    assert_eq!(written[0]["at"], "4");
+    assert_eq!(written[0]["line"], rows[3]);
+}

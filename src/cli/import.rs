@@ -9,18 +9,35 @@
 //!   files, given with `--batch-input`, as arguments or found in a folder, are joined with
 //!   the batch output by `custom_id`.
 //! - One case per distinct (test, source case id) where the source has case ids (Inspect
-//!   sample id, lm-eval doc id), else per distinct (test, system, input); the test is
-//!   `--test`, else the source's
-//!   (Inspect task, lm-eval task, promptfoo description), else `imported`. The case's
-//!   cluster (`template_id`) is the `--cluster` field where the source has it, else the
-//!   case itself. A sample index the source does not record is the order of repeats of
-//!   the same (case, model), after the highest index recorded for it.
+//!   sample id, lm-eval doc id), else per distinct (test, whole request): every message
+//!   (two conversations that end in the same user turn are two cases), the system prompt
+//!   and the parameters that change the answer (`crate::import::request_case_key`); the
+//!   test is `--test`, else the record's own `test`, else the source's (Inspect task,
+//!   lm-eval task, promptfoo description), else `imported`; a record's `capability`
+//!   field wins over `--capability`. Two records of one case with different `expected`
+//!   are refused (exit 2, naming both) unless `--on-conflicting-expected first|last`
+//!   says which wins. The case's cluster (`template_id`) is the `--cluster` field (every
+//!   reader reads it; no record having it is exit 2), else the case itself. A sample
+//!   index the source does not record is the order of repeats of the same (case, model),
+//!   after the highest index recorded for it.
+//! - Copies are imported once, with their count printed: the same file named twice is
+//!   read once; a record identical to one of an earlier file but for where it came from
+//!   (a copy of the file) is dropped (`--keep-duplicates` keeps it as a sample), and so is
+//!   an exact copy of a sample (same index). Two different records of one sample are
+//!   refused. `--model` renames the one model of the sources; over several it is refused
+//!   (exit 2) rather than pooling their samples.
+//! - Every bad record is reported (the first 20 named, all counted; an error body is a
+//!   provider-error call, not a bad record); `--skip-bad-lines FILE` imports the others
+//!   and writes each bad one to FILE as a JSON line (file, row, field, error, the line).
+//! - SIGINT or SIGTERM stops the import, removes `_import/`, every table it wrote and the
+//!   root when it created it, and exits 130.
 //! - Calls carry what the source recorded and NULL for the rest, plus the provenance
 //!   columns `source_format`, `source_file`, `source_id` (see `import::calls_schema`).
 //! - The tool's own verdicts become scores versions `<tool>-<scorer>@imported` under
 //!   `scores/`, one row per imported call of that tool (NULL score for a call the tool did
 //!   not score or that failed), so SQL compares them with evalflow's scorers.
-//! - Writes `<root>/import.toml`, a pipeline naming the imported model, and a manifest
+//! - Writes `<root>/import.toml`, a pipeline naming the imported models (all of them,
+//!   comma-separated, in its one `[model]`), and a manifest
 //!   with `generate` and `call` complete: `evalflow validate <root>/import.toml --out <root>`
 //!   and `evalflow score ...` then run as on any run.
 //! - The core streams (`crate::import::sink`): a record that names its sample goes straight
@@ -39,10 +56,13 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::CliError;
-use crate::import::sink::{CaseDefaults, ImportError as SinkError, ImportSink};
+use crate::import::sink::{CaseDefaults, ImportError as SinkError, ImportSink, OnConflict, Policy};
 
 /// Records handed to the sink at once (its hashing runs on every core per chunk).
 const IMPORT_CHUNK: usize = 2048;
+
+/// Bad records named in the error message; the rest are counted.
+const BAD_SHOWN: usize = 20;
 use crate::import::{self, Detected, Format, ImportError, Options};
 use crate::pipeline::Pipeline;
 use crate::storage::{Manifest, RunStore, manifest_now};
@@ -61,13 +81,32 @@ pub struct ImportArgs {
     /// OpenAI Batch API input JSONL, joined with batch output by `custom_id` (repeatable).
     #[arg(long = "batch-input", value_name = "FILE")]
     pub batch_input: Vec<PathBuf>,
-    /// The field holding each case's cluster (template): an Inspect sample metadata field,
-    /// an lm-eval doc field or a promptfoo var. Without it each case is its own cluster.
+    /// The field holding each case's cluster (template): a pairs line's top-level or
+    /// `metadata` field, a batch line's (or its input line's, or its request's `metadata`)
+    /// field, a Parquet column, an Inspect sample metadata field, an lm-eval doc field or
+    /// a promptfoo var. Without it each case is its own cluster; an import where no record
+    /// has it is refused (exit 2).
     #[arg(long, value_name = "FIELD")]
     pub cluster: Option<String>,
-    /// The model name for every row (default: what each source names).
+    /// The model name for every row (default: what each source names). It renames one
+    /// model; sources that name several are refused (exit 2) rather than merged.
     #[arg(long)]
     pub model: Option<String>,
+    /// Two records of one case (the same test and the whole request: every message, the
+    /// system prompt, the parameters) with different `expected` are refused (exit 2,
+    /// naming both) unless this says which wins: `first` or `last` in import order.
+    #[arg(long, value_enum, value_name = "first|last")]
+    pub on_conflicting_expected: Option<ConflictChoice>,
+    /// Import the good records and write each bad one (file, row, field, error and the
+    /// line itself) as a JSON line to FILE, instead of refusing the import.
+    #[arg(long, value_name = "FILE")]
+    pub skip_bad_lines: Option<PathBuf>,
+    /// Keep records identical to one of an earlier file as more samples. By default they
+    /// are copies (the same file given twice, two copies of a file) and are dropped, with
+    /// their count printed; records repeated within one file are always kept as samples,
+    /// and exact copies of one sample (the same sample index) are always dropped.
+    #[arg(long)]
+    pub keep_duplicates: bool,
     /// Test name of the imported cases (default: the source's task, else `imported`).
     #[arg(long)]
     pub test: Option<String>,
@@ -84,6 +123,13 @@ pub struct ImportArgs {
     /// built-in scorer reads, `en,zh`, since an imported run's scorers are chosen later).
     #[arg(long, value_delimiter = ',')]
     pub languages: Option<Vec<String>>,
+}
+
+/// The winner of two `expected` answers of one case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConflictChoice {
+    First,
+    Last,
 }
 
 fn bad(e: ImportError) -> CliError {
@@ -140,6 +186,10 @@ fn plan_sources(a: &ImportArgs) -> Result<Sources, CliError> {
             }
         }
     }
+    // The same file named twice (as an argument and inside a folder given too) is read
+    // once; a copy under another name is caught record by record (see `keep_duplicates`).
+    let mut seen = std::collections::BTreeSet::new();
+    files.retain(|(f, _)| seen.insert(std::fs::canonicalize(f).unwrap_or_else(|_| f.clone())));
     Ok(Sources {
         files,
         inputs,
@@ -174,16 +224,74 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
     // A local root this import creates is removed again if the import fails.
     let created_dir =
         (!a.out.contains("://") && !Path::new(&a.out).exists()).then(|| PathBuf::from(&a.out));
-    let result = import_into(a).await;
-    if result.is_err()
-        && let Some(d) = created_dir
-    {
-        let _ = std::fs::remove_dir_all(d);
+    // SIGINT or SIGTERM: stop reading, and clean up as after an error (no `_import/`, no
+    // table, no root the import created), then exit 130.
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let signals = tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                return;
+            };
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        if tokio::signal::ctrl_c().await.is_err() {
+            return;
+        }
+        let _ = stop_tx.send(true);
+    });
+    let out = a.out.clone();
+    let skip_file = a.skip_bad_lines.clone();
+    let result = import_into(a, stop).await;
+    signals.abort();
+    if matches!(result, Err(CliError::Interrupted(_))) {
+        // Stopped in the middle of a plan: its tasks may still be writing; remove what
+        // the import wrote, whichever stage it was in.
+        if let Ok(store) = RunStore::open(&out) {
+            let _ = store.delete_scratch("_import").await;
+            if created_dir.is_none() {
+                for t in ["cases", "calls", "scores"] {
+                    let _ = store.delete_scratch(t).await;
+                }
+                let _ = std::fs::remove_file(Path::new(store.display()).join("import.toml"));
+            }
+        }
+    }
+    if result.is_err() {
+        if let Some(d) = &created_dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        if let Some(f) = &skip_file {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+    if let Err(CliError::Interrupted(msg)) = &result {
+        // A task of a plan that was dropped may land a part after the cleanup: end the
+        // process now, before any can.
+        eprintln!("{msg}");
+        std::process::exit(130);
     }
     result
 }
 
-async fn import_into(a: ImportArgs) -> Result<(), CliError> {
+fn interrupted() -> CliError {
+    CliError::Interrupted(
+        "import: interrupted; nothing was imported (no table, no _import/ left)".into(),
+    )
+}
+
+async fn import_into(
+    a: ImportArgs,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), CliError> {
     let Sources {
         files,
         inputs,
@@ -247,9 +355,29 @@ async fn import_into(a: ImportArgs) -> Result<(), CliError> {
             test_type: a.test_type.clone(),
             role: a.role.clone(),
         },
+        Policy {
+            on_conflicting_expected: match a.on_conflicting_expected {
+                None => OnConflict::Refuse,
+                Some(ConflictChoice::First) => OnConflict::First,
+                Some(ConflictChoice::Last) => OnConflict::Last,
+            },
+            keep_duplicates: a.keep_duplicates,
+            cluster: a.cluster.clone(),
+        },
     )
     .await
     .map_err(sink_err)?;
+    let mut skip_out = match &a.skip_bad_lines {
+        Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p).map_err(
+            |e| CliError::BadInput(format!("--skip-bad-lines {}: {e}", p.display())),
+        )?)),
+        None => None,
+    };
+    // Bad records: the first BAD_SHOWN named, all counted.
+    let mut bad_shown: Vec<String> = Vec::new();
+    let mut bad_total = 0u64;
+    // With --model: each model the sources name, and where it was first named.
+    let mut named: BTreeMap<String, String> = BTreeMap::new();
     // Record by record: memory holds one staging batch, not the sources.
     let mut per_format: BTreeMap<&'static str, u64> = BTreeMap::new();
     let pushed: Result<(), CliError> = async {
@@ -263,7 +391,46 @@ async fn import_into(a: ImportArgs) -> Result<(), CliError> {
             // In chunks, so the sink hashes a chunk's records on every core.
             let mut chunk = Vec::with_capacity(IMPORT_CHUNK);
             for r in records {
-                let r = r.map_err(bad)?;
+                if *stop.borrow() {
+                    return Err(interrupted());
+                }
+                let r = match r {
+                    Ok(r) => r,
+                    Err(e) if e.is_row() => {
+                        bad_total += 1;
+                        if bad_shown.len() < BAD_SHOWN {
+                            bad_shown.push(e.to_string());
+                        }
+                        if let Some(w) = skip_out.as_mut() {
+                            use std::io::Write;
+                            writeln!(w, "{}", e.to_json()).map_err(|e| {
+                                CliError::Internal(format!("--skip-bad-lines: {e}"))
+                            })?;
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(bad(e)),
+                };
+                if let (Some(m), Some(src)) = (&a.model, &r.source_model)
+                    && !named.contains_key(src)
+                {
+                    let here = format!(
+                        "{}:{}",
+                        r.source.file,
+                        r.source.id.as_deref().unwrap_or("?")
+                    );
+                    if let Some((other, at)) = named.iter().next() {
+                        return Err(CliError::BadInput(format!(
+                            "--model {m} would merge distinct models into one: `{other}` ({at}) and `{src}` ({here}); import each model on its own, or drop --model"
+                        )));
+                    }
+                    named.insert(src.clone(), here);
+                }
+                // After a bad record the import fails (without --skip-bad-lines): the rest
+                // is only read for its bad records.
+                if bad_total > 0 && skip_out.is_none() {
+                    continue;
+                }
                 *per_format.entry(r.source.format).or_default() += 1;
                 chunk.push(r);
                 if chunk.len() == IMPORT_CHUNK {
@@ -272,6 +439,22 @@ async fn import_into(a: ImportArgs) -> Result<(), CliError> {
                 }
             }
             sink.push_many(chunk).await.map_err(sink_err)?;
+        }
+        if bad_total > 0 && skip_out.is_none() {
+            let more = bad_total - bad_shown.len() as u64;
+            return Err(CliError::BadInput(format!(
+                "{bad_total} bad record(s); nothing was imported (--skip-bad-lines FILE imports the others):\n  {}{}",
+                bad_shown.join("\n  "),
+                if more > 0 {
+                    format!("\n  ... and {more} more")
+                } else {
+                    String::new()
+                }
+            )));
+        }
+        if let Some(w) = skip_out.take() {
+            w.into_inner()
+                .map_err(|e| CliError::Internal(format!("--skip-bad-lines: {e}")))?;
         }
         Ok(())
     }
@@ -290,12 +473,33 @@ async fn import_into(a: ImportArgs) -> Result<(), CliError> {
             sources.join(", ")
         )));
     }
-    let summary = sink.finish().await.map_err(sink_err)?;
+    // The plans: a signal drops them where they are (the caller then removes what they
+    // wrote and exits before their tasks can write more).
+    let mut stopped = stop.clone();
+    let summary = tokio::select! {
+        s = sink.finish() => s.map_err(sink_err)?,
+        _ = stopped.wait_for(|s| *s) => return Err(interrupted()),
+    };
+    if *stop.borrow() {
+        return Err(interrupted());
+    }
     let models = summary.models.clone();
+    // A pipeline has one `[model]`: with several models it names them all, and the calls
+    // table says which model answered each call.
+    let model_note = if models.len() > 1 {
+        format!(
+            "# The calls table holds {} models: {}. The [model] name lists them all (one\n# pipeline has one [model]); filter calls on `model` for one of them.\n",
+            models.len(),
+            models.join(", ")
+        )
+    } else {
+        String::new()
+    };
     let pipeline_text = format!(
-        "# Written by `evalflow import {}`: the pipeline of an imported run (no model is called;\n# the provider below only satisfies the pipeline format: the calls table records NULL\n# where the file named no provider).\n\n[model]\nprovider = \"openai\"\nname = {}\n\n[suite]\nname = \"imported\"\n\n[validate]\nlanguages = {}\n",
+        "# Written by `evalflow import {}`: the pipeline of an imported run (no model is called;\n# the provider below only satisfies the pipeline format: the calls table records NULL\n# where the file named no provider).\n{}\n[model]\nprovider = \"openai\"\nname = {}\n\n[suite]\nname = \"imported\"\n\n[validate]\nlanguages = {}\n",
         sources.join(" "),
-        json!(models[0]),
+        model_note,
+        json!(models.join(", ")),
         json!(languages)
     );
     let ppath = Path::new(store.display()).join("import.toml");
@@ -379,6 +583,31 @@ async fn import_into(a: ImportArgs) -> Result<(), CliError> {
     }
     for (tag, _, n) in &summary.scores {
         println!("imported scores {tag}: {n} rows");
+    }
+    if summary.duplicates > 0 {
+        println!(
+            "duplicates: {} record(s) were exact copies of others (the same file twice, or a copy of it) and were imported once{}",
+            summary.duplicates,
+            if a.keep_duplicates {
+                ""
+            } else {
+                "; --keep-duplicates keeps the copies in other files of records without a sample index, as more samples"
+            }
+        );
+    }
+    if bad_total > 0
+        && let Some(p) = &a.skip_bad_lines
+    {
+        println!(
+            "skipped {bad_total} bad record(s), written to {}:\n  {}{}",
+            p.display(),
+            bad_shown.join("\n  "),
+            if bad_total > bad_shown.len() as u64 {
+                format!("\n  ... and {} more", bad_total - bad_shown.len() as u64)
+            } else {
+                String::new()
+            }
+        );
     }
     if !skipped.is_empty() {
         eprintln!(

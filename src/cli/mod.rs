@@ -38,6 +38,9 @@ pub enum CliError {
     Gate(String),
     #[error("{0}")]
     Internal(String),
+    /// SIGINT or SIGTERM stopped the command after it cleaned up (exit code 130).
+    #[error("{0}")]
+    Interrupted(String),
 }
 
 /// Wraps an I/O or engine failure at the CLI edge (exit code 3).
@@ -52,6 +55,7 @@ impl CliError {
             CliError::Run(_) | CliError::Internal(_) => EXIT_INTERNAL,
             CliError::BadInput(_) => EXIT_BAD_INPUT,
             CliError::Gate(_) => EXIT_GATE,
+            CliError::Interrupted(_) => 130,
         }
     }
 }

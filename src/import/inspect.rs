@@ -18,7 +18,8 @@
 //!   (passed), `I` 0 (failed), `P` 0.5, `N` 0 (failed), numbers and booleans as they are,
 //!   a dict one score per key (`<scorer>.<key>`); `answer` and `explanation` go to
 //!   `detail`. Inspect's epoch reduction is not a row: it is a GROUP BY `case_id` in SQL.
-//! - `--cluster FIELD` takes each case's cluster from the sample `metadata` field.
+//! - `--cluster FIELD` takes each case's cluster from the sample `metadata` field; its
+//!   `test` and `capability` metadata fields, when present, land in the case.
 //! - A `.eval` log is read entry by entry (`header.json` first, or `_journal/start.json`
 //!   for a log still being written, then each `samples/*.json`), decompressing only that
 //!   entry (zstd, as Inspect writes today, deflate or stored). A `.json` log is parsed as
@@ -293,9 +294,11 @@ impl<'de> Visitor<'de> for SamplesSeed<'_> {
         while let Some(s) = seq.next_element::<Value>()? {
             let at = format!("samples[{k}]");
             k += 1;
-            let r = sample_record(self.file, &at, self.header, &s, self.opts);
-            let failed = r.is_err();
-            if self.tx.send(r).is_err() || failed {
+            // A bad sample is sent as an error and the next ones are read: the caller
+            // reports every bad sample (or skips them).
+            let r = sample_record(self.file, &at, self.header, &s, self.opts)
+                .map_err(|e| e.with_raw(&s.to_string()));
+            if self.tx.send(r).is_err() {
                 return Err(A::Error::custom("stopped"));
             }
         }
@@ -424,7 +427,10 @@ fn sample_record(
             scores.extend(scores_of(name, sc));
         }
     }
+    let meta = |f: &str| s.get("metadata").and_then(|m| m.get(f)).and_then(as_text);
     Ok(Record {
+        source_model: Some(h.model.clone()),
+        capability: meta("capability"),
         provider: h.model.split_once('/').map(|(p, _)| p.to_string()),
         request_key: json!({"model": model, "system": system, "input": input, "config": cfg})
             .to_string(),
@@ -432,7 +438,7 @@ fn sample_record(
         system,
         input,
         expected,
-        test: h.task.clone(),
+        test: meta("test").or_else(|| h.task.clone()),
         cluster: opts
             .cluster
             .as_ref()

@@ -73,7 +73,9 @@ fn results_model(path: &Path) -> Option<(String, Option<String>)> {
 /// The file cannot be opened, or no model is known (no `--model`, no results file).
 pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
     let f = std::fs::File::open(path).map_err(|e| bad_file(path, e))?;
-    let (model, provider) = match (&opts.model, results_model(path)) {
+    let results = results_model(path);
+    let source_model = results.as_ref().map(|r| r.0.clone());
+    let (model, provider) = match (&opts.model, results) {
         (Some(m), r) => (m.clone(), r.and_then(|r| r.1)),
         (None, Some((m, p))) => (m, p),
         (None, None) => {
@@ -100,8 +102,11 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
                 Err(e) => return Some(Err(bad(&file, n, "(line)", e))),
                 Ok(l) if l.trim().is_empty() => continue,
                 Ok(l) => match records(&file, n, &l, &model, &provider, &task, &cluster) {
-                    Ok(rs) => pending.extend(rs.into_iter().map(Ok)),
-                    Err(e) => return Some(Err(e)),
+                    Ok(rs) => pending.extend(rs.into_iter().map(|mut r| {
+                        r.source_model = source_model.clone();
+                        Ok(r)
+                    })),
+                    Err(e) => return Some(Err(e.with_raw(&l))),
                 },
             }
         }

@@ -15,6 +15,8 @@
 //!   Parquet magic, the top-level keys of JSON), never from the name alone.
 //! - What a format does not record stays `None` (NULL): a reader never invents a provider,
 //!   a start time, an HTTP status or an attempt count.
+//! - A bad row is an `Err` in its place and the reader goes on with the next row (a file
+//!   error ends it), so the import can name every bad row or skip them.
 //!
 //! # Errors
 //! [`ImportError`]: every variant names the file, and a bad row names its line (or row,
@@ -46,6 +48,8 @@ pub enum ImportError {
         at: String,
         field: String,
         msg: String,
+        /// The row's source text (a JSONL line), for `--skip-bad-lines`.
+        raw: Option<String>,
     },
     /// The file as a whole is unreadable or not of the format asked for.
     #[error("{file}: {msg}")]
@@ -64,6 +68,58 @@ pub(crate) fn bad(
         at: at.to_string(),
         field: field.to_string(),
         msg: msg.to_string(),
+        raw: None,
+    }
+}
+
+impl ImportError {
+    /// The error with the source text of its row attached (a no-op for a file error).
+    pub(crate) fn with_raw(mut self, line: &str) -> Self {
+        if let ImportError::Field { raw, .. } = &mut self {
+            *raw = Some(line.to_string());
+        }
+        self
+    }
+
+    /// The same error as one that ends the file (the rows after it cannot be read), with
+    /// the same text.
+    pub(crate) fn fatal(self) -> Self {
+        match self {
+            ImportError::Field {
+                file,
+                at,
+                field,
+                msg,
+                ..
+            } => ImportError::File {
+                file: format!("{file}:{at}: field `{field}`"),
+                msg,
+            },
+            e => e,
+        }
+    }
+
+    /// Whether the error is one row's (the rows after it can still be read), not the
+    /// file's.
+    pub fn is_row(&self) -> bool {
+        matches!(self, ImportError::Field { .. })
+    }
+
+    /// The error as one JSON line of a `--skip-bad-lines` file: the file, the row, the
+    /// field, the message and the row's source text when it has one.
+    pub fn to_json(&self) -> Value {
+        match self {
+            ImportError::Field {
+                file,
+                at,
+                field,
+                msg,
+                raw,
+            } => serde_json::json!({
+                "file": file, "at": at, "field": field, "error": msg, "line": raw,
+            }),
+            ImportError::File { file, msg } => serde_json::json!({"file": file, "error": msg}),
+        }
     }
 }
 
@@ -142,11 +198,15 @@ pub struct Provenance {
 ///
 /// # Behavior
 /// `None` means the source did not record the value. The case of a record is its
-/// (test, `case_key`) when it has one, else its (test, system, input); `cluster` becomes
-/// the case's `template_id` when present.
+/// (test, `case_key`) when it has one (the source's case id, or the whole conversation
+/// and its parameters: [`request_case_key`]), else its (test, system, input); `cluster`
+/// becomes the case's `template_id` when present.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Record {
     pub model: String,
+    /// The model the source itself named (before `--model`), to refuse a `--model` that
+    /// would merge distinct models into one.
+    pub source_model: Option<String>,
     pub provider: Option<String>,
     pub system: Option<String>,
     pub input: String,
@@ -385,6 +445,96 @@ pub(crate) fn chat_prompt(msgs: &[Value]) -> (Option<String>, Option<String>) {
         }
     }
     (system, input)
+}
+
+/// Request keys that are not part of a case: the model is the call's; `seed` (and `n`)
+/// tell one sample of a case from another (the request hash keeps them); the rest is
+/// transport or bookkeeping that does not change the answer.
+const NOT_THE_CASE: &[&str] = &[
+    "model",
+    "seed",
+    "n",
+    "stream",
+    "stream_options",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+];
+
+/// What identifies the case of a chat request beyond (system, last user message): the
+/// whole conversation and every parameter that changes the answer (temperature,
+/// `max_tokens`, tools, ...), as canonical JSON (keys sorted), or `None` for a plain
+/// request (at most one system message and one user message, both text, and no such
+/// parameter), whose case stays keyed by (system, input) as before.
+///
+/// Two conversations that end in the same user turn ("Are you sure?") but differ before
+/// it are two cases, never samples of one.
+pub(crate) fn request_case_key(req: &Value) -> Option<String> {
+    let obj = req.as_object()?;
+    let msgs = obj
+        .get("messages")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let params: serde_json::Map<String, Value> = obj
+        .iter()
+        .filter(|(k, v)| {
+            k.as_str() != "messages" && !NOT_THE_CASE.contains(&k.as_str()) && !v.is_null()
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    conversation_key(msgs, params)
+}
+
+/// [`request_case_key`] of a conversation and its parameters.
+pub(crate) fn conversation_key(
+    msgs: &[Value],
+    params: serde_json::Map<String, Value>,
+) -> Option<String> {
+    let plain_msg = |m: &Value, roles: &[&str]| {
+        m.as_object().is_some_and(|o| {
+            o.len() == 2
+                && o.get("content").is_some_and(Value::is_string)
+                && o.get("role")
+                    .and_then(Value::as_str)
+                    .is_some_and(|r| roles.contains(&r))
+        })
+    };
+    let plain = params.is_empty()
+        && match msgs {
+            [u] => plain_msg(u, &["user"]),
+            [s, u] => plain_msg(s, &["system", "developer"]) && plain_msg(u, &["user"]),
+            _ => false,
+        };
+    if plain {
+        return None;
+    }
+    Some(format!(
+        "request:{}",
+        serde_json::json!({"messages": msgs, "params": params})
+    ))
+}
+
+/// The text of an error field: a string as it is; an object (`{"code", "message", ...}`,
+/// as OpenAI-compatible servers write one) as `code: message`, its message, or its JSON.
+pub(crate) fn error_text(e: &Value) -> Option<String> {
+    match e {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        Value::Object(m) => {
+            let msg = m.get("message").and_then(Value::as_str);
+            let code = m.get("code").or_else(|| m.get("type")).and_then(as_text);
+            Some(match (code, msg) {
+                (Some(c), Some(msg)) => format!("{c}: {msg}"),
+                (None, Some(msg)) => msg.to_string(),
+                _ => e.to_string(),
+            })
+        }
+        other => Some(other.to_string()),
+    }
 }
 
 /// A field's value as text for a cluster or id: strings as they are, other JSON as JSON.

@@ -12,6 +12,10 @@
 //!   model, `max_tokens` (or `max_completion_tokens`) and `temperature`. The input files
 //!   are read into a map from `custom_id` to request before the output streams: they are
 //!   bounded by the API's batch size (50,000 requests), not by the archive.
+//! - The case is the whole request (every message and the parameters, not the `seed` that
+//!   tells samples apart). `test`, `capability` and the `--cluster` field come from the
+//!   output line, its input line, or the request's `metadata`. A 200 whose body is an
+//!   `error` object is a provider error too.
 //! - Without an input line a record keeps an empty input and is its own case (keyed by
 //!   `custom_id`); the model then comes from the response body or `--model`.
 //! - `provider` is `openai`, `source_id` the `custom_id`.
@@ -28,10 +32,11 @@ use serde_json::Value;
 
 use super::{ImportError, Options, Provenance, Record, RecordIter, bad, bad_file};
 
-/// Requests of a batch input, by `custom_id`.
+/// Requests of a batch input, by `custom_id`: the whole input line (its `body` is the
+/// request).
 pub type Requests = HashMap<String, Value>;
 
-/// Reads batch input files into a map from `custom_id` to the request `body`.
+/// Reads batch input files into a map from `custom_id` to the input line.
 ///
 /// # Errors
 /// A line that is not JSON or has no `custom_id` / `body`.
@@ -52,12 +57,10 @@ pub fn read_inputs(files: &[PathBuf]) -> Result<Requests, ImportError> {
                 .and_then(Value::as_str)
                 .ok_or_else(|| bad(file, n, "custom_id", "missing or not a string"))?
                 .to_string();
-            let body = v
-                .get("body")
-                .filter(|b| b.is_object())
-                .ok_or_else(|| bad(file, n, "body", "missing or not an object"))?
-                .clone();
-            out.insert(id, body);
+            if !v.get("body").is_some_and(Value::is_object) {
+                return Err(bad(file, n, "body", "missing or not an object"));
+            }
+            out.insert(id, v);
         }
     }
     Ok(out)
@@ -83,32 +86,46 @@ pub fn open_joined(
 ) -> Result<RecordIter, ImportError> {
     let f = std::fs::File::open(path).map_err(|e| bad_file(path, e))?;
     let file = path.to_path_buf();
-    let model = opts.model.clone();
+    let opts = opts.clone();
     let lines = std::io::BufReader::new(f).lines().enumerate();
     Ok(Box::new(lines.filter_map(move |(i, line)| {
         let n = i + 1;
         match line {
             Err(e) => Some(Err(bad(&file, n, "(line)", e))),
             Ok(l) if l.trim().is_empty() => None,
-            Ok(l) => Some(record(&file, n, &l, &model, &inputs)),
+            Ok(l) => Some(record(&file, n, &l, &opts, &inputs).map_err(|e| e.with_raw(&l))),
         }
     })))
+}
+
+/// A field of a record: on the output line, on its input line, or in the request's
+/// `metadata`.
+fn field_of(out: &Value, input: Option<&Value>, field: &str) -> Option<String> {
+    fn get<'a>(v: Option<&'a Value>, field: &str) -> Option<&'a Value> {
+        v.and_then(|v| v.get(field)).filter(|x| !x.is_null())
+    }
+    get(Some(out), field)
+        .or_else(|| get(input, field))
+        .or_else(|| get(input.and_then(|i| i.pointer("/body/metadata")), field))
+        .and_then(super::as_text)
 }
 
 fn record(
     file: &Path,
     n: usize,
     line: &str,
-    model: &Option<String>,
+    opts: &Options,
     inputs: &Requests,
 ) -> Result<Record, ImportError> {
+    let model = &opts.model;
     let v: Value =
         serde_json::from_str(line).map_err(|e| bad(file, n, "(line)", format!("not JSON: {e}")))?;
     let id = v
         .get("custom_id")
         .and_then(Value::as_str)
         .ok_or_else(|| bad(file, n, "custom_id", "missing or not a string"))?;
-    let req = inputs.get(id);
+    let input = inputs.get(id);
+    let req = input.and_then(|i| i.get("body"));
     let resp = v.get("response").filter(|r| r.is_object());
     let body = resp.and_then(|r| r.get("body"));
     let mut r = Record {
@@ -118,6 +135,9 @@ fn record(
             file: file.display().to_string(),
             id: Some(id.to_string()),
         },
+        test: field_of(&v, input, "test"),
+        capability: field_of(&v, input, "capability"),
+        cluster: opts.cluster.as_deref().and_then(|f| field_of(&v, input, f)),
         ..Record::default()
     };
     match req {
@@ -144,6 +164,7 @@ fn record(
                 )
             })?;
             r.request_key = req.to_string();
+            r.case_key = super::request_case_key(req);
             r.max_tokens = req
                 .get("max_tokens")
                 .or_else(|| req.get("max_completion_tokens"))
@@ -156,18 +177,18 @@ fn record(
             r.request_key = id.to_string();
         }
     }
-    r.model = model
-        .clone()
-        .or_else(|| {
-            req.and_then(|q| q.get("model"))
-                .and_then(Value::as_str)
-                .map(String::from)
-        })
+    r.source_model = req
+        .and_then(|q| q.get("model"))
+        .and_then(Value::as_str)
+        .map(String::from)
         .or_else(|| {
             body.and_then(|b| b.get("model"))
                 .and_then(Value::as_str)
                 .map(String::from)
-        })
+        });
+    r.model = model
+        .clone()
+        .or_else(|| r.source_model.clone())
         .ok_or_else(|| {
             bad(
                 file,
@@ -190,7 +211,14 @@ fn record(
                 )
             })? as i32;
         r.http_status = Some(status);
-        if status == 200 {
+        let error_body = body
+            .filter(|b| b.get("choices").is_none())
+            .and_then(|b| b.get("error"))
+            .and_then(super::error_text);
+        if let Some(e) = error_body {
+            // A 200 whose body is an error, not a completion.
+            r.error = Some(format!("HTTP {status}: {e}"));
+        } else if status == 200 {
             let body = body.ok_or_else(|| bad(file, n, "response.body", "missing"))?;
             let p = crate::stages::call::openai::parse_value(body)
                 .map_err(|e| bad(file, n, "response.body", e))?;
@@ -206,9 +234,7 @@ fn record(
         }
     }
     if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
-        let code = e.get("code").and_then(Value::as_str).unwrap_or("error");
-        let msg = e.get("message").and_then(Value::as_str).unwrap_or("");
-        r.error = Some(format!("{code}: {msg}"));
+        r.error = super::error_text(e);
     } else if resp.is_none() {
         return Err(bad(file, n, "response", "neither a response nor an error"));
     }

@@ -2,10 +2,14 @@
 //!
 //! # Behavior
 //! One `{"request": {...}, "response": {...}}` pair per line in the OpenAI chat format;
-//! optional `sample_idx`, `expected`, `http_status`, `error`, `latency_ms`, `provider`,
-//! `attempts` and `started_at` (RFC 3339 text or Unix seconds). The input is the last user
-//! message, the system the last system (or developer) message. `source_id` is the line
-//! number (the pairs format has no id of its own).
+//! optional `sample_idx`, `expected`, `http_status`, `error` (text, or an object such as
+//! `{"code", "message"}`), `latency_ms`, `provider`, `attempts`, `started_at` (RFC 3339
+//! text or Unix seconds), `test` and `capability`; the `--cluster` field is a top-level
+//! field or one of `metadata`. The input is the last user message, the system the last
+//! system (or developer) message; the case is the whole request (every message and the
+//! parameters, see [`super::request_case_key`]). A response that is an error body
+//! (`{"error": {...}}`, with the line's `http_status`) is a provider error. `source_id` is
+//! the line number (the pairs format has no id of its own).
 //!
 //! # Errors
 //! A bad line names `file:line` and the field; a mistyped optional field is an error,
@@ -78,6 +82,7 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
     let f = std::fs::File::open(path).map_err(|e| bad_file(path, e))?;
     let file = std::sync::Arc::new(path.to_path_buf());
     let model = std::sync::Arc::new(opts.model.clone());
+    let cluster = std::sync::Arc::new(opts.cluster.clone());
     let (btx, brx) = std::sync::mpsc::sync_channel::<std::io::Result<Block>>(2);
     std::thread::spawn(move || match f.metadata() {
         Ok(m) if m.is_file() => map_blocks(&f, m.len(), &btx),
@@ -92,7 +97,7 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
                 Ok(b) => b,
                 Err(e) => {
                     let (etx, erx) = std::sync::mpsc::sync_channel(1);
-                    let _ = etx.send(vec![vec![Err(bad(&file, next_line, "(line)", e))]]);
+                    let _ = etx.send(vec![vec![Err(bad(&file, next_line, "(line)", e).fatal())]]);
                     let _ = tx.send(erx);
                     return;
                 }
@@ -103,31 +108,18 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
             if tx.send(prx).is_err() {
                 return;
             }
-            let (file, model) = (file.clone(), model.clone());
+            let (file, model, cluster) = (file.clone(), model.clone(), cluster.clone());
             rayon::spawn(move || {
-                let _ = ptx.send(parse_block(&file, &model, &block));
+                let _ = ptx.send(parse_block(&file, &model, &cluster, &block));
             });
         }
     });
     // A parse job cannot drop its sender without sending: a panic in a `rayon::spawn` job
     // aborts the process (rayon's default), so no block is skipped silently here.
     let parsed = rx.into_iter().map_while(|p| p.recv().ok());
-    // Stop at a block's first error: the records before it, then the error.
-    let records = parsed.scan(false, |failed, mut block| {
-        (!*failed).then(|| {
-            let bad = block.iter().enumerate().find_map(|(s, slice)| {
-                let e = slice.iter().position(Result::is_err)?;
-                Some((s, e))
-            });
-            if let Some((s, e)) = bad {
-                block.truncate(s + 1);
-                block[s].truncate(e + 1);
-                *failed = true;
-            }
-            block
-        })
-    });
-    Ok(Box::new(records.flatten().flatten()))
+    // Every line, bad ones as errors: the caller reports them all (or skips them) and
+    // stops reading when it wants.
+    Ok(Box::new(parsed.flatten().flatten()))
 }
 
 /// A block's records, parsed slice by slice on rayon's pool (each slice's records written
@@ -135,6 +127,7 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
 fn parse_block(
     file: &Path,
     model: &Option<String>,
+    cluster: &Option<String>,
     block: &Block,
 ) -> Vec<Vec<Result<Record, ImportError>>> {
     use rayon::prelude::*;
@@ -151,7 +144,10 @@ fn parse_block(
                 .filter_map(|&(n, line)| match std::str::from_utf8(line) {
                     Err(e) => Some(Err(bad(file, n, "(line)", format!("invalid UTF-8: {e}")))),
                     Ok(l) if l.trim().is_empty() => None,
-                    Ok(l) => Some(record(file, &file_text, n, l, model, &mut last)),
+                    Ok(l) => Some(
+                        record(file, &file_text, n, l, model, cluster, &mut last)
+                            .map_err(|e| e.with_raw(l)),
+                    ),
                 })
                 .collect::<Vec<_>>()
         })
@@ -314,6 +310,9 @@ struct Request {
     key: String,
     max_tokens: Option<u32>,
     temperature: Option<f64>,
+    /// The whole conversation and its parameters when they say more than (system,
+    /// input): see [`super::request_case_key`].
+    case_key: Option<String>,
 }
 
 /// Reads a line's `request` object.
@@ -355,6 +354,7 @@ fn request(file: &Path, n: usize, req: &Value) -> Result<Request, ImportError> {
             .and_then(Value::as_u64)
             .map(|m| m as u32),
         temperature: req.get("temperature").and_then(Value::as_f64),
+        case_key: super::request_case_key(req),
     })
 }
 
@@ -382,6 +382,10 @@ struct Line<'a, R> {
     attempts: Option<&'a RawValue>,
     #[serde(borrow)]
     started_at: Option<&'a RawValue>,
+    #[serde(borrow)]
+    test: Option<&'a RawValue>,
+    #[serde(borrow)]
+    capability: Option<&'a RawValue>,
 }
 
 /// A response read as types while its line is split.
@@ -404,6 +408,8 @@ struct Scalars {
     provider: Option<Value>,
     attempts: Option<Value>,
     started_at: Option<Value>,
+    test: Option<Value>,
+    capability: Option<Value>,
 }
 
 impl Scalars {
@@ -420,6 +426,8 @@ impl Scalars {
             provider: read(line.provider),
             attempts: read(line.attempts),
             started_at: read(line.started_at),
+            test: read(line.test),
+            capability: read(line.capability),
         }
     }
 }
@@ -438,6 +446,7 @@ fn record(
     n: usize,
     line: &str,
     model: &Option<String>,
+    cluster: &Option<String>,
     last: &mut Option<(String, Request)>,
 ) -> Result<Record, ImportError> {
     // One pass for a well-formed line: its response read as types while the line is split.
@@ -485,18 +494,36 @@ fn record(
         }
     };
     check_optional_fields(file, n, &v)?;
+    let source_model = rq.model;
     let model = model
         .clone()
-        .or(rq.model)
+        .or(source_model.clone())
         .ok_or_else(|| bad(file, n, "request.model", "missing (or pass --model)"))?;
     let status = v
         .http_status
         .as_ref()
         .and_then(Value::as_i64)
         .map(|s| s as i32);
-    let error = v.error.as_ref().and_then(Value::as_str).map(String::from);
+    let mut error = v.error.as_ref().and_then(super::error_text);
+    let text = |x: &Option<Value>, field: &str| -> Result<Option<String>, ImportError> {
+        match x {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(x) => Err(bad(file, n, field, format!("`{x}` is not a string"))),
+        }
+    };
+    let (test, capability) = (text(&v.test, "test")?, text(&v.capability, "capability")?);
+    let cluster = match cluster {
+        Some(f) => cluster_of(line, f),
+        None => None,
+    };
     let mut r = Record {
         model,
+        source_model,
+        test,
+        capability,
+        cluster,
+        case_key: rq.case_key,
         system: rq.system,
         input: rq.input,
         expected: v
@@ -515,10 +542,28 @@ fn record(
         },
         ..Record::default()
     };
+    // An error body in place of a completion (`"response": {"error": {...}}`, as a server
+    // answers a 4xx or 5xx) is a provider error, not a bad line.
+    let error_body = match &resp {
+        Some(Response::Raw(raw)) if raw.get().starts_with('{') => {
+            match serde_json::from_str::<Value>(raw.get()) {
+                Ok(Value::Object(m)) if m.contains_key("error") && !m.contains_key("choices") => {
+                    m.get("error").and_then(super::error_text)
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    let is_error_body = error_body.is_some();
+    if let Some(e) = error_body {
+        error.get_or_insert(e);
+    }
     let parsed = match resp {
+        Some(Response::Parsed(p)) => Some(p),
+        _ if is_error_body => None,
         None if error.is_some() => None,
         Some(Response::Raw(raw)) if raw.get() == "null" && error.is_some() => None,
-        Some(Response::Parsed(p)) => Some(p),
         Some(Response::Raw(raw)) if raw.get().starts_with('{') => {
             Some(openai::parse(raw.get().as_bytes()).map_err(|e| bad(file, n, "response", e))?)
         }
@@ -678,9 +723,19 @@ fn check_optional_fields(file: &Path, n: usize, v: &Scalars) -> Result<(), Impor
         n,
         v.error.as_ref(),
         "error",
-        Value::is_string,
-        "a string",
+        |x| x.is_string() || x.is_object(),
+        "a string or an object",
     )
+}
+
+/// The value of the `--cluster` field of a line: a top-level field, else one of its
+/// `metadata` object; `None` when the line has neither.
+fn cluster_of(line: &str, field: &str) -> Option<String> {
+    let v: serde_json::Map<String, Value> = serde_json::from_str(line).ok()?;
+    v.get(field)
+        .filter(|x| !x.is_null())
+        .or_else(|| v.get("metadata").and_then(|m| m.get(field)))
+        .and_then(super::as_text)
 }
 
 #[cfg(test)]
@@ -872,8 +927,10 @@ mod tests {
         assert_eq!(mapped, piped);
     }
 
+    /// A bad line is an error in its place and the lines after it are still read, so an
+    /// import can name every bad line (or skip them), not only the first.
     #[test]
-    fn a_bad_line_in_a_later_block_ends_the_records_with_its_file_and_line() {
+    fn a_bad_line_in_a_later_block_is_named_and_the_lines_after_it_still_read() {
         let d = tempfile::tempdir().unwrap();
         let file = d.path().join("c.jsonl");
         let n = 3 * BLOCK_BYTES / 1000;
@@ -893,16 +950,25 @@ mod tests {
             .collect();
         std::fs::write(&file, &text).unwrap();
         let got: Vec<_> = open(&file, &Options::default()).unwrap().collect();
-        // Every record before the bad line, in order, then its error, then nothing.
-        assert_eq!(got.len(), bad_at);
-        for (i, r) in got[..bad_at - 1].iter().enumerate() {
+        // Every line in order, the bad one an error, the ones after it records.
+        assert_eq!(got.len(), n);
+        for (i, r) in got.iter().enumerate() {
+            if i + 1 == bad_at {
+                continue;
+            }
             let r = r.as_ref().unwrap();
             assert_eq!(r.source.id.as_deref(), Some((i + 1).to_string().as_str()));
         }
-        let err = got[bad_at - 1].as_ref().err().unwrap().to_string();
+        let e = got[bad_at - 1].as_ref().err().unwrap();
+        let err = e.to_string();
         assert!(
             err.contains(&format!("c.jsonl:{bad_at}")) && err.contains("request.messages"),
             "{err}"
+        );
+        // The error carries the line itself, for --skip-bad-lines.
+        assert_eq!(
+            e.to_json()["line"],
+            r#"{"request": {"model": "m", "messages": []}, "response": 5}"#
         );
     }
 }

@@ -4,7 +4,9 @@
 //! A table with an `input` column plus any calls columns (`response`, `model`, `system`,
 //! `expected`, `sample_idx`, `finish_reason`, token counts, `http_status`, `error`,
 //! `provider`, `attempts`, `latency_ms`, `max_tokens`, `temperature`, `started_at`).
-//! Columns are cast to the calls types; `source_id` is the row number (from 1).
+//! Columns are cast to the calls types; `source_id` is the row number (from 1). `test`,
+//! `capability` and the `--cluster` column (which must exist) land in cases; the case is
+//! (system, input) with `max_tokens` and `temperature`, keyed as a chat request with them.
 //!
 //! # Errors
 //! A value that does not convert is an error naming `file:row` and the column; a file that
@@ -32,9 +34,23 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
     let reader = ParquetRecordBatchReaderBuilder::try_new(f)
         .and_then(|b| b.build())
         .map_err(|e| bad_file(path, format!("footer: not a Parquet file: {e}")))?;
+    if let Some(f) = &opts.cluster
+        && !datafusion::arrow::record_batch::RecordBatchReader::schema(&reader)
+            .fields()
+            .iter()
+            .any(|c| c.name() == f)
+    {
+        return Err(bad(
+            path,
+            1,
+            f,
+            "--cluster names a column this table does not have",
+        ));
+    }
     Ok(Box::new(Rows {
         file: path.to_path_buf(),
         model: opts.model.clone(),
+        cluster: opts.cluster.clone(),
         reader,
         row0: 0,
         pending: VecDeque::new(),
@@ -45,9 +61,10 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
 struct Rows {
     file: PathBuf,
     model: Option<String>,
+    cluster: Option<String>,
     reader: ParquetRecordBatchReader,
     row0: usize,
-    pending: VecDeque<Record>,
+    pending: VecDeque<Result<Record, ImportError>>,
     failed: bool,
 }
 
@@ -57,7 +74,7 @@ impl Iterator for Rows {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             if let Some(r) = self.pending.pop_front() {
-                return Some(Ok(r));
+                return Some(r);
             }
             if self.failed {
                 return None;
@@ -71,13 +88,16 @@ impl Iterator for Rows {
                         self.row0 + 1,
                         "(rows)",
                         format!("cannot decode the rows from here on: {e}"),
-                    )));
+                    )
+                    .fatal()));
                 }
             };
             let mut out = Vec::new();
-            if let Err(e) = batch_records(&self.file, self.row0, &b, &self.model, &mut out) {
+            let (model, cluster) = (&self.model, &self.cluster);
+            if let Err(e) = batch_records(&self.file, self.row0, &b, model, cluster, &mut out) {
+                // A column that does not convert: no row of the batch can be read.
                 self.failed = true;
-                return Some(Err(e));
+                return Some(Err(e.fatal()));
             }
             self.row0 += b.num_rows();
             self.pending.extend(out);
@@ -91,7 +111,8 @@ fn batch_records(
     row0: usize,
     b: &RecordBatch,
     model: &Option<String>,
-    out: &mut Vec<Record>,
+    cluster: &Option<String>,
+    out: &mut Vec<Result<Record, ImportError>>,
 ) -> Result<(), ImportError> {
     let col =
         |name: &str, t: &DataType| -> Result<Option<std::sync::Arc<dyn Array>>, ImportError> {
@@ -126,6 +147,11 @@ fn batch_records(
         col("temperature", &DataType::Float64)?,
         col("latency_ms", &DataType::Float64)?,
     );
+    let (test_c, cap_c) = (s("test")?, s("capability")?);
+    let cluster_c = match cluster {
+        Some(f) => s(f)?,
+        None => None,
+    };
     let (prov, started) = (
         s("provider")?,
         col(
@@ -152,13 +178,31 @@ fn batch_records(
             .map(|a| a.as_primitive::<Float64Type>().value(r))
     };
     let input_s = Some(input);
-    for r in 0..b.num_rows() {
+    // One row: an error names it, and the rows after it are still read.
+    let row = |r: usize| -> Result<Record, ImportError> {
         let line = row0 + r + 1;
         let inp = gs(&input_s, r).ok_or_else(|| bad(file, line, "input", "null"))?;
+        let source_model = gs(&mdl, r);
         let model = model
             .clone()
-            .or_else(|| gs(&mdl, r))
+            .or_else(|| source_model.clone())
             .ok_or_else(|| bad(file, line, "model", "missing (or pass --model)"))?;
+        // The conversation and the parameters that change the answer, as a chat request
+        // with them would be keyed.
+        let system = gs(&sys, r);
+        let mut msgs = Vec::new();
+        if let Some(s) = &system {
+            msgs.push(json!({"role": "system", "content": s}));
+        }
+        msgs.push(json!({"role": "user", "content": inp}));
+        let mut params = serde_json::Map::new();
+        if let Some(m) = gi(&mt, r) {
+            params.insert("max_tokens".into(), json!(m));
+        }
+        if let Some(t) = gf(&temp, r) {
+            params.insert("temperature".into(), json!(t));
+        }
+        let case_key = super::conversation_key(&msgs, params);
         let response = gs(&resp, r);
         let error = gs(&err, r);
         if response.is_none() && error.is_none() {
@@ -181,7 +225,12 @@ fn batch_records(
             }
             k => k.map(|k| k as i32),
         };
-        out.push(Record {
+        Ok(Record {
+            source_model,
+            case_key,
+            test: gs(&test_c, r),
+            capability: gs(&cap_c, r),
+            cluster: gs(&cluster_c, r),
             source: Provenance {
                 format: "parquet",
                 file: file.display().to_string(),
@@ -211,8 +260,9 @@ fn batch_records(
                     .value(r)
             }),
             ..Record::default()
-        });
-    }
+        })
+    };
+    out.extend((0..b.num_rows()).map(row));
     Ok(())
 }
 

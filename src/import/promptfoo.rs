@@ -15,7 +15,10 @@
 //! - promptfoo's verdict is an imported score `promptfoo-assert@imported` (`score`,
 //!   `passed` = `success`, the grading reason in `detail`), and each of its `namedScores`
 //!   one `promptfoo-<name>@imported`.
-//! - `--cluster FIELD` takes each case's cluster from the test `vars`.
+//! - `--cluster FIELD` takes each case's cluster from the test `vars`; `test` and
+//!   `capability` from the test's `metadata` (or `vars`). A chat prompt is a case by its
+//!   whole conversation, not its last user turn; the provider's config is the model's
+//!   (part of the request hash), not the case's.
 //! - `source_id` is the result's `id`, else `test<testIdx>/prompt<promptIdx>`.
 //!
 //! # Memory
@@ -104,12 +107,14 @@ fn record(
         .pointer("/prompt/raw")
         .and_then(Value::as_str)
         .ok_or_else(|| bad(file, &at, "prompt.raw", "missing"))?;
-    let (system, input) = match serde_json::from_str::<Value>(raw) {
+    // A chat prompt is a case by its whole conversation, not its last user turn.
+    let (system, input, case_key) = match serde_json::from_str::<Value>(raw) {
         Ok(Value::Array(msgs)) if msgs.iter().all(|m| m.get("role").is_some()) => {
             let (s, i) = super::chat_prompt(&msgs);
-            (s, i.unwrap_or_else(|| raw.to_string()))
+            let key = super::conversation_key(&msgs, Default::default());
+            (s, i.unwrap_or_else(|| raw.to_string()), key)
         }
-        _ => (None, raw.to_string()),
+        _ => (None, raw.to_string(), None),
     };
     let cfg = providers
         .iter()
@@ -152,7 +157,14 @@ fn record(
             });
         }
     }
+    let source_model = Some(model.clone());
     let model = opts.model.clone().unwrap_or(model);
+    let meta = |f: &str| {
+        r.pointer("/testCase/metadata")
+            .and_then(|m| m.get(f))
+            .or_else(|| vars.and_then(|v| v.get(f)))
+            .and_then(as_text)
+    };
     let source_id = r.get("id").and_then(as_text).or_else(|| {
         Some(format!(
             "test{}/prompt{}",
@@ -165,11 +177,14 @@ fn record(
     Ok(Record {
         request_key: json!({"provider": pid, "prompt": raw, "config": cfg}).to_string(),
         model,
+        source_model,
+        case_key,
+        capability: meta("capability"),
         provider: Some(provider),
         system,
         input,
         expected,
-        test: test.clone(),
+        test: meta("test").or_else(|| test.clone()),
         cluster: opts
             .cluster
             .as_ref()

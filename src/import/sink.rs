@@ -24,9 +24,15 @@
 //!    - staged `calls`: sample indices from the file, else the order of repeats of the same
 //!      (case, model) after the highest given index (`row_number()` over the records that
 //!      lack one), and the call id as a SQL function of (case, model, sample, request hash);
+//!    - a record of a later file identical to one of an earlier file ([`Keys::fp`], the
+//!      k-th copy within a file matching the k-th of another) is dropped before samples are
+//!      numbered (the same file twice, a copy of it);
 //!    - a duplicate call id (two records of the same case, model and sample) is refused
-//!      (exit 2) before anything reaches `calls/`, and the run root keeps no table;
-//!    - `cases`: each case's first record (lowest `seq`), in corpus order.
+//!      (exit 2) when the records differ, and kept once when they are copies, before
+//!      anything reaches `calls/`; a refusal leaves the run root no table;
+//!    - two `expected` of one case are refused (or one wins: `--on-conflicting-expected`);
+//!    - `cases`: each case's first record (lowest `seq`), in corpus order, with its
+//!      `expected` (the first non-NULL, or the last).
 //! 3. The calls parts are renamed (direct) or written (staged, without `seq`) into `calls/`,
 //!    and `_import/` is deleted.
 
@@ -71,7 +77,7 @@ pub enum ImportError {
     Source(#[from] super::ImportError),
     /// Two records of the same case, model and sample: the input is ambiguous.
     #[error(
-        "{source_name}: two records for case `{input}` model `{model}` sample {sample_idx} (records {first} and {second} of the import): give distinct sample_idx"
+        "{source_name}: two different records for case `{input}` model `{model}` sample {sample_idx} (records {first} and {second} of the import): give distinct sample_idx"
     )]
     Duplicate {
         source_name: String,
@@ -81,6 +87,22 @@ pub enum ImportError {
         first: u64,
         second: u64,
     },
+    /// Two records of one case (the same test and request) with different `expected`.
+    #[error(
+        "{first_at} and {second_at}: one case (the same test and request, input `{input}`) with two expected answers, `{first}` and `{second}`: pass --on-conflicting-expected first|last to say which wins"
+    )]
+    ConflictingExpected {
+        first_at: String,
+        second_at: String,
+        input: String,
+        first: String,
+        second: String,
+    },
+    /// `--cluster FIELD` named a field no record has.
+    #[error(
+        "--cluster `{field}`: no record has this field (a pairs line's top-level or `metadata` field, a batch line's or its request's `metadata`, a Parquet column, an Inspect sample's metadata, an lm-eval doc field, a promptfoo var)"
+    )]
+    NoCluster { field: String },
     /// A direct calls writer task panicked or was cancelled.
     #[error("import: a calls writer stopped: {0}")]
     Writer(String),
@@ -92,7 +114,10 @@ impl ImportError {
         match self {
             ImportError::Query(e) => e.is_bad_input(),
             ImportError::Storage(e) => e.is_bad_input(),
-            ImportError::Source(_) | ImportError::Duplicate { .. } => true,
+            ImportError::Source(_)
+            | ImportError::Duplicate { .. }
+            | ImportError::ConflictingExpected { .. }
+            | ImportError::NoCluster { .. } => true,
             ImportError::Writer(_) => false,
         }
     }
@@ -108,6 +133,29 @@ pub struct CaseDefaults {
     pub role: String,
 }
 
+/// Which of two `expected` answers of one case wins (`--on-conflicting-expected`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OnConflict {
+    /// Refuse the import (exit 2) naming both records.
+    #[default]
+    Refuse,
+    /// The first record's (in import order).
+    First,
+    /// The last record's.
+    Last,
+}
+
+/// How the sink treats duplicates, conflicts and the cluster field.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    pub on_conflicting_expected: OnConflict,
+    /// Keep records identical to one of an earlier file as more samples
+    /// (`--keep-duplicates`) instead of dropping them.
+    pub keep_duplicates: bool,
+    /// `--cluster FIELD`: an import where no record has it is refused.
+    pub cluster: Option<String>,
+}
+
 /// What an import wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImportSummary {
@@ -116,6 +164,8 @@ pub struct ImportSummary {
     pub clustered: u64,
     pub calls: u64,
     pub models: Vec<String>,
+    /// Records dropped as exact copies of another (the same file twice, two copies of it).
+    pub duplicates: u64,
     /// Imported scores versions: (`<tool>-<scorer>@imported`, folder, rows).
     pub scores: Vec<(String, String, u64)>,
 }
@@ -153,6 +203,8 @@ fn staging_schema() -> SchemaRef {
         s("source_format", false),
         s("source_file", false),
         s("source_id", true),
+        s("fp", false),
+        Field::new("file_idx", DataType::UInt32, false),
     ]))
 }
 
@@ -168,6 +220,8 @@ fn case_staging_schema() -> SchemaRef {
         s("cluster", true),
         s("input", false),
         s("expected", true),
+        s("source_file", false),
+        s("source_id", true),
     ]))
 }
 
@@ -176,6 +230,7 @@ fn ids_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("seq", DataType::UInt64, false),
         Field::new("call_id", DataType::Utf8, false),
+        Field::new("fp", DataType::Utf8, false),
     ]))
 }
 
@@ -217,6 +272,8 @@ struct Builders {
     source_format: StringBuilder,
     source_file: StringBuilder,
     source_id: StringBuilder,
+    fp: StringBuilder,
+    file_idx: datafusion::arrow::array::UInt32Builder,
     rows: usize,
 }
 
@@ -249,11 +306,13 @@ impl Builders {
             source_format: text(),
             source_file: text(),
             source_id: text(),
+            fp: text(),
+            file_idx: datafusion::arrow::array::UInt32Builder::with_capacity(rows),
             rows: 0,
         }
     }
 
-    fn append(&mut self, seq: u64, r: &Record, k: &Keys) {
+    fn append(&mut self, seq: u64, r: &Record, k: &Keys, file_idx: u32) {
         self.seq.append_value(seq);
         self.case_id.append_value(&k.case_id);
         self.model.append_value(&r.model);
@@ -278,6 +337,8 @@ impl Builders {
         self.source_format.append_value(r.source.format);
         self.source_file.append_value(&r.source.file);
         self.source_id.append_option(r.source.id.as_deref());
+        self.fp.append_value(&k.fp);
+        self.file_idx.append_value(file_idx);
         self.rows += 1;
     }
 
@@ -306,6 +367,8 @@ impl Builders {
             Arc::new(self.source_format.finish()),
             Arc::new(self.source_file.finish()),
             Arc::new(self.source_id.finish()),
+            Arc::new(self.fp.finish()),
+            Arc::new(self.file_idx.finish()),
         ];
         // The next batch is sized like this one (with room to spare for its answers).
         let response_bytes = cols[6].as_string::<i32>().value_data().len();
@@ -324,6 +387,8 @@ struct CaseBuilders {
     cluster: StringBuilder,
     input: StringBuilder,
     expected: StringBuilder,
+    source_file: StringBuilder,
+    source_id: StringBuilder,
     rows: usize,
 }
 
@@ -337,6 +402,8 @@ impl CaseBuilders {
             Arc::new(self.cluster.finish()),
             Arc::new(self.input.finish()),
             Arc::new(self.expected.finish()),
+            Arc::new(self.source_file.finish()),
+            Arc::new(self.source_id.finish()),
         ];
         self.rows = 0;
         RecordBatch::try_new(case_staging_schema(), cols).expect("case batch matches its schema")
@@ -381,6 +448,9 @@ struct Keys {
     /// The call id of a direct record (see the module documentation), `None` for a staged
     /// one.
     call_id: Option<String>,
+    /// A digest of everything the record says but where it came from: two records with
+    /// the same are copies of one (the same file imported twice).
+    fp: String,
 }
 
 /// A direct batch ([`staging_schema`]) as `calls` rows: the columns by name, the call ids,
@@ -462,6 +532,12 @@ impl DirectWriter {
 pub struct ImportSink {
     store: RunStore,
     defaults: CaseDefaults,
+    policy: Policy,
+    /// The source files seen, in order (a record's `file_idx` is its position).
+    files: Vec<String>,
+    /// The `expected` of the last record pushed: a change within a case is staged too,
+    /// for the conflict check.
+    last_expected: Option<String>,
     /// Direct records of the batch being built, and their call ids.
     direct: Builders,
     direct_ids: StringBuilder,
@@ -505,10 +581,18 @@ const STAGED_CALLS: &str = "_import/calls";
 const PLANNED_CALLS: &str = "_import/planned_calls";
 /// Each case's first `seq` ([`firsts_schema`]).
 const FIRSTS: &str = "_import/firsts";
+/// Direct calls without their exact copies, when there were copies.
+const DEDUP_CALLS: &str = "_import/dedup_calls";
+/// Staged calls without their exact copies, when there were copies.
+const DEDUP_PLANNED: &str = "_import/dedup_planned";
 
 impl ImportSink {
     /// Starts an import into `store` (which must hold no run yet).
-    pub async fn new(store: &RunStore, defaults: CaseDefaults) -> Result<Self, ImportError> {
+    pub async fn new(
+        store: &RunStore,
+        defaults: CaseDefaults,
+        policy: Policy,
+    ) -> Result<Self, ImportError> {
         // A crashed earlier attempt left staging behind: start clean.
         store.delete_dir("_import").await?;
         let scratch =
@@ -516,6 +600,9 @@ impl ImportSink {
         Ok(ImportSink {
             store: store.clone(),
             defaults,
+            policy,
+            files: Vec::new(),
+            last_expected: None,
             direct: Builders::default(),
             direct_ids: StringBuilder::new(),
             staged: Builders::default(),
@@ -593,7 +680,16 @@ impl ImportSink {
         if !self.models.contains(&r.model) {
             self.models.insert(r.model.clone());
         }
-        if self.last_case.as_deref() != Some(&*k.case_id) {
+        let file_idx = match self.files.iter().rposition(|f| *f == r.source.file) {
+            Some(i) => i as u32,
+            None => {
+                self.files.push(r.source.file.clone());
+                (self.files.len() - 1) as u32
+            }
+        };
+        let new_case = self.last_case.as_deref() != Some(&*k.case_id);
+        if new_case || r.expected != self.last_expected {
+            self.last_expected.clone_from(&r.expected);
             let c = &mut self.cases;
             c.seq.append_value(seq);
             c.case_id.append_value(&k.case_id);
@@ -603,6 +699,8 @@ impl ImportSink {
             c.cluster.append_option(r.cluster.as_deref());
             c.input.append_value(&r.input);
             c.expected.append_option(r.expected.as_deref());
+            c.source_file.append_value(&r.source.file);
+            c.source_id.append_option(r.source.id.as_deref());
             c.rows += 1;
             self.case_rows += 1;
             self.last_case = Some(k.case_id.clone());
@@ -614,7 +712,7 @@ impl ImportSink {
             }
         }
         if let Some(id) = &k.call_id {
-            self.direct.append(seq, r, k);
+            self.direct.append(seq, r, k, file_idx);
             self.direct_ids.append_value(id);
             self.direct_rows += 1;
             if self.direct.rows >= STAGE_ROWS {
@@ -640,7 +738,7 @@ impl ImportSink {
             sb.detail.append_option(sc.detail.as_deref());
             sb.rows += 1;
         }
-        self.staged.append(seq, r, k);
+        self.staged.append(seq, r, k, file_idx);
         self.staged_rows += 1;
         if r.sample_idx.is_none() {
             self.missing_samples += 1;
@@ -666,7 +764,11 @@ impl ImportSink {
         let ids: ArrayRef = Arc::new(self.direct_ids.finish());
         let calls = direct_calls(&batch, &ids)
             .map_err(|e| QueryError::df("import: direct calls batch")(e.into()))?;
-        let id_batch = RecordBatch::try_new(ids_schema(), vec![batch.column(0).clone(), ids])
+        let fps = batch
+            .column_by_name("fp")
+            .expect("the staging schema has fp")
+            .clone();
+        let id_batch = RecordBatch::try_new(ids_schema(), vec![batch.column(0).clone(), ids, fps])
             .expect("ids batch matches its schema");
         for (b, rows) in id_buckets(&id_batch) {
             self.ids[b].write(rows).await?;
@@ -808,9 +910,76 @@ impl ImportSink {
             )
             .await?;
         }
+        // Records a cross-file copy check dropped before they were numbered.
+        let mut duplicates = self.staged_rows + self.direct_rows - calls;
         let t = std::time::Instant::now();
-        self.check_duplicates(&ctx, direct, staged).await?;
+        let (direct_dups, staged_dups) = self.check_duplicates(&ctx, direct, staged).await?;
         tracing::debug!(secs = t.elapsed().as_secs_f64(), "import: duplicate check");
+        // Exact copies of one call (the same record twice): keep one, in place of the
+        // parts written, by a window that sorts (and spills) only on this path.
+        duplicates += direct_dups + staged_dups;
+        calls -= direct_dups + staged_dups;
+        let cols: Vec<String> = super::calls_schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        let one_of_each = |table: &str, order: &str| {
+            format!(
+                "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY call_id ORDER BY {order})                  AS evalflow_copy FROM {table}) WHERE evalflow_copy = 1"
+            )
+        };
+        let direct_parts = if direct_dups > 0 {
+            write_partitioned(
+                &ctx,
+                &format!(
+                    "SELECT {} FROM ({})",
+                    cols.join(", "),
+                    one_of_each("direct", "source_file, source_id")
+                ),
+                &self.store,
+                DEDUP_CALLS,
+                "part-imported",
+                super::calls_schema(),
+            )
+            .await?;
+            ctx.deregister_table("direct")
+                .map_err(QueryError::df("import: dropping copies"))?;
+            crate::query::register_parquet(&ctx, "direct", &self.store.table_url(DEDUP_CALLS))
+                .await?;
+            DEDUP_CALLS
+        } else {
+            STAGED_CALLS
+        };
+        if staged_dups > 0 {
+            let mut staged_cols = cols.clone();
+            staged_cols.push("seq".into());
+            staged_cols.push("fp".into());
+            write_partitioned(
+                &ctx,
+                &format!(
+                    "SELECT {} FROM ({})",
+                    staged_cols.join(", "),
+                    one_of_each("staged_calls", "seq")
+                ),
+                &self.store,
+                DEDUP_PLANNED,
+                "part-imported-planned",
+                staged_calls_schema(),
+            )
+            .await?;
+            ctx.deregister_table("staged_calls")
+                .map_err(QueryError::df("import: dropping copies"))?;
+            crate::query::register_parquet(
+                &ctx,
+                "staged_calls",
+                &self.store.table_url(DEDUP_PLANNED),
+            )
+            .await?;
+        }
+        if self.policy.on_conflicting_expected == OnConflict::Refuse {
+            self.check_expected(&ctx).await?;
+        }
         let t = std::time::Instant::now();
         // Each case's first record, found slice by slice of the case ids (see
         // `query::id_slices`) so no aggregation holds every case.
@@ -820,8 +989,12 @@ impl ImportSink {
             n_cases += write_partitioned(
                 &ctx,
                 &format!(
-                    "SELECT min(seq) AS first_seq, bool_or(cluster IS NOT NULL) AS clustered \
-                     FROM cs WHERE {range} GROUP BY case_id"
+                    "SELECT min(seq) AS first_seq, bool_or(cluster IS NOT NULL) AS clustered, \
+                     {expected} AS expected FROM cs WHERE {range} GROUP BY case_id",
+                    expected = match self.policy.on_conflicting_expected {
+                        OnConflict::Last => "last_value(expected ORDER BY CASE WHEN expected IS NULL THEN 0 ELSE 1 END, seq)",
+                        _ => "first_value(expected ORDER BY CASE WHEN expected IS NULL THEN 1 ELSE 0 END, seq)",
+                    }
                 ),
                 &self.store,
                 FIRSTS,
@@ -831,6 +1004,19 @@ impl ImportSink {
             .await?;
         }
         crate::query::register_parquet(&ctx, "firsts", &self.store.table_url(FIRSTS)).await?;
+        let clustered: u64 =
+            crate::query::text_rows(&ctx, "SELECT count(*) FROM firsts WHERE clustered")
+                .await?
+                .first()
+                .and_then(|r| r[0].as_deref().and_then(|v| v.parse().ok()))
+                .unwrap_or(0);
+        if clustered == 0
+            && let Some(field) = &self.policy.cluster
+        {
+            return Err(ImportError::NoCluster {
+                field: field.clone(),
+            });
+        }
         // The join's build side is `firsts`: taken by ranges of `seq` (corpus order, so the
         // parts keep it), half a pass's ids at a time, it holds that many cases, not every
         // case (about 75 MB at 10M records, 1.25M cases).
@@ -848,12 +1034,6 @@ impl ImportSink {
             )
             .await?;
         }
-        let clustered =
-            crate::query::text_rows(&ctx, "SELECT count(*) FROM firsts WHERE clustered")
-                .await?
-                .first()
-                .and_then(|r| r[0].as_deref().and_then(|v| v.parse().ok()))
-                .unwrap_or(0);
         tracing::debug!(secs = t.elapsed().as_secs_f64(), "import: cases");
         let mut scores = Vec::new();
         if has_scores {
@@ -877,11 +1057,6 @@ impl ImportSink {
         }
         if staged {
             // The staged records' calls without `seq`, in the declared columns.
-            let cols: Vec<String> = super::calls_schema()
-                .fields()
-                .iter()
-                .map(|f| f.name().clone())
-                .collect();
             write_partitioned(
                 &ctx,
                 &format!("SELECT {} FROM staged_calls", cols.join(", ")),
@@ -893,7 +1068,7 @@ impl ImportSink {
             .await?;
         }
         let os = self.store.object_store();
-        for p in self.store.list_parts(STAGED_CALLS).await? {
+        for p in self.store.list_parts(direct_parts).await? {
             let name = p.location.filename().unwrap_or_default().to_string();
             os.rename(&p.location, &self.store.path(&format!("calls/{name}")))
                 .await
@@ -906,6 +1081,7 @@ impl ImportSink {
             cases,
             clustered,
             calls,
+            duplicates,
             models: self.models.iter().cloned().collect(),
             scores,
         })
@@ -928,7 +1104,7 @@ impl ImportSink {
         format!(
             "SELECT cs.case_id, 'imported' AS suite, cs.test, cs.capability, {tt} AS test_type, \
              COALESCE(cs.cluster, cs.case_id) AS template_id, \
-             cs.case_id AS group_id, {role} AS role, cs.input, cs.expected, \
+             cs.case_id AS group_id, {role} AS role, cs.input, f.expected, \
              CAST(NULL AS VARCHAR) AS expectation, CAST(NULL AS DOUBLE) AS tolerance, \
              CAST(NULL AS VARCHAR) AS perturbation \
              FROM firsts f JOIN cs ON cs.seq = f.first_seq \
@@ -942,9 +1118,23 @@ impl ImportSink {
     /// The staged records' calls, with their `seq`. A record without a sample index takes
     /// the next after the highest index given for its (case, model), direct or staged.
     fn calls_sql(&self, with_direct: bool) -> String {
+        // A record of a later file identical to one of an earlier file (the same file
+        // twice, two copies of it) is dropped before the samples are numbered: the k-th
+        // copy of a record in one file matches the k-th in another, so records repeated
+        // within one file (samples that gave the same answer) stay. Only with files to
+        // compare and records to number (the others are copies by call id).
+        let st = if self.files.len() > 1 && self.missing_samples > 0 && !self.policy.keep_duplicates
+        {
+            "(SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY fp, evalflow_k ORDER BY \
+             file_idx, seq) AS evalflow_first FROM (SELECT *, CASE WHEN given_sample_idx IS NULL \
+             THEN row_number() OVER (PARTITION BY file_idx, fp ORDER BY seq) ELSE 0 END AS \
+             evalflow_k FROM st)) WHERE evalflow_first = 1)"
+        } else {
+            "st"
+        };
         // Without missing sample indices no window (and no sort) is needed.
         let source = if self.missing_samples == 0 {
-            "SELECT *, given_sample_idx AS sample_idx FROM st".to_string()
+            format!("SELECT *, given_sample_idx AS sample_idx FROM {st}")
         } else {
             let given = if with_direct {
                 "SELECT case_id, model, sample_idx AS s FROM direct UNION ALL "
@@ -954,7 +1144,7 @@ impl ImportSink {
             format!(
                 "SELECT st.*, COALESCE(st.given_sample_idx, CAST(COALESCE(g.base, 0) + \
                  row_number() OVER (PARTITION BY st.case_id, st.model, st.given_sample_idx IS NULL \
-                 ORDER BY st.seq) - 1 AS INT)) AS sample_idx FROM st LEFT JOIN \
+                 ORDER BY st.seq) - 1 AS INT)) AS sample_idx FROM {st} st LEFT JOIN \
                  (SELECT case_id, model, max(s) + 1 AS base FROM ({given}SELECT case_id, model, \
                   given_sample_idx AS s FROM st WHERE given_sample_idx IS NOT NULL) \
                   GROUP BY case_id, model) g \
@@ -968,11 +1158,13 @@ impl ImportSink {
              prompt_tokens, completion_tokens, reasoning_tokens, reasoning_chars, http_status, \
              error, attempts, latency_ms, max_tokens, temperature, started_at, \
              CAST(NULL AS BOOLEAN) AS retried_for_budget, source_format, source_file, \
-             source_id, seq FROM ({source})"
+             source_id, seq, fp FROM ({source})"
         )
     }
 
-    /// Fails on the first call id that two records share.
+    /// Fails on the first call id that two different records share, and counts the
+    /// exact copies (records whose call id and [`Keys::fp`] are another's) of the direct
+    /// and of the staged calls, which the caller drops.
     ///
     /// Call ids are hex digests, so their first two digits split them into 256 even slices; the
     /// check runs one `GROUP BY call_id` per range of slices, each over at most about
@@ -984,7 +1176,7 @@ impl ImportSink {
         ctx: &SessionContext,
         direct: bool,
         staged: bool,
-    ) -> Result<(), ImportError> {
+    ) -> Result<(u64, u64), ImportError> {
         let union = |cols: &str| {
             let mut from = Vec::new();
             if direct {
@@ -1002,21 +1194,44 @@ impl ImportSink {
             }
             from.join(" UNION ALL ")
         };
-        let ids = union("call_id, seq");
+        let ids = union("call_id, seq, fp");
         let passes = (self.rows() as usize).div_ceil(pass_rows());
         let mut id = None;
+        let (mut direct_dups, mut staged_dups) = (0u64, 0u64);
+        // Each call id's records (of the direct and of the staged calls) and distinct
+        // fingerprints, in one scan per slice.
+        let mut tagged = Vec::new();
+        if direct {
+            tagged.push("SELECT call_id, fp, 1 AS d FROM ids");
+        }
+        if staged {
+            tagged.push("SELECT call_id, fp, 0 AS d FROM staged_calls");
+        }
+        let tagged = tagged.join(" UNION ALL ");
         for range in id_slices("call_id", passes) {
             let sql = format!(
-                "SELECT call_id FROM ({ids}) WHERE {range} GROUP BY call_id HAVING count(*) > 1 LIMIT 1"
+                "SELECT max(CASE WHEN n > 1 AND fps > 1 THEN call_id END), \
+                 sum(CASE WHEN nd > 1 THEN nd - 1 ELSE 0 END), \
+                 sum(CASE WHEN n - nd > 1 THEN n - nd - 1 ELSE 0 END) \
+                 FROM (SELECT call_id, count(*) AS n, count(DISTINCT fp) AS fps, sum(d) AS nd \
+                 FROM ({tagged}) WHERE {range} GROUP BY call_id HAVING count(*) > 1)"
             );
             let rows = crate::query::text_rows(ctx, &sql).await?;
+            let cell = |c: usize| -> u64 {
+                rows.first()
+                    .and_then(|r| r[c].as_deref())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
             id = rows.first().and_then(|r| r[0].clone());
             if id.is_some() {
                 break;
             }
+            direct_dups += cell(1);
+            staged_dups += cell(2);
         }
         let Some(id) = id else {
-            return Ok(());
+            return Ok((direct_dups, staged_dups));
         };
         // Name the two records: a failure path, so more scans are fine.
         let seqs = crate::query::text_rows(
@@ -1047,6 +1262,54 @@ impl ImportSink {
             first: seq(seqs.first()),
             second: seq(seqs.last()),
         })
+    }
+
+    /// Fails on the first case whose records give two different `expected` answers,
+    /// naming both records (`file:line`), slice by slice of the case ids as the first
+    /// record search does.
+    async fn check_expected(&self, ctx: &SessionContext) -> Result<(), ImportError> {
+        let passes = (self.case_rows as usize).div_ceil(pass_rows());
+        for range in id_slices("case_id", passes) {
+            let rows = crate::query::text_rows(
+                ctx,
+                &format!(
+                    "SELECT case_id FROM cs WHERE {range} AND expected IS NOT NULL \
+                     GROUP BY case_id HAVING count(DISTINCT expected) > 1 LIMIT 1"
+                ),
+            )
+            .await?;
+            let Some(id) = rows.first().and_then(|r| r[0].clone()) else {
+                continue;
+            };
+            let recs = crate::query::text_rows(
+                ctx,
+                &format!(
+                    "SELECT source_file, source_id, expected, input FROM cs \
+                     WHERE case_id = '{id}' AND expected IS NOT NULL ORDER BY seq"
+                ),
+            )
+            .await?;
+            let at = |r: &Vec<Option<String>>| {
+                format!(
+                    "{}:{}",
+                    r[0].as_deref().unwrap_or(""),
+                    r[1].as_deref().unwrap_or("?")
+                )
+            };
+            let first = &recs[0];
+            let second = recs
+                .iter()
+                .find(|r| r[2] != first[2])
+                .expect("two distinct expected answers");
+            return Err(ImportError::ConflictingExpected {
+                first_at: at(first),
+                second_at: at(second),
+                input: first[3].clone().unwrap_or_default(),
+                first: first[2].clone().unwrap_or_default(),
+                second: second[2].clone().unwrap_or_default(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -1085,13 +1348,57 @@ fn keys_after(test: &Option<String>, r: &Record, p: &Record, pk: &Keys) -> Keys 
     } else {
         call::sha_prefix(&[&r.request_key], 32).into()
     };
+    let response_hash = call::response_hash(r.response.as_deref());
     Keys {
         test: pk.test.clone(),
         call_id: direct_call_id(r, &pk.case_id, &request_hash),
+        fp: fingerprint(r, &pk.case_id, &request_hash, response_hash.as_deref()),
         case_id: pk.case_id.clone(),
         request_hash,
-        response_hash: call::response_hash(r.response.as_deref()),
+        response_hash,
     }
+}
+
+/// [`Keys::fp`]: the case, model, request and answer of a record and every fact recorded
+/// about its call, but not its provenance (file, line).
+fn fingerprint(
+    r: &Record,
+    case_id: &str,
+    request_hash: &str,
+    response_hash: Option<&str>,
+) -> String {
+    let facts = format!(
+        "{:?}|{:?}",
+        (
+            r.sample_idx,
+            &r.finish_reason,
+            r.prompt_tokens,
+            r.completion_tokens,
+            r.reasoning_tokens,
+            r.reasoning_chars,
+            r.http_status,
+            &r.error,
+        ),
+        (
+            r.attempts,
+            r.latency_ms,
+            r.started_at_us,
+            &r.expected,
+            &r.provider,
+            &r.scores,
+            response_hash.is_some(),
+        )
+    );
+    call::sha_prefix(
+        &[
+            case_id,
+            &r.model,
+            request_hash,
+            response_hash.unwrap_or(""),
+            &facts,
+        ],
+        24,
+    )
 }
 
 /// A record's test (`test`, the `--test` default, over the record's own), case id, hashes
@@ -1118,9 +1425,11 @@ fn keys(test: &Option<String>, r: &Record) -> Keys {
     };
     let request_hash: Arc<str> = call::sha_prefix(&[&r.request_key], 32).into();
     let case_id: Arc<str> = case_id.into();
+    let response_hash = call::response_hash(r.response.as_deref());
     Keys {
         call_id: direct_call_id(r, &case_id, &request_hash),
-        response_hash: call::response_hash(r.response.as_deref()),
+        fp: fingerprint(r, &case_id, &request_hash, response_hash.as_deref()),
+        response_hash,
         request_hash,
         test,
         case_id,
@@ -1187,6 +1496,7 @@ fn firsts_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("first_seq", DataType::UInt64, true),
         Field::new("clustered", DataType::Boolean, true),
+        Field::new("expected", DataType::Utf8, true),
     ]))
 }
 
@@ -1198,6 +1508,7 @@ fn staged_calls_schema() -> SchemaRef {
         .map(|f| f.as_ref().clone())
         .collect();
     fields.push(Field::new("seq", DataType::UInt64, false));
+    fields.push(Field::new("fp", DataType::Utf8, false));
     Arc::new(Schema::new(fields))
 }
 /// One imported scores version: a row for every call of the tool (NULL where the tool did
@@ -1353,6 +1664,9 @@ mod tests {
             vec![
                 Arc::new(UInt64Array::from_iter_values(0..ids.len() as u64)),
                 Arc::new(StringArray::from_iter_values(ids)),
+                Arc::new(StringArray::from_iter_values(
+                    ids.iter().map(|i| format!("fp{i}")),
+                )),
             ],
         )
         .unwrap();
