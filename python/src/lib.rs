@@ -237,6 +237,7 @@ fn invoke(py: Python<'_>, argv: Vec<String>) -> PyResult<Ended> {
             return Ok((code, text.to_string(), None));
         }
     };
+    cli::set_embedded();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
@@ -285,10 +286,19 @@ fn invoke(py: Python<'_>, argv: Vec<String>) -> PyResult<Ended> {
             }
             Err(RecvTimeoutError::Timeout) => {
                 if let Err(e) = py.check_signals() {
-                    if let Some(tx) = cancel.take() {
-                        let _ = tx.send(());
+                    // A command that cleans up on SIGINT (import) is asked to stop and
+                    // given time to; any other is dropped at its next await.
+                    let watched = cli::request_interrupt();
+                    let ended = watched
+                        && py
+                            .detach(|| recv(&done_rx, Some(Duration::from_secs(30))))
+                            .is_ok();
+                    if !ended {
+                        if let Some(tx) = cancel.take() {
+                            let _ = tx.send(());
+                        }
+                        let _ = py.detach(|| recv(&done_rx, None));
                     }
-                    let _ = py.detach(|| recv(&done_rx, None));
                     let _ = worker.join();
                     return Err(e);
                 }

@@ -227,7 +227,10 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
     // SIGINT or SIGTERM: stop reading, and clean up as after an error (no `_import/`, no
     // table, no root the import created), then exit 130.
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    // A host's own Ctrl-C (the Python package) stops the import the same way.
+    let hosted = super::interrupt_requested();
     let signals = tokio::spawn(async move {
+        let hosted = hosted;
         #[cfg(unix)]
         {
             use tokio::signal::unix::{SignalKind, signal};
@@ -240,11 +243,13 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
             tokio::select! {
                 _ = int.recv() => {}
                 _ = term.recv() => {}
+                _ = hosted => {}
             }
         }
         #[cfg(not(unix))]
-        if tokio::signal::ctrl_c().await.is_err() {
-            return;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => if r.is_err() { return },
+            _ = hosted => {}
         }
         let _ = stop_tx.send(true);
     });
@@ -273,9 +278,11 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
             let _ = std::fs::remove_file(f);
         }
     }
-    if let Err(CliError::Interrupted(msg)) = &result {
+    if let Err(CliError::Interrupted(msg)) = &result
+        && !super::embedded()
+    {
         // A task of a plan that was dropped may land a part after the cleanup: end the
-        // process now, before any can.
+        // process now, before any can (a host process is not ended: it gets the error).
         eprintln!("{msg}");
         std::process::exit(130);
     }

@@ -373,6 +373,51 @@ fn remember_root(root: &str) {
     }
 }
 
+/// Whether the CLI runs inside another program (the Python package): then a command never
+/// ends the process itself, it returns its error.
+static EMBEDDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Marks the CLI as embedded in a host process (see [`embedded`]).
+pub fn set_embedded() {
+    EMBEDDED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether [`set_embedded`] was called.
+pub fn embedded() -> bool {
+    EMBEDDED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A Ctrl-C that a host process (the Python package) caught itself: commands that clean up
+/// on SIGINT (import) also watch this, and [`request_interrupt`] tells the host whether one
+/// is watching (then it waits for the command to end; otherwise it drops the command).
+static INTERRUPT: std::sync::LazyLock<tokio::sync::watch::Sender<u64>> =
+    std::sync::LazyLock::new(|| tokio::sync::watch::channel(0).0);
+static WATCHERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Asks the running command to stop as on SIGINT; true when a command is watching.
+pub fn request_interrupt() -> bool {
+    INTERRUPT.send_modify(|n| *n += 1);
+    WATCHERS.load(std::sync::atomic::Ordering::SeqCst) > 0
+}
+
+/// Resolves at the next [`request_interrupt`]; counts as a watcher while it is alive.
+pub fn interrupt_requested() -> impl std::future::Future<Output = ()> + Send {
+    struct Watching;
+    impl Drop for Watching {
+        fn drop(&mut self) {
+            WATCHERS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    WATCHERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let guard = Watching;
+    let mut rx = INTERRUPT.subscribe();
+    rx.mark_unchanged();
+    async move {
+        let _guard = guard;
+        let _ = rx.changed().await;
+    }
+}
+
 /// Takes the root recorded by the last `run` of this process, if any.
 pub fn take_last_root() -> Option<String> {
     LAST_ROOT.lock().ok().and_then(|mut r| r.take())
