@@ -296,3 +296,35 @@ def test_keyboard_interrupt_during_validate_leaves_a_resumable_run(tmp_path):
         "SELECT (SELECT count(*) FROM calls) AS calls, count(*) AS n, count(DISTINCT call_id) AS ids FROM validity"
     ).to_pylist()[0]
     assert counts["calls"] == counts["n"] == counts["ids"] == 200000
+
+
+INTERRUPT_IMPORT = textwrap.dedent(
+    """
+    import os, signal, sys, threading, evalflow
+    threading.Timer(float(sys.argv[3]), lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    try:
+        evalflow.import_(sys.argv[1], sys.argv[2])
+    except KeyboardInterrupt:
+        print("INTERRUPTED")
+    else:
+        print("FINISHED")
+    print("ALIVE")
+    """
+)
+
+
+def test_keyboard_interrupt_during_import_leaves_nothing_and_the_interpreter_alive(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    subprocess.run(
+        [sys.executable, str(REPO / "benches" / "corpus" / "gen_corpus.py"), "300000", corpus, "--jobs", "2"],
+        check=True,
+    )
+    root = tmp_path / "imported"
+    p = subprocess.run(
+        [sys.executable, "-c", INTERRUPT_IMPORT, corpus, root, "0.5"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.stdout.split() == ["INTERRUPTED", "ALIVE"], (p.stdout, p.stderr[-2000:])
+    assert not root.exists(), sorted(str(x) for x in root.rglob("*"))
