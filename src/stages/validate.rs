@@ -29,7 +29,9 @@ use crate::udaf::spec::{ScalarSpec, StatUdf};
 /// (a non-ASCII letter or a function word of another language); without one the text is
 /// English. On a bench corpus every text this changed was English word lists the detector
 /// had called French or Afrikaans, and it cut the detector's calls twentyfold.
-pub const VALIDATOR_VERSION: &str = "validate@3";
+/// `@4`: an answer the provider filtered (`finish_reason` `content_filter` or `refusal`)
+/// is `provider_error`, never scored.
+pub const VALIDATOR_VERSION: &str = "validate@4";
 
 /// The validity verdicts, in DESIGN.md order.
 pub const VERDICTS: [&str; 6] = [
@@ -248,6 +250,10 @@ fn iso639_1(l: whatlang::Lang) -> &'static str {
     }
 }
 
+/// Finish reasons that mean the provider withheld or cut the answer by policy: OpenAI's
+/// `content_filter` and Anthropic's `refusal` (mapped through unchanged).
+pub const FILTERED: [&str; 2] = ["content_filter", "refusal"];
+
 /// One call's fields that decide its validity.
 #[derive(Debug, Clone, Default)]
 pub struct CallView<'a> {
@@ -294,6 +300,16 @@ pub fn decide(c: &CallView, languages: &[String]) -> Verdict {
     }
     if let Some(s) = c.http_status.filter(|s| !(200..300).contains(s)) {
         return v("provider_error", format!("HTTP {s} with no answer"));
+    }
+    if let Some(f) = c.finish_reason.filter(|f| FILTERED.contains(f)) {
+        // What is left of a filtered answer is the provider's choice, not the model's
+        // answer: scoring it would count the filter as the model failing (or passing).
+        return v(
+            "provider_error",
+            format!(
+                "finish_reason={f}: the provider filtered the answer ({answer_chars} characters returned); never scored"
+            ),
+        );
     }
     let length = c.finish_reason == Some("length");
     if text.trim().is_empty() {
@@ -377,7 +393,7 @@ impl ScalarSpec for ValidityVerdict {
         name: "validity_verdict",
         syntax: "validity_verdict(response, finish_reason, http_status, error, reasoning_tokens, reasoning_chars, max_tokens, languages)",
         returns: "Struct{validity, validity_reason, language, answer_chars}",
-        summary: "The validate stage's rule (`validate@3`), decided before any scoring: exactly one of \
+        summary: "The validate stage's rule (`validate@4`), decided before any scoring: exactly one of \
                   `valid_answer`, `empty_due_to_budget`, `empty_unexplained`, `truncated`, \
                   `provider_error`, `unscorable_language`, with a human-readable reason, the answer's \
                   language (Han-vs-Latin ratio, a detector only for long Latin-script text that does \
@@ -387,7 +403,9 @@ impl ScalarSpec for ValidityVerdict {
                   set of accepted languages.",
         behavior: "Any argument may be NULL: a NULL response is an empty answer, a NULL error or \
                    http_status is no error. An error (or a non-2xx status) wins over every other \
-                   verdict; an empty answer with finish_reason `length` is `empty_due_to_budget`.",
+                   verdict; an answer the provider filtered (finish_reason `content_filter` or \
+                   `refusal`) is `provider_error` with a reason naming it, never scored; an \
+                   empty answer with finish_reason `length` is `empty_due_to_budget`.",
         arguments: &[
             ("response", "The answer text (calls.response)."),
             (
@@ -659,6 +677,22 @@ mod tests {
         };
         assert_eq!(decide(&number, &en()).validity, "valid_answer");
         assert_eq!(decide(&number, &en()).language, "und");
+        // A filtered answer is never scored, whatever text came with it.
+        let filtered = CallView {
+            response: Some("I can't help with"),
+            finish_reason: Some("content_filter"),
+            http_status: Some(200),
+            ..Default::default()
+        };
+        let f = decide(&filtered, &en());
+        assert_eq!(f.validity, "provider_error");
+        assert!(f.reason.starts_with("finish_reason=content_filter"), "{}", f.reason);
+        let refused = CallView {
+            response: Some(""),
+            finish_reason: Some("refusal"),
+            ..Default::default()
+        };
+        assert_eq!(decide(&refused, &en()).validity, "provider_error");
         let ok = CallView {
             response: Some("positive"),
             finish_reason: Some("stop"),
