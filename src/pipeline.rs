@@ -651,6 +651,7 @@ impl Pipeline {
                 }
             }
         }
+        self.check_scorer_names()?;
         if sc
             .scorers
             .iter()
@@ -664,6 +665,31 @@ impl Pipeline {
             }
             if self.judge.is_none() {
                 return Err(self.at("score.scorers", "the judge scorer needs a [judge] model"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves every name of `[score] scorers` as the runner will (a user scorer, the
+    /// judge, or a built-in scorer at this build's version, with its cue lists read), so a
+    /// typo fails before generate runs or a single call is paid for.
+    fn check_scorer_names(&self) -> Result<(), PipelineError> {
+        let cues = self.score.cues.as_ref().map(|c| self.resolve(&c.display().to_string()));
+        for name in &self.score.scorers {
+            if self.user_scorer(name).is_some() || name == "judge" || name.starts_with("judge@") {
+                continue;
+            }
+            match crate::stages::score::build(name, cues.as_deref()) {
+                Ok(_) => {}
+                Err(crate::stages::score::ScorerError::Unknown(..)) => {
+                    let mut known: Vec<&str> = crate::stages::score::NAMES.to_vec();
+                    known.extend(self.user_scorers.iter().map(|d| d.name.as_str()));
+                    return Err(self.at(
+                        "score.scorers",
+                        format!("unknown scorer `{name}` (known: {})", known.join(", ")),
+                    ));
+                }
+                Err(e) => return Err(self.at("score.scorers", e.to_string())),
             }
         }
         Ok(())
@@ -856,6 +882,20 @@ mod tests {
             "{BASE}\n[judge]\nprovider = \"openai\"\nname = \"j\"\nconcurrency = 0\n"
         ));
         assert!(e.starts_with("p.toml:11: field `judge.concurrency`"), "{e}");
+    }
+
+    /// A scorer name is resolved when the file is read, before any stage runs.
+    #[test]
+    fn unknown_scorer_names_the_field_at_load() {
+        let e = err(&format!(
+            "{BASE}\n[score]\nscorers = [\"checklist\", \"chekclist\"]\n"
+        ));
+        assert_eq!(
+            e,
+            "p.toml:9: field `score.scorers`: unknown scorer `chekclist` (known: checklist, cue, judge)"
+        );
+        let e = err(&format!("{BASE}\n[score]\nscorers = [\"checklist@0\"]\n"));
+        assert!(e.starts_with("p.toml:9: field `score.scorers`: scorer `checklist@0`"), "{e}");
     }
 
     #[test]
