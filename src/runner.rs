@@ -15,7 +15,7 @@ use crate::stages::aggregate::ResultRow;
 use crate::stages::call::CallError;
 use crate::stages::score::{self as score_stage, Scorer, ScorerError, ScorerId};
 use crate::stages::{aggregate, call, generate, validate};
-use crate::storage::{Manifest, RunStore, StorageError, manifest_now};
+use crate::storage::{Manifest, RunStore, StageStatus, StorageError, manifest_now};
 
 /// Errors of a run. `is_bad_input` decides exit code 2.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +85,12 @@ impl Runner {
             None => format!("runs/{}", default_run_id(&pipeline)),
         };
         let store = RunStore::open(&root)?;
-        let manifest = match Manifest::load(&store).await? {
+        // A run none of whose stages committed (generate failed on a typo, a missing source
+        // file, Ctrl-C) holds nothing paid for: the fixed pipeline takes it over.
+        let existing = Manifest::load(&store)
+            .await?
+            .filter(|m| m.stages.values().any(|r| r.status == StageStatus::Complete));
+        let manifest = match existing {
             Some(m) if m.pipeline_hash != pipeline.hash() => {
                 return Err(RunError::Root {
                     root: store.display().to_string(),
@@ -119,7 +124,8 @@ impl Runner {
                     scorer_versions: vec![],
                     validator_version: None,
                 };
-                m.save(&store).await?;
+                // Not saved here: the first stage to start records it (generate, after
+                // every check of the suite has passed), so bad input writes nothing.
                 m
             }
         };
@@ -156,15 +162,24 @@ impl Runner {
         }
         self.manifest.start("generate");
         self.manifest.save(&self.store).await?;
-        self.store.delete_dir("cases").await?;
-        // Streamed: cases are built and written a batch at a time, never all held.
-        let mut w = self
-            .store
-            .part_writer("cases", crate::schema::Table::Cases.schema(), "part");
-        while let Some(batch) = cases.next_batch(8192).await? {
-            w.write(generate::to_batch(&batch)).await?;
-        }
-        let (rows, _) = w.finish().await?;
+        let rows = match self.write_cases(cases).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Nothing committed: leave the root as bad input found before the start
+                // would have (a run no stage committed is taken over by the next pipeline
+                // anyway, should this cleanup itself fail).
+                if !self
+                    .manifest
+                    .stages
+                    .values()
+                    .any(|r| r.status == StageStatus::Complete)
+                {
+                    let _ = self.store.delete_scratch("cases").await;
+                    let _ = self.store.delete("manifest.json").await;
+                }
+                return Err(e);
+            }
+        };
         let tests = self.pipeline.tests.len();
         self.manifest.complete(
             "generate",
@@ -174,6 +189,21 @@ impl Runner {
         );
         self.manifest.save(&self.store).await?;
         Ok(rows as u64)
+    }
+
+    /// Streams the suite's cases into a fresh `cases/`, a batch at a time (never all held).
+    async fn write_cases(
+        &self,
+        mut cases: generate::CaseStream<'_>,
+    ) -> Result<usize, RunError> {
+        self.store.delete_dir("cases").await?;
+        let mut w = self
+            .store
+            .part_writer("cases", crate::schema::Table::Cases.schema(), "part");
+        while let Some(batch) = cases.next_batch(8192).await? {
+            w.write(generate::to_batch(&batch)).await?;
+        }
+        Ok(w.finish().await?.0)
     }
 
     /// Calls the model under test for every case x sample not yet committed.
