@@ -706,6 +706,7 @@ impl Pipeline {
         }
         self.check_score()?;
         crate::stages::score::user::check_all(&self.user_scorers).map_err(def_error)?;
+        crate::stages::score::sql_check::check_defs(&self.user_scorers).map_err(def_error)?;
         let mut seen = std::collections::HashSet::new();
         for t in &self.tests {
             let needle = format!("\"{}\"", t.name);

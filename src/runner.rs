@@ -38,13 +38,20 @@ pub enum RunError {
         #[source]
         source: ScorerError,
     },
+    /// A user scorer failed on the run's rows (a division by zero, a failed CAST): names
+    /// its definition's file, line and field.
+    #[error(transparent)]
+    ScorerFailed(Box<crate::stages::score::user::DefError>),
 }
 
 impl RunError {
     /// Whether the user can fix this by changing their input (exit code 2).
     pub fn is_bad_input(&self) -> bool {
         match self {
-            RunError::Pipeline(_) | RunError::Root { .. } | RunError::Scorer { .. } => true,
+            RunError::Pipeline(_)
+            | RunError::Root { .. }
+            | RunError::Scorer { .. }
+            | RunError::ScorerFailed(_) => true,
             RunError::Query(e) => e.is_bad_input(),
             RunError::Storage(e) | RunError::Call(CallError::Storage(e)) => e.is_bad_input(),
             RunError::Call(CallError::Provider(..)) => true,
@@ -336,11 +343,23 @@ impl Runner {
         crate::query::check_tables(&self.store).await?;
         let id = scorer.id();
         let stage = format!("score:{}", id.tag());
+        let before = self.manifest.stages.get(&stage).cloned();
         self.manifest.start(&stage);
         self.manifest.save(&self.store).await?;
         let rows = match score_stage::run(&self.store, scorer).await {
             Ok(rows) => rows,
             Err(e) => {
+                // The stage removed its folder: the manifest no more claims it started.
+                match before {
+                    Some(b) => self.manifest.stages.insert(stage.clone(), b),
+                    None => self.manifest.stages.remove(&stage),
+                };
+                let _ = self.manifest.save(&self.store).await;
+                if let Some(f) = score_stage::sql_check::ScorerFailed::of(&e) {
+                    let def = self.pipeline.user_scorer(&f.scorer.name);
+                    let file = self.pipeline.path.display().to_string();
+                    return Err(RunError::ScorerFailed(Box::new(f.located(def, &file))));
+                }
                 return Err(crate::query::explain_read_error(&self.store, e)
                     .await
                     .into());

@@ -8,6 +8,7 @@
 pub mod checklist;
 pub mod cue;
 pub mod judge;
+pub mod sql_check;
 pub mod user;
 
 use std::collections::HashMap;
@@ -519,6 +520,23 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
     };
     let id = scorer.id();
     store.delete_dir(&id.dir()).await?;
+    let written = write_scores(store, scorer, &ctx, &bases, &id).await;
+    if written.is_err() {
+        // Half a version is no version: the folder goes (a scorer's failure, a full disk),
+        // and the next attempt starts from nothing, as it would anyway.
+        let _ = store.delete_scratch(&id.dir()).await;
+    }
+    written
+}
+
+/// Writes `scores/<id>/` part by part; see [`run`].
+async fn write_scores(
+    store: &RunStore,
+    scorer: &dyn Scorer,
+    ctx: &datafusion::prelude::SessionContext,
+    bases: &HashMap<BaseKey, BaseAnswer>,
+    id: &ScorerId,
+) -> Result<u64, QueryError> {
     if let Some(def) = scorer.definition() {
         // Written before the parts: scores are never found without their definition.
         let text = serde_json::to_vec_pretty(&def).unwrap_or_default();
@@ -534,7 +552,7 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
     // the same name (as validate writes validity): memory is `--threads` parts' joins and
     // their encoders, with no part's rows waiting for an earlier part to be written. The
     // table is the same whatever the thread count.
-    let (ctx, bases, id, progress, case_parts) = (&ctx, &bases, &id, &progress, &case_parts);
+    let (progress, case_parts) = (&progress, &case_parts);
     let mut scored = futures::stream::iter(parts.into_iter().enumerate())
         .map(|(k, part)| async move {
             let name = part
@@ -841,7 +859,9 @@ fn batch_outcomes(
         Some(Ok(v)) => Ok(Some(v.into_iter())),
         Some(Err(msg)) => Err(QueryError::DataFusion {
             context: format!("scorer {}", scorer.id().tag()),
-            source: datafusion::error::DataFusionError::Execution(msg),
+            source: datafusion::error::DataFusionError::External(Box::new(
+                sql_check::ScorerFailed::new(scorer.id(), msg),
+            )),
         }),
     }
 }
