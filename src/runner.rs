@@ -67,6 +67,9 @@ pub struct Runner {
     pub pipeline: Pipeline,
     pub store: RunStore,
     pub manifest: Manifest,
+    /// `--languages`: the answer languages validate accepts, instead of those the run was
+    /// validated with (or the pipeline's); a change re-decides every verdict.
+    pub languages: Option<Vec<String>>,
 }
 
 /// The default run id: the run name and the current UTC time.
@@ -140,6 +143,7 @@ impl Runner {
             pipeline,
             store,
             manifest,
+            languages: None,
         })
     }
 
@@ -241,16 +245,75 @@ impl Runner {
         Ok(stats)
     }
 
-    /// Decides validity for every committed call not yet validated.
+    /// The languages the run's validity was (or is being) decided under: recorded with the
+    /// stage, else the pipeline's (a run validated before they were recorded).
+    fn validated_languages(&self) -> Option<Vec<String>> {
+        let rec = self.manifest.stages.get("validate")?;
+        Some(
+            rec.details
+                .get("languages")
+                .and_then(|v| serde_json::from_value(v.clone()).ok())
+                .unwrap_or_else(|| self.pipeline.languages()),
+        )
+    }
+
+    /// Decides validity for every committed call not yet validated, under `--languages`,
+    /// else the languages the run was validated with, else the pipeline's. Other languages
+    /// than the run's re-decide every verdict (an imported run re-validated without a new
+    /// import), and the scores made under the old verdicts must be made again.
     pub async fn validate(&mut self) -> Result<u64, RunError> {
         self.require("validate", "call")?;
         crate::query::check_tables(&self.store).await?;
+        let previous = self.validated_languages();
+        let languages = self
+            .languages
+            .clone()
+            .or_else(|| previous.clone())
+            .unwrap_or_else(|| self.pipeline.languages());
+        if languages.is_empty() || languages.iter().any(|l| l.trim().is_empty()) {
+            return Err(RunError::Root {
+                root: self.store.display().to_string(),
+                msg: format!(
+                    "--languages `{}`: name at least one language, none empty (e.g. en,es)",
+                    languages.join(",")
+                ),
+            });
+        }
+        let sorted = |l: &[String]| {
+            let mut v: Vec<String> = l.iter().map(|x| x.trim().to_string()).collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        let languages = sorted(&languages);
+        let redo = previous.as_deref().is_some_and(|p| sorted(p) != languages);
         self.manifest.start("validate");
+        if let Some(rec) = self.manifest.stages.get_mut("validate") {
+            // Recorded at the start, so an interrupted re-validation resumes under them.
+            rec.details.insert("languages".into(), json!(languages));
+        }
+        if redo {
+            // The scores and results were made from the old verdicts.
+            self.manifest.stages.remove("score");
+            self.manifest.stages.remove("aggregate");
+        }
         self.manifest.save(&self.store).await?;
-        let rows = validate::run(&self.store, &self.pipeline.languages()).await?;
+        if redo {
+            self.store.delete_dir("validity").await?;
+            eprintln!(
+                "validate: answer languages {} (were {}): every verdict is decided again;                  score the run again before aggregating",
+                languages.join(", "),
+                previous.unwrap_or_default().join(", ")
+            );
+        }
+        let rows = validate::run(&self.store, &languages).await?;
         self.manifest.validator_version = Some(validate::VALIDATOR_VERSION.to_string());
-        self.manifest
-            .complete("validate", "validity", rows, BTreeMap::new());
+        self.manifest.complete(
+            "validate",
+            "validity",
+            rows,
+            BTreeMap::from([("languages".into(), json!(languages))]),
+        );
         self.manifest.save(&self.store).await?;
         Ok(rows)
     }
