@@ -461,6 +461,16 @@ impl Runner {
             .complete("aggregate", "results", rows.len() as u64, BTreeMap::new());
         self.manifest.finished_at = Some(manifest_now());
         self.manifest.save(&self.store).await?;
+        if scorer.name == "checklist" {
+            // Beside the failure rates it explains: the built-in label match that never
+            // matched says so, with the shares behind it.
+            if let Some(w) = score_stage::coverage::label_coverage(&self.store, scorer)
+                .await?
+                .warning(scorer)
+            {
+                eprintln!("{w}");
+            }
+        }
         Ok(rows)
     }
 

@@ -570,3 +570,50 @@ fn languages_of_an_imported_run_and_revalidating_it() {
     let o = bin(&["score", &p, "--out", r, "--languages", "en"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
+
+/// An imported corpus of free-text answers with labels as `expected`: the checklist's exact
+/// match fails every answer, and `aggregate` says why beside the 100.0%: the share of
+/// answers with none of their labels, those with one inside longer text, and what to use.
+#[test]
+fn a_label_match_that_cannot_match_free_text_is_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = [
+        ("The answer is B, because the passage says so.", "B"),
+        ("I am not sure about this one.", "A"),
+        ("Both could work, I would pick C.", "C"),
+        ("It depends on the context.", "D"),
+    ];
+    let lines: Vec<String> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, (a, e))| {
+            serde_json::json!({
+                "request": {"model": "m", "messages": [{"role": "user", "content": format!("question {i}")}]},
+                "response": {"model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": a}, "finish_reason": "stop"}]},
+                "expected": e,
+            })
+            .to_string()
+        })
+        .collect();
+    let src = dir.path().join("pairs.jsonl");
+    std::fs::write(&src, lines.join("\n") + "\n").unwrap();
+    let root = dir.path().join("run");
+    let r = root.to_str().unwrap();
+    let p = root.join("import.toml").to_str().unwrap().to_string();
+    let o = bin(&["import", src.to_str().unwrap(), "--out", r]);
+    assert!(o.status.success(), "{}", text(&o));
+    for verb in ["validate", "score"] {
+        let o = bin(&[verb, &p, "--out", r]);
+        assert!(o.status.success(), "{verb}: {}", text(&o));
+    }
+    let o = bin(&["aggregate", &p, "--out", r]);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(
+            "warning: checklist@1 failed 4 of 4 valid answers (100.0%): 50.0% of them contain \
+             none of their expected labels and 50.0% contain one inside longer text"
+        ) && err.contains("user-written scorer"),
+        "{err}"
+    );
+}

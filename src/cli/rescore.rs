@@ -194,6 +194,15 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
         store.display(),
         id.dir()
     );
+    if scorer.metric_kind() == MetricKind::PassFail && scorer.definition().is_none() {
+        // A built-in label match that never matched says so (see `score::coverage`).
+        let coverage = score::coverage::label_coverage(&store, &id)
+            .await
+            .map_err(internal)?;
+        if let Some(w) = coverage.warning(&id) {
+            eprintln!("{w}");
+        }
+    }
 
     let Some(old) = against else {
         println!(

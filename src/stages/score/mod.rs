@@ -6,6 +6,7 @@
 //! Re-scoring writes `scores/<scorer>@<version>/` beside older versions, never over them.
 
 pub mod checklist;
+pub mod coverage;
 pub mod cue;
 pub mod judge;
 pub mod sql_check;
