@@ -674,7 +674,11 @@ impl Pipeline {
     /// judge, or a built-in scorer at this build's version, with its cue lists read), so a
     /// typo fails before generate runs or a single call is paid for.
     fn check_scorer_names(&self) -> Result<(), PipelineError> {
-        let cues = self.score.cues.as_ref().map(|c| self.resolve(&c.display().to_string()));
+        let cues = self
+            .score
+            .cues
+            .as_ref()
+            .map(|c| self.resolve(&c.display().to_string()));
         for name in &self.score.scorers {
             if self.user_scorer(name).is_some() || name == "judge" || name.starts_with("judge@") {
                 continue;
@@ -896,7 +900,10 @@ mod tests {
             "p.toml:9: field `score.scorers`: unknown scorer `chekclist` (known: checklist, cue, judge)"
         );
         let e = err(&format!("{BASE}\n[score]\nscorers = [\"checklist@0\"]\n"));
-        assert!(e.starts_with("p.toml:9: field `score.scorers`: scorer `checklist@0`"), "{e}");
+        assert!(
+            e.starts_with("p.toml:9: field `score.scorers`: scorer `checklist@0`"),
+            "{e}"
+        );
     }
 
     #[test]

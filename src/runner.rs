@@ -203,10 +203,7 @@ impl Runner {
     }
 
     /// Streams the suite's cases into a fresh `cases/`, a batch at a time (never all held).
-    async fn write_cases(
-        &self,
-        mut cases: generate::CaseStream<'_>,
-    ) -> Result<usize, RunError> {
+    async fn write_cases(&self, mut cases: generate::CaseStream<'_>) -> Result<usize, RunError> {
         self.store.delete_dir("cases").await?;
         let mut w = self
             .store

@@ -1181,12 +1181,16 @@ async fn unknown_scorer_is_refused_before_any_call_is_paid() {
     .await
     .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        server.requests(),
+        0,
+        "no call before the scorer is known: {err}"
+    );
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
         err.contains(&format!("{}:", p.display()))
             && err.contains("field `score.scorers`: unknown scorer `chekclist`"),
         "{err}"
     );
-    assert_eq!(server.requests(), 0, "no call before the scorer is known");
     assert!(!root.join("manifest.json").exists());
 }

@@ -317,11 +317,12 @@ fn failed_generate_leaves_no_manifest_and_the_fixed_pipeline_runs_on_the_same_ro
     let missing = write(
         dir.path(),
         "p.toml",
-        &MINIMAL.replace(
-            "templates = [\"It is {adj}.\"]\nexpected = \"positive\"",
-            "source = { file = \"nope.csv\", column = \"text\" }\nperturb = \"typos\"",
-        )
-        .replace("type = \"MFT\"", "type = \"INV\""),
+        &MINIMAL
+            .replace(
+                "templates = [\"It is {adj}.\"]\nexpected = \"positive\"",
+                "source = { file = \"nope.csv\", column = \"text\" }\nperturb = \"typos\"",
+            )
+            .replace("type = \"MFT\"", "type = \"INV\""),
     );
     let o = run(&["run", missing.to_str().unwrap(), "--out", r]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
@@ -341,7 +342,12 @@ fn failed_generate_leaves_no_manifest_and_the_fixed_pipeline_runs_on_the_same_ro
         r#"{"run_id":"old","evalflow_version":"0","pipeline_path":"p.toml","pipeline_hash":"0000000000000000","pipeline":null,"created_at":"2026-12-01T00:00:00Z","finished_at":null,"stages":{"generate":{"status":"running","rows":0,"started_at":"2026-12-01T00:00:00Z","finished_at":null}}}"#,
     )
     .unwrap();
-    let o = run(&["run", fixed.to_str().unwrap(), "--out", old.to_str().unwrap()]);
+    let o = run(&[
+        "run",
+        fixed.to_str().unwrap(),
+        "--out",
+        old.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let m: serde_json::Value =
         serde_json::from_slice(&std::fs::read(old.join("manifest.json")).unwrap()).unwrap();

@@ -520,7 +520,10 @@ fn languages_of_an_imported_run_and_revalidating_it() {
     assert_eq!(got["positive"], v("valid_answer", "en"));
     assert_eq!(got["Sí, es correcto."], v("unscorable_language", "es"));
     assert_eq!(got["这个产品很好"], v("valid_answer", "zh"));
-    assert_eq!(got["東京は日本の首都です。"], v("unscorable_language", "ja"));
+    assert_eq!(
+        got["東京は日本の首都です。"],
+        v("unscorable_language", "ja")
+    );
     let o = bin(&["score", &p, "--out", r]);
     assert!(o.status.success(), "{}", text(&o));
     let s = sql(
@@ -545,7 +548,11 @@ fn languages_of_an_imported_run_and_revalidating_it() {
     // Re-validated under other languages, without a new import.
     let o = bin(&["validate", &p, "--out", r, "--languages", "en,es"]);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("every verdict is decided again"), "{}", text(&o));
+    assert!(
+        text(&o).contains("every verdict is decided again"),
+        "{}",
+        text(&o)
+    );
     let got: BTreeMap<String, (String, String)> = verdicts(&root)
         .into_iter()
         .map(|(a, s, l)| (a, (s, l)))
@@ -555,8 +562,14 @@ fn languages_of_an_imported_run_and_revalidating_it() {
     assert_eq!(got.len(), 4, "one verdict per call");
     let m: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("manifest.json")).unwrap()).unwrap();
-    assert_eq!(m["stages"]["validate"]["details"]["languages"], serde_json::json!(["en", "es"]));
-    assert!(m["stages"].get("score").is_none(), "scores must be made again: {m}");
+    assert_eq!(
+        m["stages"]["validate"]["details"]["languages"],
+        serde_json::json!(["en", "es"])
+    );
+    assert!(
+        m["stages"].get("score").is_none(),
+        "scores must be made again: {m}"
+    );
     // The next validate keeps the run's languages rather than the import's default.
     let o = bin(&["validate", &p, "--out", r]);
     assert!(o.status.success(), "{}", text(&o));

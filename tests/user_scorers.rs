@@ -1036,5 +1036,9 @@ async fn rescore_that_fails_writing_leaves_no_scores_folder() {
         .await
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("rescored 12 rows with cue@1"), "{}", text(&o));
+    assert!(
+        text(&o).contains("rescored 12 rows with cue@1"),
+        "{}",
+        text(&o)
+    );
 }

@@ -238,7 +238,10 @@ async fn interrupted() -> &'static str {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
             (Ok(mut int), Ok(mut term)) => tokio::select! {
                 _ = int.recv() => "SIGINT",
                 _ = term.recv() => "SIGTERM",

@@ -71,10 +71,12 @@ pub fn language(text: &str) -> String {
                 latin += 1;
             } else if ('\u{4e00}'..='\u{9fff}').contains(&c) {
                 han += 1;
-            } else if ('\u{3040}'..='\u{30ff}').contains(&c) || ('\u{ff66}'..='\u{ff9f}').contains(&c)
+            } else if ('\u{3040}'..='\u{30ff}').contains(&c)
+                || ('\u{ff66}'..='\u{ff9f}').contains(&c)
             {
                 kana += 1;
-            } else if ('\u{ac00}'..='\u{d7af}').contains(&c) || ('\u{1100}'..='\u{11ff}').contains(&c)
+            } else if ('\u{ac00}'..='\u{d7af}').contains(&c)
+                || ('\u{1100}'..='\u{11ff}').contains(&c)
             {
                 hangul += 1;
             } else if !c.is_ascii() && c.is_alphabetic() {
@@ -146,9 +148,29 @@ const SHORT_WORDS: &[(&str, &[&str], &[&str])] = &[
             "correcto", "cierto", "verdad", "sobre",
         ],
         &[
-            "sí", "está", "están", "qué", "sé", "también", "gracias", "usted", "más", "así",
-            "cómo", "dónde", "porque", "acuerdo", "respuesta", "hola", "señor", "año", "años",
-            "ningún", "ninguna", "ahora", "depende",
+            "sí",
+            "está",
+            "están",
+            "qué",
+            "sé",
+            "también",
+            "gracias",
+            "usted",
+            "más",
+            "así",
+            "cómo",
+            "dónde",
+            "porque",
+            "acuerdo",
+            "respuesta",
+            "hola",
+            "señor",
+            "año",
+            "años",
+            "ningún",
+            "ninguna",
+            "ahora",
+            "depende",
         ],
     ),
     (
@@ -157,7 +179,9 @@ const SHORT_WORDS: &[(&str, &[&str], &[&str])] = &[
             "os", "da", "das", "dos", "em", "um", "uma", "que", "se", "com", "para", "por", "foi",
             "mais", "muito", "bem", "isso", "sim", "ele", "ela", "mas",
         ],
-        &["não", "são", "está", "obrigado", "obrigada", "você", "também", "então", "olá"],
+        &[
+            "não", "são", "está", "obrigado", "obrigada", "você", "também", "então", "olá",
+        ],
     ),
     (
         "fr",
@@ -166,7 +190,9 @@ const SHORT_WORDS: &[(&str, &[&str], &[&str])] = &[
             "sur", "avec", "ce", "il", "elle", "nous", "vous", "je", "mais", "ou", "au", "aux",
             "ne", "bien", "oui", "tout", "cette", "sont",
         ],
-        &["très", "merci", "bonjour", "être", "à", "où", "ça", "déjà", "voilà", "réponse"],
+        &[
+            "très", "merci", "bonjour", "être", "à", "où", "ça", "déjà", "voilà", "réponse",
+        ],
     ),
     (
         "de",
@@ -174,19 +200,32 @@ const SHORT_WORDS: &[(&str, &[&str], &[&str])] = &[
             "der", "das", "und", "ist", "nicht", "ein", "eine", "mit", "sich", "auf", "dem", "zu",
             "von", "sehr", "auch", "aber", "ich", "sie", "wir", "nein", "es", "ja", "gut", "den",
         ],
-        &["danke", "bitte", "für", "über", "können", "natürlich", "genau", "richtig"],
+        &[
+            "danke",
+            "bitte",
+            "für",
+            "über",
+            "können",
+            "natürlich",
+            "genau",
+            "richtig",
+        ],
     ),
     (
         "it",
         &[
-            "il", "lo", "gli", "di", "che", "non", "per", "sono", "della", "molto", "ma",
-            "anche", "bene", "con", "questo", "questa", "come", "un", "una",
+            "il", "lo", "gli", "di", "che", "non", "per", "sono", "della", "molto", "ma", "anche",
+            "bene", "con", "questo", "questa", "come", "un", "una",
         ],
-        &["grazie", "ciao", "perché", "sì", "è", "più", "così", "risposta", "certo"],
+        &[
+            "grazie", "ciao", "perché", "sì", "è", "più", "così", "risposta", "certo",
+        ],
     ),
     (
         "nl",
-        &["het", "een", "van", "niet", "zijn", "maar", "ook", "de", "en", "dat", "ik", "je"],
+        &[
+            "het", "een", "van", "niet", "zijn", "maar", "ook", "de", "en", "dat", "ik", "je",
+        ],
         &["nee", "goed", "dank", "bedankt", "alsjeblieft", "wel"],
     ),
 ];
@@ -216,7 +255,10 @@ fn short_text_language(text: &str) -> &'static str {
     // (most short answers are labels that match nothing).
     let mut seen: Vec<&'static str> = Vec::new();
     let mut buf = [0u8; 16];
-    for w in text.split(|c: char| !c.is_alphabetic()).filter(|w| !w.is_empty()) {
+    for w in text
+        .split(|c: char| !c.is_alphabetic())
+        .filter(|w| !w.is_empty())
+    {
         let owned;
         let lower: &str = if w.is_ascii() && w.len() <= buf.len() {
             let b = &mut buf[..w.len()];
@@ -836,7 +878,10 @@ mod tests {
             ..Default::default()
         };
         let v = decide(&und, &en());
-        assert_eq!((v.validity, v.language.as_str()), ("unscorable_language", "und"));
+        assert_eq!(
+            (v.validity, v.language.as_str()),
+            ("unscorable_language", "und")
+        );
         assert_eq!(
             decide(&und, &["en".into(), "und".into()]).validity,
             "valid_answer"
@@ -901,7 +946,11 @@ mod tests {
         };
         let f = decide(&filtered, &en());
         assert_eq!(f.validity, "provider_error");
-        assert!(f.reason.starts_with("finish_reason=content_filter"), "{}", f.reason);
+        assert!(
+            f.reason.starts_with("finish_reason=content_filter"),
+            "{}",
+            f.reason
+        );
         let refused = CallView {
             response: Some(""),
             finish_reason: Some("refusal"),

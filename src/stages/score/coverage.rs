@@ -44,7 +44,7 @@ impl LabelCoverage {
             .map(normalise_label)
             .filter(|l| !l.is_empty())
             .collect();
-        if labels.iter().any(|l| *l == answer) {
+        if labels.contains(&answer) {
             return;
         }
         let words = tokens(&answer);
@@ -125,7 +125,11 @@ pub async fn label_coverage(store: &RunStore, id: &ScorerId) -> Result<LabelCove
             b.column(2).as_boolean(),
         );
         for i in 0..b.num_rows() {
-            let r = if response.is_valid(i) { response.value(i) } else { "" };
+            let r = if response.is_valid(i) {
+                response.value(i)
+            } else {
+                ""
+            };
             out.add(r, expected.value(i), passed.value(i));
         }
     }

@@ -47,7 +47,9 @@ fn def_error(def: &ScorerDef, field: &str, msg: String) -> DefError {
 fn text(e: &Expr) -> Option<&str> {
     match e {
         Expr::Literal(
-            ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)),
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::LargeUtf8(Some(s))
+            | ScalarValue::Utf8View(Some(s)),
             _,
         ) => Some(s),
         _ => None,
@@ -196,8 +198,14 @@ mod tests {
             "[[scorer]]\nname = \"r\"\nkind = \"sql\"\nmetric = \"pass_fail\"\npassed = \"regexp_like(response, '(refund')\"\n",
         );
         let e = check_defs(&d).unwrap_err();
-        assert_eq!((e.file.as_str(), e.line, e.field.as_str()), ("s.toml", 5, "passed"));
-        assert!(e.msg.contains("invalid regular expression '(refund'"), "{e}");
+        assert_eq!(
+            (e.file.as_str(), e.line, e.field.as_str()),
+            ("s.toml", 5, "passed")
+        );
+        assert!(
+            e.msg.contains("invalid regular expression '(refund'"),
+            "{e}"
+        );
         let d = defs(
             "[[scorer]]\nname = \"r\"\nkind = \"sql\"\nmetric = \"numeric\"\nscore = \"CASE WHEN response ~ '[a-' THEN 1 ELSE 0 END\"\n",
         );
