@@ -651,6 +651,7 @@ impl Pipeline {
                 }
             }
         }
+        self.check_scorer_names()?;
         if sc
             .scorers
             .iter()
@@ -669,6 +670,35 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Resolves every name of `[score] scorers` as the runner will (a user scorer, the
+    /// judge, or a built-in scorer at this build's version, with its cue lists read), so a
+    /// typo fails before generate runs or a single call is paid for.
+    fn check_scorer_names(&self) -> Result<(), PipelineError> {
+        let cues = self
+            .score
+            .cues
+            .as_ref()
+            .map(|c| self.resolve(&c.display().to_string()));
+        for name in &self.score.scorers {
+            if self.user_scorer(name).is_some() || name == "judge" || name.starts_with("judge@") {
+                continue;
+            }
+            match crate::stages::score::build(name, cues.as_deref()) {
+                Ok(_) => {}
+                Err(crate::stages::score::ScorerError::Unknown(..)) => {
+                    let mut known: Vec<&str> = crate::stages::score::NAMES.to_vec();
+                    known.extend(self.user_scorers.iter().map(|d| d.name.as_str()));
+                    return Err(self.at(
+                        "score.scorers",
+                        format!("unknown scorer `{name}` (known: {})", known.join(", ")),
+                    ));
+                }
+                Err(e) => return Err(self.at("score.scorers", e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
     fn check(&self) -> Result<(), PipelineError> {
         self.check_run()?;
         self.check_model("model", &self.model)?;
@@ -680,6 +710,7 @@ impl Pipeline {
         }
         self.check_score()?;
         crate::stages::score::user::check_all(&self.user_scorers).map_err(def_error)?;
+        crate::stages::score::sql_check::check_defs(&self.user_scorers).map_err(def_error)?;
         let mut seen = std::collections::HashSet::new();
         for t in &self.tests {
             let needle = format!("\"{}\"", t.name);
@@ -856,6 +887,23 @@ mod tests {
             "{BASE}\n[judge]\nprovider = \"openai\"\nname = \"j\"\nconcurrency = 0\n"
         ));
         assert!(e.starts_with("p.toml:11: field `judge.concurrency`"), "{e}");
+    }
+
+    /// A scorer name is resolved when the file is read, before any stage runs.
+    #[test]
+    fn unknown_scorer_names_the_field_at_load() {
+        let e = err(&format!(
+            "{BASE}\n[score]\nscorers = [\"checklist\", \"chekclist\"]\n"
+        ));
+        assert_eq!(
+            e,
+            "p.toml:9: field `score.scorers`: unknown scorer `chekclist` (known: checklist, cue, judge)"
+        );
+        let e = err(&format!("{BASE}\n[score]\nscorers = [\"checklist@0\"]\n"));
+        assert!(
+            e.starts_with("p.toml:9: field `score.scorers`: scorer `checklist@0`"),
+            "{e}"
+        );
     }
 
     #[test]

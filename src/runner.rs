@@ -15,7 +15,7 @@ use crate::stages::aggregate::ResultRow;
 use crate::stages::call::CallError;
 use crate::stages::score::{self as score_stage, Scorer, ScorerError, ScorerId};
 use crate::stages::{aggregate, call, generate, validate};
-use crate::storage::{Manifest, RunStore, StorageError, manifest_now};
+use crate::storage::{Manifest, RunStore, StageStatus, StorageError, manifest_now};
 
 /// Errors of a run. `is_bad_input` decides exit code 2.
 #[derive(Debug, thiserror::Error)]
@@ -38,13 +38,20 @@ pub enum RunError {
         #[source]
         source: ScorerError,
     },
+    /// A user scorer failed on the run's rows (a division by zero, a failed CAST): names
+    /// its definition's file, line and field.
+    #[error(transparent)]
+    ScorerFailed(Box<crate::stages::score::user::DefError>),
 }
 
 impl RunError {
     /// Whether the user can fix this by changing their input (exit code 2).
     pub fn is_bad_input(&self) -> bool {
         match self {
-            RunError::Pipeline(_) | RunError::Root { .. } | RunError::Scorer { .. } => true,
+            RunError::Pipeline(_)
+            | RunError::Root { .. }
+            | RunError::Scorer { .. }
+            | RunError::ScorerFailed(_) => true,
             RunError::Query(e) => e.is_bad_input(),
             RunError::Storage(e) => e.is_bad_input(),
             RunError::Call(e) => e.is_bad_input(),
@@ -59,6 +66,9 @@ pub struct Runner {
     pub pipeline: Pipeline,
     pub store: RunStore,
     pub manifest: Manifest,
+    /// `--languages`: the answer languages validate accepts, instead of those the run was
+    /// validated with (or the pipeline's); a change re-decides every verdict.
+    pub languages: Option<Vec<String>>,
 }
 
 /// The default run id: the run name and the current UTC time.
@@ -84,7 +94,12 @@ impl Runner {
             None => format!("runs/{}", default_run_id(&pipeline)),
         };
         let store = RunStore::open(&root)?;
-        let manifest = match Manifest::load(&store).await? {
+        // A run none of whose stages committed (generate failed on a typo, a missing source
+        // file, Ctrl-C) holds nothing paid for: the fixed pipeline takes it over.
+        let existing = Manifest::load(&store)
+            .await?
+            .filter(|m| m.stages.values().any(|r| r.status == StageStatus::Complete));
+        let manifest = match existing {
             Some(m) if m.pipeline_hash != pipeline.hash() => {
                 return Err(RunError::Root {
                     root: store.display().to_string(),
@@ -118,7 +133,8 @@ impl Runner {
                     scorer_versions: vec![],
                     validator_version: None,
                 };
-                m.save(&store).await?;
+                // Not saved here: the first stage to start records it (generate, after
+                // every check of the suite has passed), so bad input writes nothing.
                 m
             }
         };
@@ -126,6 +142,7 @@ impl Runner {
             pipeline,
             store,
             manifest,
+            languages: None,
         })
     }
 
@@ -155,15 +172,24 @@ impl Runner {
         }
         self.manifest.start("generate");
         self.manifest.save(&self.store).await?;
-        self.store.delete_dir("cases").await?;
-        // Streamed: cases are built and written a batch at a time, never all held.
-        let mut w = self
-            .store
-            .part_writer("cases", crate::schema::Table::Cases.schema(), "part");
-        while let Some(batch) = cases.next_batch(8192).await? {
-            w.write(generate::to_batch(&batch)).await?;
-        }
-        let (rows, _) = w.finish().await?;
+        let rows = match self.write_cases(cases).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Nothing committed: leave the root as bad input found before the start
+                // would have (a run no stage committed is taken over by the next pipeline
+                // anyway, should this cleanup itself fail).
+                if !self
+                    .manifest
+                    .stages
+                    .values()
+                    .any(|r| r.status == StageStatus::Complete)
+                {
+                    let _ = self.store.delete_scratch("cases").await;
+                    let _ = self.store.delete("manifest.json").await;
+                }
+                return Err(e);
+            }
+        };
         let tests = self.pipeline.tests.len();
         self.manifest.complete(
             "generate",
@@ -173,6 +199,18 @@ impl Runner {
         );
         self.manifest.save(&self.store).await?;
         Ok(rows as u64)
+    }
+
+    /// Streams the suite's cases into a fresh `cases/`, a batch at a time (never all held).
+    async fn write_cases(&self, mut cases: generate::CaseStream<'_>) -> Result<usize, RunError> {
+        self.store.delete_dir("cases").await?;
+        let mut w = self
+            .store
+            .part_writer("cases", crate::schema::Table::Cases.schema(), "part");
+        while let Some(batch) = cases.next_batch(8192).await? {
+            w.write(generate::to_batch(&batch)).await?;
+        }
+        Ok(w.finish().await?.0)
     }
 
     /// Calls the model under test for every case x sample not yet committed.
@@ -203,16 +241,75 @@ impl Runner {
         Ok(stats)
     }
 
-    /// Decides validity for every committed call not yet validated.
+    /// The languages the run's validity was (or is being) decided under: recorded with the
+    /// stage, else the pipeline's (a run validated before they were recorded).
+    fn validated_languages(&self) -> Option<Vec<String>> {
+        let rec = self.manifest.stages.get("validate")?;
+        Some(
+            rec.details
+                .get("languages")
+                .and_then(|v| serde_json::from_value(v.clone()).ok())
+                .unwrap_or_else(|| self.pipeline.languages()),
+        )
+    }
+
+    /// Decides validity for every committed call not yet validated, under `--languages`,
+    /// else the languages the run was validated with, else the pipeline's. Other languages
+    /// than the run's re-decide every verdict (an imported run re-validated without a new
+    /// import), and the scores made under the old verdicts must be made again.
     pub async fn validate(&mut self) -> Result<u64, RunError> {
         self.require("validate", "call")?;
         crate::query::check_tables(&self.store).await?;
+        let previous = self.validated_languages();
+        let languages = self
+            .languages
+            .clone()
+            .or_else(|| previous.clone())
+            .unwrap_or_else(|| self.pipeline.languages());
+        if languages.is_empty() || languages.iter().any(|l| l.trim().is_empty()) {
+            return Err(RunError::Root {
+                root: self.store.display().to_string(),
+                msg: format!(
+                    "--languages `{}`: name at least one language, none empty (e.g. en,es)",
+                    languages.join(",")
+                ),
+            });
+        }
+        let sorted = |l: &[String]| {
+            let mut v: Vec<String> = l.iter().map(|x| x.trim().to_string()).collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        let languages = sorted(&languages);
+        let redo = previous.as_deref().is_some_and(|p| sorted(p) != languages);
         self.manifest.start("validate");
+        if let Some(rec) = self.manifest.stages.get_mut("validate") {
+            // Recorded at the start, so an interrupted re-validation resumes under them.
+            rec.details.insert("languages".into(), json!(languages));
+        }
+        if redo {
+            // The scores and results were made from the old verdicts.
+            self.manifest.stages.remove("score");
+            self.manifest.stages.remove("aggregate");
+        }
         self.manifest.save(&self.store).await?;
-        let rows = validate::run(&self.store, &self.pipeline.languages()).await?;
+        if redo {
+            self.store.delete_dir("validity").await?;
+            eprintln!(
+                "validate: answer languages {} (were {}): every verdict is decided again;                  score the run again before aggregating",
+                languages.join(", "),
+                previous.unwrap_or_default().join(", ")
+            );
+        }
+        let rows = validate::run(&self.store, &languages).await?;
         self.manifest.validator_version = Some(validate::VALIDATOR_VERSION.to_string());
-        self.manifest
-            .complete("validate", "validity", rows, BTreeMap::new());
+        self.manifest.complete(
+            "validate",
+            "validity",
+            rows,
+            BTreeMap::from([("languages".into(), json!(languages))]),
+        );
         self.manifest.save(&self.store).await?;
         Ok(rows)
     }
@@ -305,11 +402,23 @@ impl Runner {
         crate::query::check_tables(&self.store).await?;
         let id = scorer.id();
         let stage = format!("score:{}", id.tag());
+        let before = self.manifest.stages.get(&stage).cloned();
         self.manifest.start(&stage);
         self.manifest.save(&self.store).await?;
         let rows = match score_stage::run(&self.store, scorer).await {
             Ok(rows) => rows,
             Err(e) => {
+                // The stage removed its folder: the manifest no more claims it started.
+                match before {
+                    Some(b) => self.manifest.stages.insert(stage.clone(), b),
+                    None => self.manifest.stages.remove(&stage),
+                };
+                let _ = self.manifest.save(&self.store).await;
+                if let Some(f) = score_stage::sql_check::ScorerFailed::of(&e) {
+                    let def = self.pipeline.user_scorer(&f.scorer.name);
+                    let file = self.pipeline.path.display().to_string();
+                    return Err(RunError::ScorerFailed(Box::new(f.located(def, &file))));
+                }
                 return Err(crate::query::explain_read_error(&self.store, e)
                     .await
                     .into());
@@ -348,6 +457,16 @@ impl Runner {
             .complete("aggregate", "results", rows.len() as u64, BTreeMap::new());
         self.manifest.finished_at = Some(manifest_now());
         self.manifest.save(&self.store).await?;
+        if scorer.name == "checklist" {
+            // Beside the failure rates it explains: the built-in label match that never
+            // matched says so, with the shares behind it.
+            if let Some(w) = score_stage::coverage::label_coverage(&self.store, scorer)
+                .await?
+                .warning(scorer)
+            {
+                eprintln!("{w}");
+            }
+        }
         Ok(rows)
     }
 

@@ -1435,4 +1435,41 @@ fn judge_under_a_memory_limit_scores_the_same_or_exits_2_naming_it() {
         .collect();
     assert_eq!(before, after, "no scores version left behind");
     drop((model, judge));
+
+/// A misspelt scorer in `[score] scorers` is found before any stage runs: exit 2 naming the
+/// pipeline file and `score.scorers`, not one request sent to the server, no run root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_scorer_is_refused_before_any_call_is_paid() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = MockServer::start(loopback(), mock_cfg(vec![]))
+        .await
+        .unwrap();
+    let p = pipeline(dir.path(), "typo", &server.base_url(), 2, "");
+    let text = std::fs::read_to_string(&p).unwrap() + "\n[score]\nscorers = [\"chekclist\"]\n";
+    std::fs::write(&p, text).unwrap();
+    let root = dir.path().join("run");
+    let args = [
+        "run".to_string(),
+        p.display().to_string(),
+        "--out".into(),
+        root.display().to_string(),
+    ];
+    let o = tokio::task::spawn_blocking(move || {
+        bin().args(args).env("EVALFLOW_CACHE_DIR", "off").output()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        server.requests(),
+        0,
+        "no call before the scorer is known: {err}"
+    );
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("{}:", p.display()))
+            && err.contains("field `score.scorers`: unknown scorer `chekclist`"),
+        "{err}"
+    );
+    assert!(!root.join("manifest.json").exists());
 }

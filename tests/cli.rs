@@ -299,6 +299,65 @@ fn bad_input_exits_2_naming_file_line_and_field() {
     assert_eq!(std::fs::read(root.join("manifest.json")).unwrap(), before);
 }
 
+/// A run that fails in generate writes nothing, so the fixed pipeline runs on the same
+/// `--out`; a root left by an older build (a manifest whose generate never committed) is
+/// taken over by the fixed pipeline rather than refused as another pipeline's.
+#[test]
+fn failed_generate_leaves_no_manifest_and_the_fixed_pipeline_runs_on_the_same_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let r = root.to_str().unwrap();
+    let typo = write(
+        dir.path(),
+        "p.toml",
+        &MINIMAL.replace("It is {adj}.", "It is {adjj}."),
+    );
+    let o = run(&["run", typo.to_str().unwrap(), "--out", r]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("{adjj}"), "{}", stderr(&o));
+    assert!(!root.join("manifest.json").exists());
+    assert!(!root.join("cases").exists());
+    let missing = write(
+        dir.path(),
+        "p.toml",
+        &MINIMAL
+            .replace(
+                "templates = [\"It is {adj}.\"]\nexpected = \"positive\"",
+                "source = { file = \"nope.csv\", column = \"text\" }\nperturb = \"typos\"",
+            )
+            .replace("type = \"MFT\"", "type = \"INV\""),
+    );
+    let o = run(&["run", missing.to_str().unwrap(), "--out", r]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("nope.csv"), "{}", stderr(&o));
+    assert!(!root.join("manifest.json").exists());
+
+    let fixed = write(dir.path(), "p.toml", MINIMAL);
+    let o = run(&["run", fixed.to_str().unwrap(), "--out", r]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(scalar(&root, "SELECT count(*) FROM scores"), 2);
+
+    // An older build's leftover: generate started under another pipeline, never committed.
+    let old = dir.path().join("old");
+    std::fs::create_dir_all(&old).unwrap();
+    std::fs::write(
+        old.join("manifest.json"),
+        r#"{"run_id":"old","evalflow_version":"0","pipeline_path":"p.toml","pipeline_hash":"0000000000000000","pipeline":null,"created_at":"2026-12-01T00:00:00Z","finished_at":null,"stages":{"generate":{"status":"running","rows":0,"started_at":"2026-12-01T00:00:00Z","finished_at":null}}}"#,
+    )
+    .unwrap();
+    let o = run(&[
+        "run",
+        fixed.to_str().unwrap(),
+        "--out",
+        old.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(old.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["stages"]["generate"]["status"], "complete");
+    assert_ne!(m["pipeline_hash"], "0000000000000000");
+}
+
 #[test]
 fn input_table_with_wrong_schema_is_rejected_with_file_and_field() {
     let dir = tempfile::tempdir().unwrap();

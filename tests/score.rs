@@ -457,3 +457,176 @@ async fn scores_do_not_depend_on_how_cases_and_calls_are_split_in_parts() {
     assert_eq!(got[0].as_array().unwrap().len(), ANSWERS.len() + 3);
     assert_eq!(got[0], got[1]);
 }
+
+/// An imported run (accepting `en,zh` by default): short Spanish is `es`, Japanese `ja`,
+/// neither valid; the checklist reads English only, so a Chinese answer is
+/// `unscorable_language` in its scores, not a failure; `validate --languages en,es`
+/// re-decides every verdict without a new import, and the choice holds on the next
+/// validate.
+#[test]
+fn languages_of_an_imported_run_and_revalidating_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let answers = [
+        "positive",
+        "Sí, es correcto.",
+        "这个产品很好",
+        "東京は日本の首都です。",
+    ];
+    let lines: Vec<String> = answers
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            serde_json::json!({
+                "request": {"model": "m", "messages": [{"role": "user", "content": format!("question {i}")}]},
+                "response": {"model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": a}, "finish_reason": "stop"}]},
+                "expected": "positive",
+            })
+            .to_string()
+        })
+        .collect();
+    let src = dir.path().join("pairs.jsonl");
+    std::fs::write(&src, lines.join("\n") + "\n").unwrap();
+    let root = dir.path().join("run");
+    let (r, p) = (
+        root.to_str().unwrap(),
+        root.join("import.toml").to_str().unwrap().to_string(),
+    );
+    let o = bin(&["import", src.to_str().unwrap(), "--out", r]);
+    assert!(o.status.success(), "{}", text(&o));
+    let verdicts = |root: &Path| -> Vec<(String, String, String)> {
+        sql(
+            root,
+            "SELECT k.response, v.validity, v.language FROM calls k JOIN validity v USING (call_id) ORDER BY k.response",
+        )
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["response"].as_str().unwrap().to_string(),
+                x["validity"].as_str().unwrap().to_string(),
+                x["language"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+    };
+    let o = bin(&["validate", &p, "--out", r]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = |s: &str, l: &str| (s.to_string(), l.to_string());
+    let got: BTreeMap<String, (String, String)> = verdicts(&root)
+        .into_iter()
+        .map(|(a, s, l)| (a, (s, l)))
+        .collect();
+    assert_eq!(got["positive"], v("valid_answer", "en"));
+    assert_eq!(got["Sí, es correcto."], v("unscorable_language", "es"));
+    assert_eq!(got["这个产品很好"], v("valid_answer", "zh"));
+    assert_eq!(
+        got["東京は日本の首都です。"],
+        v("unscorable_language", "ja")
+    );
+    let o = bin(&["score", &p, "--out", r]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s = sql(
+        &root,
+        "SELECT k.response, s.validity, s.passed FROM scores s JOIN calls k USING (call_id) \
+         WHERE s.scorer = 'checklist' ORDER BY k.response",
+    );
+    let scored: BTreeMap<&str, (&str, Option<bool>)> = s
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["response"].as_str().unwrap(),
+                (x["validity"].as_str().unwrap(), x["passed"].as_bool()),
+            )
+        })
+        .collect();
+    assert_eq!(scored["positive"], ("valid_answer", Some(true)));
+    assert_eq!(scored["这个产品很好"], ("unscorable_language", None));
+
+    // Re-validated under other languages, without a new import.
+    let o = bin(&["validate", &p, "--out", r, "--languages", "en,es"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("every verdict is decided again"),
+        "{}",
+        text(&o)
+    );
+    let got: BTreeMap<String, (String, String)> = verdicts(&root)
+        .into_iter()
+        .map(|(a, s, l)| (a, (s, l)))
+        .collect();
+    assert_eq!(got["Sí, es correcto."], v("valid_answer", "es"));
+    assert_eq!(got["这个产品很好"], v("unscorable_language", "zh"));
+    assert_eq!(got.len(), 4, "one verdict per call");
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(
+        m["stages"]["validate"]["details"]["languages"],
+        serde_json::json!(["en", "es"])
+    );
+    assert!(
+        m["stages"].get("score").is_none(),
+        "scores must be made again: {m}"
+    );
+    // The next validate keeps the run's languages rather than the import's default.
+    let o = bin(&["validate", &p, "--out", r]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("decided again"), "{}", text(&o));
+    let got: BTreeMap<String, (String, String)> = verdicts(&root)
+        .into_iter()
+        .map(|(a, s, l)| (a, (s, l)))
+        .collect();
+    assert_eq!(got["Sí, es correcto."], v("valid_answer", "es"));
+    // Another verb does not ignore the flag.
+    let o = bin(&["score", &p, "--out", r, "--languages", "en"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
+/// An imported corpus of free-text answers with labels as `expected`: the checklist's exact
+/// match fails every answer, and `aggregate` says why beside the 100.0%: the share of
+/// answers with none of their labels, those with one inside longer text, and what to use.
+#[test]
+fn a_label_match_that_cannot_match_free_text_is_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = [
+        ("The answer is B, because the passage says so.", "B"),
+        ("I am not sure about this one.", "A"),
+        ("Both could work, I would pick C.", "C"),
+        ("It depends on the context.", "D"),
+    ];
+    let lines: Vec<String> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, (a, e))| {
+            serde_json::json!({
+                "request": {"model": "m", "messages": [{"role": "user", "content": format!("question {i}")}]},
+                "response": {"model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": a}, "finish_reason": "stop"}]},
+                "expected": e,
+            })
+            .to_string()
+        })
+        .collect();
+    let src = dir.path().join("pairs.jsonl");
+    std::fs::write(&src, lines.join("\n") + "\n").unwrap();
+    let root = dir.path().join("run");
+    let r = root.to_str().unwrap();
+    let p = root.join("import.toml").to_str().unwrap().to_string();
+    let o = bin(&["import", src.to_str().unwrap(), "--out", r]);
+    assert!(o.status.success(), "{}", text(&o));
+    for verb in ["validate", "score"] {
+        let o = bin(&[verb, &p, "--out", r]);
+        assert!(o.status.success(), "{verb}: {}", text(&o));
+    }
+    let o = bin(&["aggregate", &p, "--out", r]);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(
+            "warning: checklist@1 failed 4 of 4 valid answers (100.0%): 50.0% of them contain \
+             none of their expected labels and 50.0% contain one inside longer text"
+        ) && err.contains("user-written scorer"),
+        "{err}"
+    );
+}

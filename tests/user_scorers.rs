@@ -905,3 +905,140 @@ fn readme_examples_compile() {
         ["json", "judge", "match", "not_contains", "regex", "sql"]
     );
 }
+
+/// The folder under `root` with a name starting `prefix`, if any.
+fn dir_starting(root: &Path, prefix: &str) -> Option<String> {
+    std::fs::read_dir(root)
+        .ok()?
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .find(|n| n.starts_with(prefix))
+}
+
+/// A SQL scorer that fails on the run's rows (a division by zero, a failed CAST) exits 2
+/// naming its file, line and field, and leaves no `scores/NAME@VERSION/`; an invalid
+/// constant regex is refused when the definition is read, before any stage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_scorer_failures_name_file_and_field_and_leave_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = format!(
+        "{PIPELINE}\n[score]\nscorers = [\"ratio\"]\n\n\
+         [[scorer]]\nname = \"ratio\"\nkind = \"sql\"\nmetric = \"numeric\"\n\
+         score = \"1 / (answer_chars - answer_chars)\"\n"
+    );
+    let root = dir.path().join("run");
+    recorded_run(&root, &pipeline).await;
+    let p = root.with_extension("toml");
+    let cast = dir.path().join("cast.toml");
+    std::fs::write(
+        &cast,
+        "[[scorer]]\nname = \"amount\"\nkind = \"sql\"\nmetric = \"numeric\"\nscore = \"CAST(response AS INT)\"\n",
+    )
+    .unwrap();
+    let regex = dir.path().join("regex.toml");
+    std::fs::write(
+        &regex,
+        "[[scorer]]\nname = \"refund_re\"\nkind = \"sql\"\nmetric = \"pass_fail\"\n\n\
+         passed = \"regexp_like(response, '(refund')\"\n",
+    )
+    .unwrap();
+    let manifest_before = std::fs::read(root.join("manifest.json")).unwrap();
+    let (r, pf, cf, rf) = (
+        root.to_str().unwrap().to_string(),
+        p.to_str().unwrap().to_string(),
+        cast.to_str().unwrap().to_string(),
+        regex.to_str().unwrap().to_string(),
+    );
+    let (scored, cast_out, regex_out) = tokio::task::spawn_blocking(move || {
+        (
+            bin(&["score", &pf, "--out", &r]),
+            bin(&["rescore", &r, "--scorer-file", &cf]),
+            bin(&["rescore", &r, "--scorer-file", &rf]),
+        )
+    })
+    .await
+    .unwrap();
+    let t = text(&scored);
+    assert_eq!(scored.status.code(), Some(2), "{t}");
+    let line = pipeline
+        .lines()
+        .position(|l| l.starts_with("score = "))
+        .unwrap()
+        + 1;
+    assert!(
+        t.contains(&format!(
+            "{}:{line}: scorer `ratio`: field `score`: failed on the run's answers",
+            p.display()
+        )) && t.contains("Divide by zero"),
+        "{t}"
+    );
+    let t = text(&cast_out);
+    assert_eq!(cast_out.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains(&format!(
+            "{}:5: scorer `amount`: field `score`: failed on the run's answers",
+            cast.display()
+        )),
+        "{t}"
+    );
+    let t = text(&regex_out);
+    assert_eq!(regex_out.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains(&format!(
+            "{}:6: scorer `refund_re`: field `passed`: `regexp_like(response, '(refund')`: invalid regular expression '(refund'",
+            regex.display()
+        )),
+        "{t}"
+    );
+    for name in ["ratio@", "amount@", "refund_re@"] {
+        assert_eq!(dir_starting(&root.join("scores"), name), None, "{name}");
+    }
+    assert_eq!(
+        std::fs::read(root.join("manifest.json")).unwrap(),
+        manifest_before,
+        "the manifest claims no scorer stage"
+    );
+    // The constant regex is refused when a pipeline holding it is read, before any stage.
+    let inline = format!(
+        "{PIPELINE}\n[[scorer]]\nname = \"s\"\nkind = \"sql\"\nmetric = \"pass_fail\"\npassed = \"response ~ '[a-'\"\n"
+    );
+    let e = Pipeline::parse(&inline, Path::new("p.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("p.toml:14: field `scorer.passed`: scorer `s`:")
+            && e.contains("invalid regular expression '[a-'"),
+        "{e}"
+    );
+}
+
+/// An I/O failure while `rescore` writes (here: a part's path taken by a folder, as a full
+/// disk fails a write) leaves no `scores/cue@1/` behind, so the next attempt is not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rescore_that_fails_writing_leaves_no_scores_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("run");
+    recorded_run(&root, PIPELINE).await;
+    let part = std::fs::read_dir(root.join("calls"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .find(|n| n.ends_with(".parquet"))
+        .unwrap();
+    let blocked = root.join("scores/cue@1").join(&part);
+    std::fs::create_dir_all(&blocked).unwrap();
+    let r = root.to_str().unwrap().to_string();
+    let o = tokio::task::spawn_blocking(move || bin(&["rescore", &r, "--scorer", "cue"]))
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    assert!(!root.join("scores/cue@1").exists(), "{}", text(&o));
+    let r = root.to_str().unwrap().to_string();
+    let o = tokio::task::spawn_blocking(move || bin(&["rescore", &r, "--scorer", "cue"]))
+        .await
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("rescored 12 rows with cue@1"),
+        "{}",
+        text(&o)
+    );
+}

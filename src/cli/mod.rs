@@ -230,6 +230,12 @@ pub struct StageArgs {
     pub out: Option<String>,
     #[command(flatten)]
     pub cluster: ClusterArg,
+    /// validate and run: the answer languages validate accepts, comma-separated ISO 639-1
+    /// codes (e.g. en,es; `und` accepts text too short to tell). Default: those the run was
+    /// validated with, else the pipeline's. Other languages than the run's re-decide every
+    /// verdict, without a new call or import.
+    #[arg(long, value_delimiter = ',')]
+    pub languages: Option<Vec<String>>,
 }
 
 /// Runs one parsed command.
@@ -243,6 +249,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Executor(a) => cluster::executor(a).await,
         Command::Run(a) => {
             let mut r = Runner::open(&a.pipeline, a.out.as_deref()).await?;
+            r.languages = a.languages.clone();
             eprintln!("run root: {}", r.store.display());
             remember_root(r.store.display());
             let rows = r.run_all().await?;
@@ -286,8 +293,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             );
             Ok(())
         }
-        Command::Validate(a) => {
+        Command::Validate(mut a) => {
+            let languages = a.languages.take();
             let mut r = open_stage(&a).await?;
+            r.languages = languages;
             let n = r.validate().await?;
             println!("validity: {n} rows in {}/validity", r.store.display());
             Ok(())
@@ -424,6 +433,12 @@ pub fn take_last_root() -> Option<String> {
 }
 
 async fn open_stage(a: &StageArgs) -> Result<Runner, CliError> {
+    if a.languages.is_some() {
+        // Not ignored: only validate (and run) decide verdicts; validate takes it first.
+        return Err(CliError::BadInput(
+            "--languages is an option of validate and run only".into(),
+        ));
+    }
     if a.out.is_none() {
         return Err(CliError::BadInput(
             "a single stage needs --out <root> naming the run it reads and writes".into(),

@@ -48,7 +48,9 @@ pub struct RescoreArgs {
 
 /// The user scorer of `--scorer-file` that `--scorer` names (or the file's only one).
 fn from_file(a: &RescoreArgs, file: &std::path::Path) -> Result<user::ScorerDef, CliError> {
-    let defs = user::parse_file(file).map_err(|e| CliError::BadInput(e.to_string()))?;
+    let defs = user::parse_file(file)
+        .and_then(|d| score::sql_check::check_defs(&d).map(|()| d))
+        .map_err(|e| CliError::BadInput(e.to_string()))?;
     let names: Vec<&str> = defs.iter().map(|d| d.name.as_str()).collect();
     match &a.scorer {
         Some(spec) => {
@@ -85,9 +87,12 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
             CliError::Internal(e.to_string())
         }
     };
+    // The definition read from --scorer-file, for naming its lines should it fail.
+    let mut file_def = None;
     let scorer: Box<dyn Scorer> = match &a.scorer_file {
         Some(file) => {
             let def = from_file(&a, file)?;
+            file_def = Some(def.clone());
             // Checked in full (and its version known) before a judge is asked anything.
             let version = def.version();
             if let Some(v) = a
@@ -143,9 +148,31 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
                 // scorer changes every row and says nothing about the new version.
                 .find(|s| s.name == id.name),
         };
-    let rows = score::run(&store, scorer.as_ref())
-        .await
-        .map_err(internal)?;
+    let rows = tokio::select! {
+        r = score::run(&store, scorer.as_ref()) => r.map_err(|e| {
+            match score::sql_check::ScorerFailed::of(&e) {
+                Some(f) => {
+                    let def = file_def.clone().or_else(|| {
+                        user::defs_of_pipeline(&manifest.pipeline)
+                            .into_iter()
+                            .find(|d| d.name == f.scorer.name)
+                    });
+                    CliError::BadInput(f.located(def.as_ref(), &manifest.pipeline_path).to_string())
+                }
+                None if e.is_bad_input() => CliError::BadInput(e.to_string()),
+                None => internal(e),
+            }
+        })?,
+        signal = interrupted() => {
+            // The stage was dropped mid-write: what it wrote of the new version goes.
+            let _ = store.delete_scratch(&id.dir()).await;
+            return Err(CliError::Internal(format!(
+                "rescore {}: interrupted by {signal}; nothing of {} was kept",
+                id.tag(),
+                id.dir()
+            )));
+        }
+    };
     manifest.scorer_versions.push(id.tag());
     let stage = format!("score:{}", id.tag());
     let mut details = BTreeMap::from([
@@ -167,6 +194,15 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
         store.display(),
         id.dir()
     );
+    if scorer.metric_kind() == MetricKind::PassFail && scorer.definition().is_none() {
+        // A built-in label match that never matched says so (see `score::coverage`).
+        let coverage = score::coverage::label_coverage(&store, &id)
+            .await
+            .map_err(internal)?;
+        if let Some(w) = coverage.warning(&id) {
+            eprintln!("{w}");
+        }
+    }
 
     let Some(old) = against else {
         println!(
@@ -194,6 +230,32 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
             internal(e)
         }
     })
+}
+
+/// Resolves on the first SIGINT (Ctrl-C) or SIGTERM, naming it; never on a platform or
+/// process where the signals cannot be watched.
+async fn interrupted() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(mut int), Ok(mut term)) => tokio::select! {
+                _ = int.recv() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            },
+            _ => std::future::pending().await,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        match tokio::signal::ctrl_c().await {
+            Ok(()) => "Ctrl-C",
+            Err(_) => std::future::pending().await,
+        }
+    }
 }
 
 /// Where a diff's pairs are written (see [`register_pairs`]); deleted after the diff.

@@ -29,7 +29,12 @@ use crate::udaf::spec::{ScalarSpec, StatUdf};
 /// (a non-ASCII letter or a function word of another language); without one the text is
 /// English. On a bench corpus every text this changed was English word lists the detector
 /// had called French or Afrikaans, and it cut the detector's calls twentyfold.
-pub const VALIDATOR_VERSION: &str = "validate@3";
+/// `@4`: an answer the provider filtered (`finish_reason` `content_filter` or `refusal`)
+/// is `provider_error`, never scored; kana makes an answer Japanese (`ja`, it was `zh`),
+/// Hangul Korean; a short Latin-script answer is tagged by a vote of its function words
+/// (short Spanish was `en`), `und` when they point to several languages at once, and such
+/// an `und` (with letters) is read only where `und` is accepted.
+pub const VALIDATOR_VERSION: &str = "validate@4";
 
 /// The validity verdicts, in DESIGN.md order.
 pub const VERDICTS: [&str; 6] = [
@@ -41,17 +46,22 @@ pub const VERDICTS: [&str; 6] = [
     "unscorable_language",
 ];
 
-/// The script-level language of an answer: `zh`, `en`, `mixed`, another ISO 639-1 code
-/// when a detector is confident on a long enough Latin-script text, or `und` with no letters.
+/// The language of an answer: `zh`, `ja` (any kana), `ko` (Hangul), `en`, `mixed`
+/// (Chinese and English), another ISO 639-1 code, or `und`: no letters at all, or letters
+/// whose language the text does not tell (a short text with signs of several languages).
 ///
-/// Uses the Han-vs-Latin ratio rule from six-checks-before-you-trust: r = han / (han +
-/// latin); r > 0.35 is zh, r < 0.05 is Latin script, otherwise mixed. The script is decided
-/// by character class in one pass; the (slow) trigram detector runs only on long
-/// Latin-script text that does not read as English by its function words, since that is
-/// the only case where it can change the verdict, and only when the text shows a sign of
-/// another language (whatlang costs about 100 µs a text, the rest of the verdict 1 µs).
+/// Uses the CJK-vs-Latin ratio rule from six-checks-before-you-trust: r = cjk / (cjk +
+/// latin); r > 0.35 is CJK (Japanese when any kana is present, Korean for Hangul, else
+/// Chinese), r < 0.05 is Latin script, otherwise mixed. The script is decided by character
+/// class in one pass. Latin-script text is English when its function words say so, or
+/// when nothing says otherwise (a label such as `positive`); a text with a sign of another
+/// language is read by the (slow) trigram detector when long enough for it, and by a vote
+/// of the function words of the common Latin-script languages when short
+/// ([`short_text_language`]): whatlang is unreliable below a sentence or two and called
+/// short Spanish answers English (whatlang costs about 100 µs a text, the rest 1 µs).
 pub fn language(text: &str) -> String {
-    let (mut han, mut latin, mut other_letters) = (0usize, 0usize, false);
+    let (mut han, mut kana, mut hangul, mut latin, mut other_letters) =
+        (0usize, 0usize, 0usize, 0usize, false);
     if text.is_ascii() {
         // Most answers: a byte loop, no UTF-8 decoding.
         latin = text.bytes().filter(u8::is_ascii_alphabetic).count();
@@ -61,12 +71,26 @@ pub fn language(text: &str) -> String {
                 latin += 1;
             } else if ('\u{4e00}'..='\u{9fff}').contains(&c) {
                 han += 1;
-            } else if !c.is_ascii() && !other_letters && c.is_alphabetic() {
-                other_letters = true;
+            } else if ('\u{3040}'..='\u{30ff}').contains(&c)
+                || ('\u{ff66}'..='\u{ff9f}').contains(&c)
+            {
+                kana += 1;
+            } else if ('\u{ac00}'..='\u{d7af}').contains(&c)
+                || ('\u{1100}'..='\u{11ff}').contains(&c)
+            {
+                hangul += 1;
+            } else if !c.is_ascii() && c.is_alphabetic() {
+                if c.is_alphabetic() && (c as u32) < 0x0250 {
+                    // Accented Latin letters (é, ñ, ß, ł, ...) are Latin script.
+                    latin += 1;
+                } else {
+                    other_letters = true;
+                }
             }
         }
     }
-    if han + latin == 0 {
+    let cjk = han + kana + hangul;
+    if cjk + latin == 0 {
         // Other scripts (Cyrillic, Arabic, ...) or no letters at all.
         if !other_letters {
             return "und".into();
@@ -76,24 +100,194 @@ pub fn language(text: &str) -> String {
             _ => "other".into(),
         };
     }
-    let r = han as f64 / (han + latin) as f64;
+    let r = cjk as f64 / (cjk + latin) as f64;
+    // Kana is written only in Japanese (whose kanji are Han): any kana makes CJK text
+    // Japanese, even beside English words; Hangul is Korean.
+    if r >= 0.05 && kana > 0 {
+        return "ja".into();
+    }
+    if r >= 0.05 && hangul > han {
+        return "ko".into();
+    }
     if r > 0.35 {
-        "zh".into()
-    } else if r >= 0.05 {
-        "mixed".into()
-    } else if latin >= 40 && !reads_as_english(text) && other_language_signs(text) {
-        // Long Latin-script answers may be another language; short ones (labels) stay en.
+        return "zh".into();
+    }
+    if r >= 0.05 {
+        return "mixed".into();
+    }
+    if reads_as_english(text) {
+        return "en".into();
+    }
+    if latin >= 40 {
+        if !other_language_signs(text) {
+            return "en".into();
+        }
         // The detector reads the first 1,000 bytes: enough for a language, and its cost
         // grows with the text.
         let head = &text[..text.floor_char_boundary(1000)];
-        match whatlang::detect(head) {
-            Some(info) if info.is_reliable() && info.lang() != whatlang::Lang::Eng => {
-                iso639_1(info.lang()).to_string()
-            }
-            _ => "en".into(),
+        if let Some(info) = whatlang::detect(head)
+            && info.is_reliable()
+        {
+            return iso639_1(info.lang()).to_string();
         }
+    }
+    // Short (or undecided) text: its words vote, and no evidence leaves it English.
+    short_text_language(text).to_string()
+}
+
+/// Function words (weight 1) and words only one language writes (weight 2) of the
+/// Latin-script languages short answers most often come in, without words that are also
+/// common in English (`no`, `die`, `son`, `as`, `do`, `man`, ...): a short answer's vote.
+const SHORT_WORDS: &[(&str, &[&str], &[&str])] = &[
+    (
+        "es",
+        &[
+            "el", "la", "los", "las", "del", "que", "y", "en", "un", "una", "es", "por", "para",
+            "pero", "muy", "lo", "se", "al", "como", "su", "fue", "hay", "bien", "esta", "este",
+            "eso", "todo", "nada", "mucho", "ser", "sin", "mi", "yo", "bueno", "buena", "claro",
+            "correcto", "cierto", "verdad", "sobre",
+        ],
+        &[
+            "sí",
+            "está",
+            "están",
+            "qué",
+            "sé",
+            "también",
+            "gracias",
+            "usted",
+            "más",
+            "así",
+            "cómo",
+            "dónde",
+            "porque",
+            "acuerdo",
+            "respuesta",
+            "hola",
+            "señor",
+            "año",
+            "años",
+            "ningún",
+            "ninguna",
+            "ahora",
+            "depende",
+        ],
+    ),
+    (
+        "pt",
+        &[
+            "os", "da", "das", "dos", "em", "um", "uma", "que", "se", "com", "para", "por", "foi",
+            "mais", "muito", "bem", "isso", "sim", "ele", "ela", "mas",
+        ],
+        &[
+            "não", "são", "está", "obrigado", "obrigada", "você", "também", "então", "olá",
+        ],
+    ),
+    (
+        "fr",
+        &[
+            "le", "la", "les", "des", "du", "de", "et", "est", "une", "un", "pas", "qui", "dans",
+            "sur", "avec", "ce", "il", "elle", "nous", "vous", "je", "mais", "ou", "au", "aux",
+            "ne", "bien", "oui", "tout", "cette", "sont",
+        ],
+        &[
+            "très", "merci", "bonjour", "être", "à", "où", "ça", "déjà", "voilà", "réponse",
+        ],
+    ),
+    (
+        "de",
+        &[
+            "der", "das", "und", "ist", "nicht", "ein", "eine", "mit", "sich", "auf", "dem", "zu",
+            "von", "sehr", "auch", "aber", "ich", "sie", "wir", "nein", "es", "ja", "gut", "den",
+        ],
+        &[
+            "danke",
+            "bitte",
+            "für",
+            "über",
+            "können",
+            "natürlich",
+            "genau",
+            "richtig",
+        ],
+    ),
+    (
+        "it",
+        &[
+            "il", "lo", "gli", "di", "che", "non", "per", "sono", "della", "molto", "ma", "anche",
+            "bene", "con", "questo", "questa", "come", "un", "una",
+        ],
+        &[
+            "grazie", "ciao", "perché", "sì", "è", "più", "così", "risposta", "certo",
+        ],
+    ),
+    (
+        "nl",
+        &[
+            "het", "een", "van", "niet", "zijn", "maar", "ook", "de", "en", "dat", "ik", "je",
+        ],
+        &["nee", "goed", "dank", "bedankt", "alsjeblieft", "wel"],
+    ),
+];
+
+/// The language of a short Latin-script text with a sign of another language than English:
+/// the language whose words ([`SHORT_WORDS`]) weigh at least 2 and more than any other
+/// language's and the English function words'; `und` when two or more languages tie
+/// there (evidence, but not of one language); `en` when the evidence is a single weak
+/// word (a name such as "Charles de Gaulle" in an English answer).
+fn short_text_language(text: &str) -> &'static str {
+    static TABLE: std::sync::OnceLock<std::collections::HashMap<&'static str, Vec<(usize, u32)>>> =
+        std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let mut t: std::collections::HashMap<&'static str, Vec<(usize, u32)>> = Default::default();
+        for (i, (_, weak, strong)) in SHORT_WORDS.iter().enumerate() {
+            for w in *weak {
+                t.entry(*w).or_default().push((i, 1));
+            }
+            for w in *strong {
+                t.entry(*w).or_default().push((i, 2));
+            }
+        }
+        t
+    });
+    let mut votes = [0u32; SHORT_WORDS.len()];
+    // Each word once ("La La Land" is one `la`); ASCII words are lowered without allocating
+    // (most short answers are labels that match nothing).
+    let mut seen: Vec<&'static str> = Vec::new();
+    let mut buf = [0u8; 16];
+    for w in text
+        .split(|c: char| !c.is_alphabetic())
+        .filter(|w| !w.is_empty())
+    {
+        let owned;
+        let lower: &str = if w.is_ascii() && w.len() <= buf.len() {
+            let b = &mut buf[..w.len()];
+            b.copy_from_slice(w.as_bytes());
+            b.make_ascii_lowercase();
+            std::str::from_utf8(b).unwrap_or_default()
+        } else {
+            owned = w.to_lowercase();
+            &owned
+        };
+        if let Some((key, hits)) = table.get_key_value(lower)
+            && !seen.contains(key)
+        {
+            seen.push(key);
+            for (i, weight) in hits {
+                votes[*i] += weight;
+            }
+        }
+    }
+    let english = english_hits(text).0 as u32;
+    let best = *votes.iter().max().unwrap_or(&0);
+    if best < 2 {
+        return "en";
+    }
+    let leaders: Vec<usize> = (0..votes.len()).filter(|i| votes[*i] == best).collect();
+    if leaders.len() == 1 && best > english {
+        SHORT_WORDS[leaders[0]].0
     } else {
-        "en".into()
+        "und"
     }
 }
 
@@ -103,6 +297,12 @@ pub fn language(text: &str) -> String {
 /// Polish, Dutch or French words). English prose has about a quarter of its words in
 /// this list; text in another language has almost none.
 fn reads_as_english(text: &str) -> bool {
+    let (hits, words) = english_hits(text);
+    hits >= 2 && hits * 10 >= words
+}
+
+/// (English function words of [`reads_as_english`], words) of `text`.
+fn english_hits(text: &str) -> (usize, usize) {
     let (mut words, mut hits) = (0usize, 0usize);
     let mut buf = [0u8; 6];
     for w in text
@@ -171,7 +371,7 @@ fn reads_as_english(text: &str) -> bool {
             hits += 1;
         }
     }
-    hits >= 2 && hits * 10 >= words
+    (hits, words)
 }
 
 /// Whether Latin-script text shows a sign of a language other than English: a non-ASCII
@@ -248,6 +448,10 @@ fn iso639_1(l: whatlang::Lang) -> &'static str {
     }
 }
 
+/// Finish reasons that mean the provider withheld or cut the answer by policy: OpenAI's
+/// `content_filter` and Anthropic's `refusal` (mapped through unchanged).
+pub const FILTERED: [&str; 2] = ["content_filter", "refusal"];
+
 /// One call's fields that decide its validity.
 #[derive(Debug, Clone, Default)]
 pub struct CallView<'a> {
@@ -295,6 +499,16 @@ pub fn decide(c: &CallView, languages: &[String]) -> Verdict {
     if let Some(s) = c.http_status.filter(|s| !(200..300).contains(s)) {
         return v("provider_error", format!("HTTP {s} with no answer"));
     }
+    if let Some(f) = c.finish_reason.filter(|f| FILTERED.contains(f)) {
+        // What is left of a filtered answer is the provider's choice, not the model's
+        // answer: scoring it would count the filter as the model failing (or passing).
+        return v(
+            "provider_error",
+            format!(
+                "finish_reason={f}: the provider filtered the answer ({answer_chars} characters returned); never scored"
+            ),
+        );
+    }
     let length = c.finish_reason == Some("length");
     if text.trim().is_empty() {
         if length {
@@ -326,19 +540,25 @@ pub fn decide(c: &CallView, languages: &[String]) -> Verdict {
         );
     }
     // An answer with no letters ("30", "4.99") is in no language: every scorer reads it.
+    // One whose letters do not tell their language (`und` with letters) is read only
+    // where `und` is accepted: calling it English would score it on no evidence.
+    let letters = lang == "und" && text.chars().any(char::is_alphabetic);
     let covered = languages.contains(&lang)
-        || lang == "und"
+        || (lang == "und" && !letters)
         || (lang == "mixed"
             && languages.iter().any(|l| l == "en")
             && languages.iter().any(|l| l == "zh"));
     if !covered {
-        return v(
-            "unscorable_language",
+        let accepted = languages.join(", ");
+        let reason = if letters {
             format!(
-                "answer language `{lang}` is not covered by the scorers ({})",
-                languages.join(", ")
-            ),
-        );
+                "answer language `und`: its words point to several languages, none of them clearly \
+                 (accepted: {accepted}; accept `und` to score such answers)"
+            )
+        } else {
+            format!("answer language `{lang}` is not covered by the scorers ({accepted})")
+        };
+        return v("unscorable_language", reason);
     }
     v(
         "valid_answer",
@@ -377,17 +597,20 @@ impl ScalarSpec for ValidityVerdict {
         name: "validity_verdict",
         syntax: "validity_verdict(response, finish_reason, http_status, error, reasoning_tokens, reasoning_chars, max_tokens, languages)",
         returns: "Struct{validity, validity_reason, language, answer_chars}",
-        summary: "The validate stage's rule (`validate@3`), decided before any scoring: exactly one of \
+        summary: "The validate stage's rule (`validate@4`), decided before any scoring: exactly one of \
                   `valid_answer`, `empty_due_to_budget`, `empty_unexplained`, `truncated`, \
                   `provider_error`, `unscorable_language`, with a human-readable reason, the answer's \
-                  language (Han-vs-Latin ratio, a detector only for long Latin-script text that does \
-                  not read as English and shows a sign of another language) and its length in \
-                  characters. `evalflow validate` runs `SELECT call_id, validity_verdict(...) \
+                  language (CJK-vs-Latin ratio, kana making it `ja`; for Latin-script text that does \
+                  not read as English and shows a sign of another language, a detector when long \
+                  and a vote of function words when short, `und` when they point to several \
+                  languages) and its length in characters. `evalflow validate` runs `SELECT call_id, validity_verdict(...) \
                   FROM calls`; the same call re-decides verdicts ad hoc, for instance under another \
                   set of accepted languages.",
         behavior: "Any argument may be NULL: a NULL response is an empty answer, a NULL error or \
                    http_status is no error. An error (or a non-2xx status) wins over every other \
-                   verdict; an empty answer with finish_reason `length` is `empty_due_to_budget`.",
+                   verdict; an answer the provider filtered (finish_reason `content_filter` or \
+                   `refusal`) is `provider_error` with a reason naming it, never scored; an \
+                   empty answer with finish_reason `length` is `empty_due_to_budget`.",
         arguments: &[
             ("response", "The answer text (calls.response)."),
             (
@@ -616,6 +839,61 @@ mod tests {
         assert!(other_language_signs("Le repas était bon"));
     }
 
+    /// Short answers in another language are not English on no evidence; kana is
+    /// Japanese; labels and English with a foreign name stay English.
+    #[test]
+    fn short_answers_and_japanese_get_their_own_language() {
+        assert_eq!(language("Sí, es correcto."), "es");
+        assert_eq!(language("No, gracias."), "es");
+        assert_eq!(language("Muy bien"), "es");
+        assert_eq!(language("La respuesta es sí"), "es");
+        assert_eq!(language("Das ist nicht richtig"), "de");
+        assert_eq!(language("Oui, c'est très bien"), "fr");
+        assert_eq!(language("Não, obrigado"), "pt");
+        assert_eq!(language("Grazie, è corretto"), "it");
+        // Words of two languages in equal measure: undetermined, not English.
+        assert_eq!(language("de la"), "fr");
+        assert_eq!(language("la et que"), "und");
+        for en in [
+            "positive",
+            "Neutral.",
+            "Yes",
+            "I think so",
+            "Charles de Gaulle",
+            "La La Land",
+            "The patient will die",
+            "The Spanish for thank you is gracias",
+        ] {
+            assert_eq!(language(en), "en", "{en}");
+        }
+        assert_eq!(language("東京は日本の首都です。"), "ja");
+        assert_eq!(language("ありがとうございます"), "ja");
+        assert_eq!(language("Asana は良いツールです"), "ja");
+        assert_eq!(language("서울은 한국의 수도입니다"), "ko");
+        assert_eq!(language("东京是日本的首都。"), "zh");
+        // An undetermined text with letters is not scored as English; a number still is.
+        let und = CallView {
+            response: Some("la et que"),
+            finish_reason: Some("stop"),
+            ..Default::default()
+        };
+        let v = decide(&und, &en());
+        assert_eq!(
+            (v.validity, v.language.as_str()),
+            ("unscorable_language", "und")
+        );
+        assert_eq!(
+            decide(&und, &["en".into(), "und".into()]).validity,
+            "valid_answer"
+        );
+        let es = CallView {
+            response: Some("Sí, es correcto."),
+            finish_reason: Some("stop"),
+            ..Default::default()
+        };
+        assert_eq!(decide(&es, &en()).validity, "unscorable_language");
+    }
+
     #[test]
     fn verdicts_for_each_failure_shape() {
         let err = CallView {
@@ -659,6 +937,26 @@ mod tests {
         };
         assert_eq!(decide(&number, &en()).validity, "valid_answer");
         assert_eq!(decide(&number, &en()).language, "und");
+        // A filtered answer is never scored, whatever text came with it.
+        let filtered = CallView {
+            response: Some("I can't help with"),
+            finish_reason: Some("content_filter"),
+            http_status: Some(200),
+            ..Default::default()
+        };
+        let f = decide(&filtered, &en());
+        assert_eq!(f.validity, "provider_error");
+        assert!(
+            f.reason.starts_with("finish_reason=content_filter"),
+            "{}",
+            f.reason
+        );
+        let refused = CallView {
+            response: Some(""),
+            finish_reason: Some("refusal"),
+            ..Default::default()
+        };
+        assert_eq!(decide(&refused, &en()).validity, "provider_error");
         let ok = CallView {
             response: Some("positive"),
             finish_reason: Some("stop"),

@@ -215,6 +215,15 @@ impl RunStore {
         Ok(())
     }
 
+    /// Deletes the object `rel`; one that is not there is no error.
+    pub async fn delete(&self, rel: &str) -> Result<(), StorageError> {
+        let p = self.path(rel);
+        match self.store.delete(&p).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(source) => Err(self.store_err(&p, source)),
+        }
+    }
+
     /// Writes `bytes` to `rel` atomically.
     pub async fn put(&self, rel: &str, bytes: Vec<u8>) -> Result<(), StorageError> {
         let p = self.path(rel);

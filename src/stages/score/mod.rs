@@ -6,8 +6,10 @@
 //! Re-scoring writes `scores/<scorer>@<version>/` beside older versions, never over them.
 
 pub mod checklist;
+pub mod coverage;
 pub mod cue;
 pub mod judge;
+pub mod sql_check;
 pub mod user;
 
 use std::collections::HashMap;
@@ -106,9 +108,33 @@ pub fn compares_to_base(name: &str) -> bool {
 /// languages `unscorable_language`). The cue scorer has cue lists for English and Chinese;
 /// the checklist's label matching and the judge's questions are English.
 pub fn languages_of(name: &str) -> &'static [&'static str] {
+    builtin_languages(name).unwrap_or(&["en"])
+}
+
+/// The languages a built-in scorer reads; `None` for any other name (a user scorer reads
+/// whatever validate accepted: its author chose the languages).
+pub fn builtin_languages(name: &str) -> Option<&'static [&'static str]> {
     match name {
-        "cue" => &["en", "zh"],
-        _ => &["en"],
+        "cue" => Some(&["en", "zh"]),
+        "checklist" | "judge" => Some(&["en"]),
+        _ => None,
+    }
+}
+
+/// Whether a scorer reading `languages` reads an answer tagged `language`: one of them,
+/// `und` (no letters, or accepted as such by validate), or `mixed` Chinese and English
+/// when it reads both.
+pub fn reads_language(languages: &[&str], language: &str) -> bool {
+    languages.contains(&language)
+        || language == "und"
+        || (language == "mixed" && languages.contains(&"en") && languages.contains(&"zh"))
+}
+
+/// Whether `scorer` scores a valid answer in `language`.
+fn readable(scorer: &dyn Scorer, language: Option<&str>) -> bool {
+    match (scorer.languages(), language) {
+        (Some(langs), Some(l)) => reads_language(langs, l),
+        _ => true,
     }
 }
 
@@ -187,6 +213,13 @@ pub trait Scorer: Send + Sync {
     /// scores of any age are aggregated by their declared metric).
     fn definition(&self) -> Option<serde_json::Value> {
         None
+    }
+    /// The answer languages it reads (`None`: every language validate accepted). A valid
+    /// answer in another language is `unscorable_language` for this scorer, never a
+    /// failure: validate accepts the union of the run's scorers' languages, so the cue
+    /// scorer's Chinese answers are not the checklist's failures.
+    fn languages(&self) -> Option<&'static [&'static str]> {
+        builtin_languages(&self.id().name)
     }
 }
 
@@ -529,12 +562,29 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
     // tables only `cases` is queried whole.
     crate::query::register_tables(&ctx, store, "", &[Table::Cases]).await?;
     let bases = if scorer.compares_to_base() {
-        load_bases(&ctx, store).await?
+        load_bases(&ctx, store, scorer).await?
     } else {
         HashMap::new()
     };
     let id = scorer.id();
     store.delete_dir(&id.dir()).await?;
+    let written = write_scores(store, scorer, &ctx, &bases, &id).await;
+    if written.is_err() {
+        // Half a version is no version: the folder goes (a scorer's failure, a full disk),
+        // and the next attempt starts from nothing, as it would anyway.
+        let _ = store.delete_scratch(&id.dir()).await;
+    }
+    written
+}
+
+/// Writes `scores/<id>/` part by part; see [`run`].
+async fn write_scores(
+    store: &RunStore,
+    scorer: &dyn Scorer,
+    ctx: &datafusion::prelude::SessionContext,
+    bases: &HashMap<BaseKey, BaseAnswer>,
+    id: &ScorerId,
+) -> Result<u64, QueryError> {
     if let Some(def) = scorer.definition() {
         // Written before the parts: scores are never found without their definition.
         let text = serde_json::to_vec_pretty(&def).unwrap_or_default();
@@ -550,7 +600,7 @@ pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryErro
     // the same name (as validate writes validity): memory is `--threads` parts' joins and
     // their encoders, with no part's rows waiting for an earlier part to be written. The
     // table is the same whatever the thread count.
-    let (ctx, bases, id, progress, case_parts) = (&ctx, &bases, &id, &progress, &case_parts);
+    let (progress, case_parts) = (&progress, &case_parts);
     let mut scored = futures::stream::iter(parts.into_iter().enumerate())
         .map(|(k, part)| async move {
             let name = part
@@ -750,7 +800,7 @@ pub async fn score_calls(
     let ctx = new_context();
     register_run(&ctx, store, "").await?;
     let bases = if scorer.compares_to_base() {
-        load_bases(&ctx, store).await?
+        load_bases(&ctx, store, scorer).await?
     } else {
         HashMap::new()
     };
@@ -785,6 +835,7 @@ pub async fn score_calls(
 async fn load_bases(
     ctx: &datafusion::prelude::SessionContext,
     store: &RunStore,
+    scorer: &dyn Scorer,
 ) -> Result<HashMap<BaseKey, BaseAnswer>, QueryError> {
     let mut bases = HashMap::new();
     let perturbed = ctx
@@ -820,7 +871,10 @@ async fn load_bases(
                     c.i("sample_idx", i).unwrap_or(0),
                 );
                 let validity = c.s("validity", i).unwrap_or_default();
-                let v = if validity == "valid_answer" {
+                let v = if validity == "valid_answer" && !readable(scorer, c.s("language", i)) {
+                    // A base the scorer cannot read is no base to compare with.
+                    Err("unscorable_language".to_string())
+                } else if validity == "valid_answer" {
                     Ok(Answer {
                         label: normalise_label(c.s("response", i).unwrap_or_default()),
                         score: c.f("response_score", i),
@@ -848,16 +902,23 @@ fn batch_outcomes(
         .column_by_name("validity")
         .and_then(|c| c.as_any().downcast_ref::<StringArray>())
         .expect("joined column `validity` is Utf8");
+    let language = b
+        .column_by_name("language")
+        .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+        .expect("joined column `language` is Utf8");
     let valid: BooleanArray = validity
         .iter()
-        .map(|v| Some(v == Some("valid_answer")))
+        .zip(language.iter())
+        .map(|(v, l)| Some(v == Some("valid_answer") && readable(scorer, l)))
         .collect();
     match scorer.score_valid(b, &valid) {
         None => Ok(None),
         Some(Ok(v)) => Ok(Some(v.into_iter())),
         Some(Err(msg)) => Err(QueryError::DataFusion {
             context: format!("scorer {}", scorer.id().tag()),
-            source: datafusion::error::DataFusionError::Execution(msg),
+            source: datafusion::error::DataFusionError::External(Box::new(
+                sql_check::ScorerFailed::new(scorer.id(), msg),
+            )),
         }),
     }
 }
@@ -905,6 +966,9 @@ fn score_batch(
                 // detail says so, written by `to_batch`).
                 return Scored::default();
             }
+            if !readable(scorer, get(language, i)) {
+                return unreadable(scorer, get(language, i));
+            }
             let test_type = get(test_type, i).unwrap_or_default();
             let role = get(role, i).unwrap_or_default();
             let input = ScoreInput {
@@ -948,6 +1012,27 @@ fn score_batch(
             }
         })
         .collect())
+}
+
+/// A valid answer in a language `scorer` does not read: `unscorable_language` for this
+/// scorer, with the languages it reads.
+fn unreadable(scorer: &dyn Scorer, language: Option<&str>) -> Scored {
+    let reads = scorer.languages().unwrap_or_default().join(", ");
+    Scored {
+        invalid: Some("unscorable_language"),
+        out: Outcome {
+            detail: serde_json::json!({
+                "unscored": "unscorable_language",
+                "reason": format!(
+                    "{} reads {reads}; the answer is `{}`",
+                    scorer.id().name,
+                    language.unwrap_or("und")
+                ),
+            }),
+            invalid: Some("unscorable_language"),
+            ..Outcome::default()
+        },
+    }
 }
 
 /// The scores rows of a joined batch: the call's identity and its case's fields are the
