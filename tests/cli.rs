@@ -624,3 +624,76 @@ fn run_on_s3_object_storage_and_resume() {
         stderr(&o)
     );
 }
+
+/// `sql --format csv` flattens struct columns into `col.field` columns (nested structs too,
+/// a NULL struct's fields NULL), refuses a list column with exit 2 before printing anything,
+/// and `--output` writes every format to the file, never to stdout.
+#[test]
+fn sql_csv_flattens_structs_and_output_takes_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(&[
+        "sql",
+        "SELECT k, CASE WHEN k = 'a' THEN named_struct('n', 3, 'ci', named_struct('lo', 0.5, 'hi', 1.5)) END AS s \
+         FROM (VALUES ('a'), ('b')) AS t(k) ORDER BY k",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "k,s.n,s.ci.lo,s.ci.hi\na,3,0.5,1.5\nb,,,\n");
+    // A statistics function's struct: mean_ci over 1 and 3 is n 2, mean 2, se 1.
+    let o = run(&[
+        "sql",
+        "SELECT mean_ci(x) AS ci FROM (VALUES (1.0), (3.0)) AS t(x)",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("ci.n,ci.mean,ci.se,ci.lo,ci.hi"), "{out}");
+    let cells: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(&cells[..3], ["2", "2.0", "1.0"], "{out}");
+
+    // A list has no flat form: refused, naming the column, nothing printed or written.
+    let file = dir.path().join("out.csv");
+    let o = run(&[
+        "sql",
+        "SELECT 1 AS a, make_array(1, 2) AS l",
+        "--format",
+        "csv",
+        "--output",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
+    assert!(stderr(&o).contains("`l`"), "{}", stderr(&o));
+    assert!(!file.exists() && !dir.path().join("out.csv.tmp").exists());
+    let o = run(&["sql", "SELECT make_array(1, 2) AS l", "--format", "csv"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
+
+    // --output for csv, json and table.
+    for (format, want) in [
+        ("csv", "x,s.n\n1,2\n"),
+        ("json", "[{\"x\":1,\"s\":{\"n\":2}}]\n"),
+    ] {
+        let file = dir.path().join(format!("out.{format}"));
+        let o = run(&[
+            "sql",
+            "SELECT 1 AS x, named_struct('n', 2) AS s",
+            "--format",
+            format,
+            "--output",
+            file.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(o.stdout.is_empty(), "{format}: {}", stdout(&o));
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), want, "{format}");
+    }
+    let file = dir.path().join("out.txt");
+    let o = run(&["sql", "SELECT 41 + 1 AS answer", "--output", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
+    let t = std::fs::read_to_string(&file).unwrap();
+    assert!(t.contains("| answer |") && t.contains("| 42     |"), "{t}");
+}

@@ -631,7 +631,7 @@ fn compare_row(o: &mut String, c: &CompareRow, range: (f64, f64)) -> Result<(), 
     let _ = write!(
         o,
         "<tr class=\"r{}\" data-test=\"{}\" data-scope=\"{}\" data-capability=\"{}\" data-diff=\"{}\" data-lo=\"{}\" \
-         data-hi=\"{}\" data-mde=\"{}\"><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+         data-hi=\"{}\" data-mde=\"{}\" data-unpaired=\"{}\"><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
          <td class=\"n\">{}</td><td class=\"n\">{}</td><td>[{}, {}]</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
         if c.scope == "test" { "" } else { " cap" },
         esc(&name),
@@ -641,8 +641,10 @@ fn compare_row(o: &mut String, c: &CompareRow, range: (f64, f64)) -> Result<(), 
         num(c.lo),
         num(c.hi),
         num(c.mde),
+        c.n_unpaired.unwrap_or(0),
         esc(&name),
         c.n_cases.map(|n| n.to_string()).unwrap_or_default(),
+        c.n_unpaired.map(|n| n.to_string()).unwrap_or_default(),
         c.n_templates.map(|n| n.to_string()).unwrap_or_default(),
         opt(c.mean_a, 3),
         opt(c.mean_b, 3),
@@ -681,7 +683,7 @@ fn comparison(o: &mut String, c: &super::Comparison) -> Result<(), ReportError> 
     let range = (-span, span);
     let axis = plots::axis(range, false, (CELL.0, 22))?;
     let head = format!(
-        "<thead><tr><th>scope</th><th>cases</th><th>templates</th><th>mean A</th><th>mean B</th><th>B − A</th>\
+        "<thead><tr><th>scope</th><th>pairs</th><th>unpaired</th><th>templates</th><th>mean A</th><th>mean B</th><th>B − A</th>\
          <th>95% CI (clustered)</th><th>MDE</th><th>p</th><th>{axis}</th><th>verdict</th></tr></thead>"
     );
     let overall = c
@@ -695,8 +697,9 @@ fn comparison(o: &mut String, c: &super::Comparison) -> Result<(), ReportError> 
         "<section id=\"compare\"><h2>Comparison: B − A, paired on cases</h2>\
          <dl class=\"meta\"><dt>A</dt><dd>{}</dd><dt>B</dt><dd>{}</dd><dt>scorer</dt><dd>{}</dd>\
          <dt>overall</dt><dd id=\"verdict\"><b>{}</b></dd></dl>\
-         <p class=\"muted\">Mean score of B minus A per case (K samples averaged), standard error clustered by \
-         template; the shaded band is ± the minimum detectable effect (alpha 0.05, power 0.8). An interval \
+         <p class=\"muted\">Mean score of B minus A per case (K samples averaged) over the cases scored in both \
+         runs (a case scored in one run only is counted as unpaired and left out of every number), standard error \
+         clustered by template; the shaded band is ± the minimum detectable effect (alpha 0.05, power 0.8). An interval \
          inside the band that crosses zero is not evidence of no change.</p><table class=\"forest\">{head}<tbody>",
         esc(&c.run_a),
         esc(&c.run_b),
