@@ -697,3 +697,73 @@ fn sql_csv_flattens_structs_and_output_takes_every_format() {
     let t = std::fs::read_to_string(&file).unwrap();
     assert!(t.contains("| answer |") && t.contains("| 42     |"), "{t}");
 }
+
+/// `aggregate --scorer` and `report --scorer` show a user scorer's results (one the
+/// pipeline's `[score]` does not name, added by `rescore`); a scorer the run does not have
+/// is refused with exit 2 naming what it has, and `results` is left as it was.
+#[test]
+fn aggregate_and_report_pick_any_scorer_of_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let r = root.to_str().unwrap();
+    let good = write(dir.path(), "good.toml", MINIMAL);
+    let p = good.to_str().unwrap();
+    assert!(run(&["run", p, "--out", r]).status.success());
+    // Passes only the answer to "It is bad." (the checklist fails exactly that one).
+    let scorers = write(
+        dir.path(),
+        "mine.toml",
+        "[[scorer]]\nname = \"mine\"\nkind = \"sql\"\nmetric = \"pass_fail\"\npassed = \"input LIKE '%bad%'\"\n",
+    );
+    let o = run(&[
+        "rescore",
+        r,
+        "--scorer-file",
+        scorers.to_str().unwrap(),
+        "--scorer",
+        "mine",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let results = |root: &Path| {
+        sql_json(
+            root,
+            "SELECT scorer, failures, n FROM results WHERE level = 'test'",
+        )
+    };
+    let o = run(&["aggregate", p, "--out", r, "--scorer", "mine"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        results(&root),
+        serde_json::json!([{"scorer": "mine", "failures": 1, "n": 2}])
+    );
+    // The failing case is "It is good." for `mine`; the checklist fails the other one, so
+    // the per-test failure rates are 50% either way: the scorer column tells them apart.
+    assert!(stdout(&o).contains("50.0%"), "{}", stdout(&o));
+    let version = sql_json(
+        &root,
+        "SELECT DISTINCT scoring_version FROM scores WHERE scorer = 'mine'",
+    )[0]["scoring_version"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let o = run(&["report", r, "--scorer", &format!("mine@{version}")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!("scorer mine@{version}")),
+        "{}",
+        stdout(&o)
+    );
+    for args in [
+        vec!["aggregate", p, "--out", r, "--scorer", "nope"],
+        vec!["report", r, "--scorer", "mine@0"],
+    ] {
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("checklist@1") && stderr(&o).contains("mine@"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert_eq!(results(&root)[0]["scorer"], "mine", "results untouched");
+    }
+}

@@ -496,3 +496,123 @@ async fn compare_formats_and_output_file() {
     let t = std::fs::read_to_string(&file).unwrap();
     assert!(t.contains("overall: A better"), "{t}");
 }
+
+/// `compare RUN --model-a A --model-b B`: two models of one run, paired on the cases both
+/// answered; the cases only model A answered are unpaired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_two_models_of_one_run() {
+    use evalflow::schema::Table;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("two");
+    let store = RunStore::open(root.to_str().unwrap()).unwrap();
+    let pipeline = |model: &str| {
+        evalflow::pipeline::Pipeline::parse(
+            &PIPELINE.replace("name = \"recorded\"", &format!("name = \"{model}\"")),
+            Path::new("paired.toml"),
+        )
+        .unwrap()
+    };
+    let (p1, p2) = (pipeline("m1"), pipeline("m2"));
+    // m1 answers all 8 cases, m2 the first 6; case i in template i % 3.
+    let m1 = [true, false, true, false, true, false, true, false];
+    let m2 = [true, true, true, true, false, false];
+    let case = |i: usize| Case {
+        case_id: format!("case{i:02}"),
+        suite: "paired".into(),
+        test: "label".into(),
+        capability: "Vocabulary".into(),
+        test_type: "MFT".into(),
+        template_id: format!("t{}", i % 3),
+        group_id: format!("case{i:02}"),
+        role: "single".into(),
+        input: format!("Sentence number {i} is good."),
+        expected: Some("positive".into()),
+        expectation: None,
+        tolerance: None,
+        perturbation: None,
+    };
+    let call = |model: &str, i: usize, ok: bool| CallRow {
+        req: CallRequest {
+            call_id: format!("{model}-call{i:02}"),
+            case_id: format!("case{i:02}"),
+            input: String::new(),
+            prompt: String::new(),
+            system: None,
+            sample_idx: 0,
+            max_tokens: None,
+            temperature: None,
+            request_hash: format!("{model}-req{i:02}"),
+        },
+        res: CallResult {
+            response: Some(if ok { "positive" } else { "negative" }.into()),
+            finish_reason: Some("stop".into()),
+            attempts: 1,
+            ..Default::default()
+        },
+        latency_ms: 1.0,
+        started_at_us: 1_700_000_000_000_000,
+    };
+    let cases: Vec<Case> = (0..m1.len()).map(case).collect();
+    let calls1: Vec<CallRow> = m1.iter().enumerate().map(|(i, &ok)| call("m1", i, ok)).collect();
+    let calls2: Vec<CallRow> = m2.iter().enumerate().map(|(i, &ok)| call("m2", i, ok)).collect();
+    let mut w = store.part_writer("cases", Table::Cases.schema(), "part");
+    w.write(evalflow::stages::generate::to_batch(&cases))
+        .await
+        .unwrap();
+    w.finish().await.unwrap();
+    let mut w = store.part_writer("calls", Table::Calls.schema(), "part");
+    w.write(evalflow::stages::call::to_batch(&p1.model, &calls1))
+        .await
+        .unwrap();
+    w.write(evalflow::stages::call::to_batch(&p2.model, &calls2))
+        .await
+        .unwrap();
+    w.finish().await.unwrap();
+    let mut m = evalflow::storage::Manifest {
+        run_id: "two".into(),
+        evalflow_version: "test".into(),
+        pipeline_path: p1.path.display().to_string(),
+        pipeline_hash: p1.hash(),
+        pipeline: serde_json::to_value(&p1).unwrap(),
+        created_at: "2026-11-30T00:00:00Z".into(),
+        finished_at: None,
+        stages: Default::default(),
+        row_counts: Default::default(),
+        scorer_versions: vec![],
+        validator_version: None,
+    };
+    m.complete("generate", "cases", 8, Default::default());
+    m.complete("call", "calls", 14, Default::default());
+    m.save(&store).await.unwrap();
+    evalflow::stages::validate::run(&store, &["en".into()])
+        .await
+        .unwrap();
+    m.complete("validate", "validity", 14, Default::default());
+    let scorer = evalflow::stages::score::build("checklist", None).unwrap();
+    evalflow::stages::score::run(&store, scorer.as_ref())
+        .await
+        .unwrap();
+    m.scorer_versions.push("checklist@1".into());
+    m.save(&store).await.unwrap();
+
+    let r = root.to_str().unwrap();
+    // Shared cases 0..5: m1 passes 0, 2, 4 (mean 1/2), m2 passes 0..3 (mean 2/3).
+    let rows = json_rows(&[r, "--model-a", "m1", "--model-b", "m2"]);
+    let o = level(&rows, "overall");
+    assert_eq!(o["n_pairs"], 6, "{o}");
+    assert_eq!(o["n_unpaired"], 2, "{o}");
+    assert_eq!(o["templates"], 3, "{o}");
+    let (ma, mb) = (o["mean_a"].as_f64().unwrap(), o["mean_b"].as_f64().unwrap());
+    assert!((ma - 0.5).abs() < 1e-12 && (mb - 2.0 / 3.0).abs() < 1e-12, "{o}");
+    assert_eq!(o["diff"].as_f64().unwrap(), mb - ma, "{o}");
+    let t = bin(&["compare", r, "--model-a", "m1", "--model-b", "m2"]);
+    let out = String::from_utf8_lossy(&t.stdout);
+    assert!(out.contains(&format!("A = {r} (model m1)")), "{out}");
+    // Bad usage: an unknown model names the run's models; no RUN_B and no models.
+    let o = bin(&["compare", r, "--model-a", "m1", "--model-b", "m3"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("m1, m2"), "{}", text(&o));
+    assert!(o.stdout.is_empty(), "{}", text(&o));
+    let o = bin(&["compare", r]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}

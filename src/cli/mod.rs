@@ -115,7 +115,7 @@ impl Cli {
             Command::Sql(a) => ("sql", &a.cluster),
             Command::Validate(a) => ("validate", &a.cluster),
             Command::Score(a) => ("score", &a.cluster),
-            Command::Aggregate(a) => ("aggregate", &a.cluster),
+            Command::Aggregate(a) => ("aggregate", &a.stage.cluster),
             Command::Rescore(a) => ("rescore", &a.cluster),
             Command::Compare(a) => ("compare", &a.cluster),
             Command::Report(a) => ("report", &a.cluster),
@@ -169,8 +169,9 @@ pub enum Command {
     Validate(StageArgs),
     /// Score valid answers with the pipeline's scorers (`[score] scorers`, default checklist).
     Score(StageArgs),
-    /// Aggregate scores into `results` and print them.
-    Aggregate(StageArgs),
+    /// Aggregate scores into `results` and print them (`--scorer` picks any scorer version
+    /// of the run, such as a user scorer of an imported run).
+    Aggregate(AggregateArgs),
     /// Run SQL over run tables and Parquet files, with the statistics functions registered.
     Sql(sql::SqlArgs),
     /// Turn recorded runs (evalflow JSONL pairs, Parquet, OpenAI Batch output, Inspect AI
@@ -226,6 +227,17 @@ pub struct StageArgs {
     pub out: Option<String>,
     #[command(flatten)]
     pub cluster: ClusterArg,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AggregateArgs {
+    #[command(flatten)]
+    pub stage: StageArgs,
+    /// The scorer version aggregated, NAME@VERSION or NAME (the run's newest version of it);
+    /// default: the pipeline's first `[score] scorers`. Any version scored in the run, such
+    /// as a user scorer added by `rescore`.
+    #[arg(long, value_name = "NAME[@VERSION]")]
+    pub scorer: Option<String>,
 }
 
 /// Runs one parsed command.
@@ -296,18 +308,21 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Aggregate(a) => {
-            let mut r = open_stage(&a).await?;
-            let primary = r
-                .prepared_scorers()
-                .await?
-                .first()
-                .map(|s| s.id())
-                .ok_or_else(|| {
-                    CliError::BadInput(format!(
-                        "{}: [score] scorers is empty",
-                        a.pipeline.display()
-                    ))
-                })?;
+            let mut r = open_stage(&a.stage).await?;
+            let primary = match &a.scorer {
+                Some(spec) => report::scorer_of_run(&r.store, &r.manifest, spec).await?,
+                None => r
+                    .prepared_scorers()
+                    .await?
+                    .first()
+                    .map(|s| s.id())
+                    .ok_or_else(|| {
+                        CliError::BadInput(format!(
+                            "{}: [score] scorers is empty",
+                            a.stage.pipeline.display()
+                        ))
+                    })?,
+            };
             let rows = r.aggregate(&primary).await?;
             println!("{}", aggregate::render(&rows));
             Ok(())
