@@ -767,3 +767,147 @@ fn aggregate_and_report_pick_any_scorer_of_the_run() {
         assert_eq!(results(&root)[0]["scorer"], "mine", "results untouched");
     }
 }
+
+/// `scorers RUN --delete NAME@VERSION` removes the scores, the nested judge run and the
+/// manifest entries of one version (and `results` aggregated from it), keeps the others,
+/// and refuses a version the run does not have with exit 2, changing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scorers_delete_removes_one_version_and_its_judge_run() {
+    use evalflow::mock::{AnswerMode, MockConfig, MockServer};
+    let judge = MockServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        MockConfig {
+            answer: AnswerMode::Checklist,
+            retry_after_secs: 0,
+            ..MockConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = format!(
+        "{MINIMAL}\n[judge]\nprovider = \"openai\"\nbase_url = \"{}\"\nname = \"judge-model\"\ntemperature = 0.0\n\n\
+         [[score.judge.questions]]\nid = \"short\"\ntext = \"Is the answer one word?\"\n",
+        judge.base_url()
+    );
+    let good = write(dir.path(), "judged.toml", &pipeline);
+    let mine = write(
+        dir.path(),
+        "mine.toml",
+        "[[scorer]]\nname = \"mine\"\nkind = \"sql\"\nmetric = \"pass_fail\"\npassed = \"input LIKE '%bad%'\"\n",
+    );
+    let root = dir.path().join("r");
+    let (p, r) = (
+        good.to_str().unwrap().to_string(),
+        root.to_str().unwrap().to_string(),
+    );
+    let m = mine.to_str().unwrap().to_string();
+    let r2 = r.clone();
+    tokio::task::spawn_blocking(move || {
+        assert!(run(&["run", &p, "--out", &r2]).status.success());
+        for args in [
+            vec!["rescore", &r2, "--scorer", "judge"],
+            vec!["rescore", &r2, "--scorer-file", &m, "--scorer", "mine"],
+            vec!["aggregate", &p, "--out", &r2, "--scorer", "mine"],
+        ] {
+            let o = run(&args);
+            assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        }
+    })
+    .await
+    .unwrap();
+    let manifest = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(root.join("manifest.json")).unwrap()).unwrap()
+    };
+    let versions = || -> Vec<String> {
+        manifest()["scorer_versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    let judge_tag = versions()
+        .into_iter()
+        .find(|t| t.starts_with("judge@"))
+        .expect("judge scored");
+    let judge_version = judge_tag.trim_start_matches("judge@").to_string();
+    let mine_tag = versions()
+        .into_iter()
+        .find(|t| t.starts_with("mine@"))
+        .unwrap();
+    assert!(root.join("judge").join(&judge_version).exists());
+    let scores = |q: &str| scalar(&root, &format!("SELECT count(*) FROM scores WHERE {q}"));
+    assert_eq!(scores("scorer = 'checklist'"), 2);
+
+    // An unknown version: exit 2, nothing printed or changed.
+    let before = std::fs::read(root.join("manifest.json")).unwrap();
+    let o = run(&["scorers", &r, "--delete", "judge@0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(o.stdout.is_empty());
+    assert!(stderr(&o).contains(&judge_tag), "{}", stderr(&o));
+    assert_eq!(std::fs::read(root.join("manifest.json")).unwrap(), before);
+
+    let o = run(&["scorers", &r, "--delete", &judge_tag]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!root.join("scores").join(&judge_tag).exists());
+    assert!(!root.join("judge").join(&judge_version).exists());
+    assert_eq!(versions(), vec!["checklist@1".to_string(), mine_tag.clone()]);
+    assert!(manifest()["stages"].get(format!("score:{judge_tag}")).is_none());
+    assert_eq!(scores("scorer = 'judge'"), 0);
+    assert_eq!(scores("scorer = 'checklist'"), 2);
+    assert_eq!(scores("scorer = 'mine'"), 2);
+    // `results` were aggregated from `mine`: they go with it.
+    assert!(scalar(&root, "SELECT count(*) FROM results WHERE scorer = 'mine'") > 0);
+    let o = run(&["scorers", &r, "--delete", &mine_tag]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(versions(), vec!["checklist@1".to_string()]);
+    assert_eq!(scalar(&root, "SELECT count(*) FROM results"), 0);
+    assert!(manifest()["stages"].get("aggregate").is_none());
+    let listed = run(&["scorers", &r, "--json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["tag"], "checklist@1");
+}
+
+/// `evalflow runs ROOT` lists every run under a folder, at any depth, and not the folders
+/// inside a run; a missing folder is exit 2.
+#[test]
+fn runs_lists_the_runs_under_a_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = write(dir.path(), "good.toml", MINIMAL);
+    let base = dir.path().join("runs");
+    for sub in ["a", "team/b"] {
+        let out = base.join(sub);
+        let o = run(&["run", good.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    std::fs::create_dir_all(base.join("empty")).unwrap();
+    let o = run(&["runs", base.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mut paths: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap().to_string())
+        .collect();
+    paths.sort();
+    assert_eq!(
+        paths,
+        [
+            base.join("a").display().to_string(),
+            base.join("team/b").display().to_string()
+        ]
+    );
+    for r in v.as_array().unwrap() {
+        assert_eq!(r["row_counts"]["cases"], 2, "{r}");
+        assert_eq!(r["scorer_versions"], serde_json::json!(["checklist@1"]), "{r}");
+        assert_eq!(r["stages"]["aggregate"], "complete", "{r}");
+    }
+    let o = run(&["runs", base.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("2 runs under"), "{}", stdout(&o));
+    let o = run(&["runs", dir.path().join("nope").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}

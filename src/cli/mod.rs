@@ -11,6 +11,7 @@ mod mock_server;
 mod plan;
 pub mod report;
 mod rescore;
+mod runs;
 mod scorers;
 mod sql;
 mod suggest;
@@ -203,6 +204,8 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Merge a run's small parts (the call stage's frequent commits) into large ones.
     Compact(CompactArgs),
+    /// List the runs under a folder (default `runs/`): id, created, stages, scorers, rows.
+    Runs(runs::RunsArgs),
     /// Start a Ballista scheduler with every evalflow function (the `ballista` feature).
     #[cfg(feature = "ballista")]
     Scheduler(cluster::SchedulerArgs),
@@ -339,6 +342,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Judge(c) => judge::run(c).await,
         Command::Compare(a) => compare::run(a).await,
         Command::Plan(a) => plan::run(a).await,
+        Command::Runs(a) => runs::run(a).await,
         Command::Compact(a) => {
             let (_, store, manifest) = crate::query::open_run(&a.run).await.map_err(|e| {
                 if e.is_bad_input() {
