@@ -23,19 +23,28 @@ pub enum PipelineError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{file}:{line}: {msg}")]
+    #[error("{}: {msg}", at(.file, *.line))]
     Parse {
         file: String,
         line: usize,
         msg: String,
     },
-    #[error("{file}:{line}: field `{field}`: {msg}")]
+    #[error("{}: field `{field}`: {msg}", at(.file, *.line))]
     Invalid {
         file: String,
         line: usize,
         field: String,
         msg: String,
     },
+}
+
+/// `file:line`, or `file` when the line is not known (0): never "nope.toml:0".
+pub(crate) fn at(file: &str, line: usize) -> String {
+    if line == 0 {
+        file.to_string()
+    } else {
+        format!("{file}:{line}")
+    }
 }
 
 /// A parsed pipeline file.

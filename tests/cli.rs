@@ -911,3 +911,163 @@ fn runs_lists_the_runs_under_a_folder() {
     let o = run(&["runs", dir.path().join("nope").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+/// docs/functions.md (generated from the functions' docs) labels the `clustered_se_cr2`
+/// example's column `se_cr2`, beside CR1 (equal with equal cluster sizes, as it says).
+#[test]
+fn functions_reference_labels_the_cr2_example() {
+    let md = std::fs::read_to_string(repo().join("docs/functions.md")).unwrap();
+    let section = md
+        .split("\n## clustered_se_cr2\n")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    assert!(
+        section.contains("SELECT clustered_se_cr2(x, c) AS se_cr2, clustered_se_cr1(x, c) AS se_cr1"),
+        "{section}"
+    );
+    let header = section
+        .lines()
+        .find(|l| l.starts_with("| se_"))
+        .unwrap_or_else(|| panic!("no result table in {section}"));
+    let cols: Vec<&str> = header.split('|').map(str::trim).filter(|c| !c.is_empty()).collect();
+    assert_eq!(cols, ["se_cr2", "se_cr1"], "{header}");
+    let row = section
+        .lines()
+        .skip_while(|l| !l.starts_with("| se_"))
+        .nth(2)
+        .unwrap();
+    let vals: Vec<&str> = row.split('|').map(str::trim).filter(|c| !c.is_empty()).collect();
+    assert_eq!(vals[0], vals[1], "equal cluster sizes: CR2 = CR1 ({row})");
+}
+
+/// README documents a judge scorer's own `model = {...}` table, and the example parses into
+/// that model.
+#[test]
+fn readme_documents_the_judge_scorer_model_table() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let block = readme
+        .split("## Writing your own scorer")
+        .nth(1)
+        .and_then(|s| s.split("```toml\n").nth(1))
+        .and_then(|b| b.split("```").next())
+        .unwrap();
+    let defs = evalflow::stages::score::user::parse_text(block, "README.md").unwrap();
+    let judge = defs.iter().find(|d| d.kind.as_str() == "judge").unwrap();
+    let model = judge.model.as_ref().expect("the judge example has a model table");
+    assert_eq!(
+        (model.provider.as_str(), model.name.as_str()),
+        ("openai", "gpt-4o-mini")
+    );
+    assert_eq!(model.api_key_env.as_deref(), Some("OPENAI_API_KEY"));
+}
+
+/// Error messages name what is known and nothing else: a missing scorer file is
+/// "nope.toml: cannot read", never "nope.toml:0: scorer `?`: field `?`"; a syntax error
+/// keeps its line.
+#[test]
+fn messages_leave_out_unknown_lines_and_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let r = root.to_str().unwrap();
+    let good = write(dir.path(), "good.toml", MINIMAL);
+    assert!(run(&["run", good.to_str().unwrap(), "--out", r]).status.success());
+    let nope = dir.path().join("nope.toml");
+    let o = run(&["rescore", r, "--scorer-file", nope.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains(&format!("{}: cannot read", nope.display())), "{e}");
+    assert!(!e.contains("nope.toml:0") && !e.contains("`?`"), "{e}");
+    let bad = write(dir.path(), "bad.toml", "[[scorer]]\nname = \"x\"\nkind = = \"sql\"\n");
+    let o = run(&["rescore", r, "--scorer-file", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains(&format!("{}:3: ", bad.display())), "{e}");
+    assert!(!e.contains("`?`"), "{e}");
+}
+
+/// Two `evalflow run`s of one pipeline started at the same moment without `--out` get
+/// two folders and two run ids (the second used to resume the first's folder).
+#[test]
+fn runs_started_together_get_their_own_folders() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "good.toml", MINIMAL);
+    let start = || {
+        bin()
+            .args(["run", "good.toml"])
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (start(), start());
+    for c in [a, b] {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let mut ids = Vec::new();
+    for e in std::fs::read_dir(dir.path().join("runs")).unwrap() {
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(e.unwrap().path().join("manifest.json")).unwrap())
+                .unwrap();
+        assert_eq!(m["row_counts"]["cases"], 2, "{m}");
+        ids.push(m["run_id"].as_str().unwrap().to_string());
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+}
+
+/// Off a terminal the call stage prints no progress lines (stderr is for errors), unless
+/// `EVALFLOW_PROGRESS=lines` asks for them. The calls take over the 5 s between lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_progress_lines_off_a_terminal() {
+    use evalflow::mock::{MockConfig, MockServer};
+    let mock = MockServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        MockConfig {
+            latency: std::time::Duration::from_millis(5_300),
+            retry_after_secs: 0,
+            ..MockConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // One model name per run, so neither run's calls are answered from the other's.
+    let pipeline = |model: &str| {
+        MINIMAL.replace(
+            "provider = \"builtin:vader\"\nname = \"vader\"",
+            &format!(
+                "provider = \"openai\"\nbase_url = \"{}\"\nname = \"{model}\"\ntimeout_secs = 30.0",
+                mock.base_url()
+            ),
+        )
+    };
+    for (root, env, want) in [("quiet", None, false), ("lines", Some("lines"), true)] {
+        let p = write(dir.path(), &format!("{root}.toml"), &pipeline(root));
+        assert!(std::fs::read_to_string(&p).unwrap().contains("openai"));
+        let out = dir.path().join(root);
+        let o = tokio::task::spawn_blocking(move || {
+            let mut c = bin();
+            c.args(["run", p.to_str().unwrap(), "--out", out.to_str().unwrap()])
+                .current_dir(repo());
+            if let Some(v) = env {
+                c.env("EVALFLOW_PROGRESS", v);
+            }
+            c.output().unwrap()
+        })
+        .await
+        .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(
+            stderr(&o).contains("call: "),
+            want,
+            "EVALFLOW_PROGRESS={env:?}: {}",
+            stderr(&o)
+        );
+    }
+}

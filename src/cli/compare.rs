@@ -268,7 +268,7 @@ pub async fn run(a: CompareArgs) -> Result<(), CliError> {
     let (target, mut w) = super::sql::Target::open(a.output.as_deref())?;
     if a.format == "table" {
         use std::io::Write;
-        let io = super::internal;
+        let io = super::sql::write_failed;
         writeln!(
             w,
             "A = {name_a}\nB = {name_b}\nscorer: {spec} (score of B minus score of A, over the cases scored in both)"

@@ -253,7 +253,11 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         #[cfg(feature = "ballista")]
         Command::Executor(a) => cluster::executor(a).await,
         Command::Run(a) => {
-            let mut r = Runner::open(&a.pipeline, a.out.as_deref()).await?;
+            let out = match &a.out {
+                Some(o) => o.clone(),
+                None => runs::fresh_root(&a.pipeline)?,
+            };
+            let mut r = Runner::open(&a.pipeline, Some(&out)).await?;
             eprintln!("run root: {}", r.store.display());
             let rows = r.run_all().await?;
             println!("run {} ({})\n", r.manifest.run_id, r.store.display());

@@ -142,3 +142,26 @@ pub async fn run(a: RunsArgs) -> Result<(), CliError> {
     );
     Ok(())
 }
+
+/// The root of a new `evalflow run` without `--out`: `runs/<name>-<UTC second>-<pid>`, with
+/// `-2`, `-3`, ... when that folder exists. The process id keeps two runs started in the
+/// same second (two terminals, a CI matrix) from sharing one folder and one run id, where
+/// the second would resume the first.
+///
+/// # Errors
+/// The pipeline's own error when it cannot be loaded.
+pub(crate) fn fresh_root(pipeline: &Path) -> Result<String, CliError> {
+    let p = crate::pipeline::Pipeline::load(pipeline).map_err(|e| CliError::Run(e.into()))?;
+    let base = format!(
+        "{}-{:05}",
+        crate::runner::default_run_id(&p),
+        std::process::id() % 100_000
+    );
+    let mut root = format!("runs/{base}");
+    let mut k = 2;
+    while Path::new(&root).exists() {
+        root = format!("runs/{base}-{k}");
+        k += 1;
+    }
+    Ok(root)
+}

@@ -253,7 +253,7 @@ impl Target {
     /// # Errors
     /// [`CliError::Internal`] when the flush or the rename fails.
     pub(crate) fn commit(mut self, mut w: Out) -> Result<(), CliError> {
-        w.flush().map_err(internal)?;
+        w.flush().map_err(write_failed)?;
         drop(w);
         if let (Some(tmp), Some(dest)) = (&self.tmp, &self.dest) {
             std::fs::rename(tmp, dest)
@@ -274,6 +274,23 @@ impl Drop for Target {
 
 fn internal(e: impl std::fmt::Display) -> CliError {
     CliError::Internal(e.to_string())
+}
+
+/// A failed write of the output: a closed pipe (`evalflow sql ... | head`) is not an error
+/// and exits quietly, as the binary's panic hook does for `println!`.
+pub(crate) fn write_failed(e: std::io::Error) -> CliError {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    internal(e)
+}
+
+/// [`write_failed`] for the Arrow writers, which wrap the I/O error.
+fn arrow_write_failed(e: datafusion::arrow::error::ArrowError) -> CliError {
+    match e {
+        datafusion::arrow::error::ArrowError::IoError(_, io) => write_failed(io),
+        e => internal(e),
+    }
 }
 
 /// A streaming writer of `--format csv|json|parquet` (`table` needs every row first and is
@@ -329,9 +346,9 @@ impl Sink {
         match self {
             Sink::Csv { w, schema, rows } => {
                 *rows += b.num_rows();
-                w.write(&flatten(b, schema)?).map_err(internal)
+                w.write(&flatten(b, schema)?).map_err(arrow_write_failed)
             }
-            Sink::Json(w) => w.write(b).map_err(internal),
+            Sink::Json(w) => w.write(b).map_err(arrow_write_failed),
             Sink::Parquet(w) => w.write(b).map_err(internal),
         }
     }
@@ -343,14 +360,15 @@ impl Sink {
             Sink::Csv { w, schema, rows } => {
                 let mut w = *w;
                 if rows == 0 {
-                    w.write(&RecordBatch::new_empty(schema)).map_err(internal)?;
+                    w.write(&RecordBatch::new_empty(schema))
+                        .map_err(arrow_write_failed)?;
                 }
                 Ok(w.into_inner())
             }
             Sink::Json(mut w) => {
-                w.finish().map_err(internal)?;
+                w.finish().map_err(arrow_write_failed)?;
                 let mut out = w.into_inner();
-                out.write_all(b"\n").map_err(internal)?;
+                out.write_all(b"\n").map_err(write_failed)?;
                 Ok(out)
             }
             Sink::Parquet(w) => w.into_inner().map_err(internal),
@@ -428,7 +446,7 @@ fn flatten(b: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, CliError>
 /// Writes `batches` as an aligned table (for reading on a terminal) to `w`.
 pub(crate) fn write_table(batches: &[RecordBatch], w: &mut Out) -> Result<(), CliError> {
     let t = pretty_format_batches(batches).map_err(internal)?;
-    writeln!(w, "{t}").map_err(internal)
+    writeln!(w, "{t}").map_err(write_failed)
 }
 
 /// Writes the result batch by batch to stdout or `--output` (committed by rename).
