@@ -650,7 +650,11 @@ fn sql_csv_flattens_structs_and_output_takes_every_format() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     let mut lines = out.lines();
-    assert_eq!(lines.next(), Some("ci.n,ci.mean,ci.se,ci.lo,ci.hi"), "{out}");
+    assert_eq!(
+        lines.next(),
+        Some("ci.n,ci.mean,ci.se,ci.lo,ci.hi"),
+        "{out}"
+    );
     let cells: Vec<&str> = lines.next().unwrap().split(',').collect();
     assert_eq!(&cells[..3], ["2", "2.0", "1.0"], "{out}");
 
@@ -691,7 +695,12 @@ fn sql_csv_flattens_structs_and_output_takes_every_format() {
         assert_eq!(std::fs::read_to_string(&file).unwrap(), want, "{format}");
     }
     let file = dir.path().join("out.txt");
-    let o = run(&["sql", "SELECT 41 + 1 AS answer", "--output", file.to_str().unwrap()]);
+    let o = run(&[
+        "sql",
+        "SELECT 41 + 1 AS answer",
+        "--output",
+        file.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(o.stdout.is_empty(), "{}", stdout(&o));
     let t = std::fs::read_to_string(&file).unwrap();
@@ -852,8 +861,15 @@ async fn scorers_delete_removes_one_version_and_its_judge_run() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!root.join("scores").join(&judge_tag).exists());
     assert!(!root.join("judge").join(&judge_version).exists());
-    assert_eq!(versions(), vec!["checklist@1".to_string(), mine_tag.clone()]);
-    assert!(manifest()["stages"].get(format!("score:{judge_tag}")).is_none());
+    assert_eq!(
+        versions(),
+        vec!["checklist@1".to_string(), mine_tag.clone()]
+    );
+    assert!(
+        manifest()["stages"]
+            .get(format!("score:{judge_tag}"))
+            .is_none()
+    );
     assert_eq!(scores("scorer = 'judge'"), 0);
     assert_eq!(scores("scorer = 'checklist'"), 2);
     assert_eq!(scores("scorer = 'mine'"), 2);
@@ -879,7 +895,12 @@ fn runs_lists_the_runs_under_a_folder() {
     let base = dir.path().join("runs");
     for sub in ["a", "team/b"] {
         let out = base.join(sub);
-        let o = run(&["run", good.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        let o = run(&[
+            "run",
+            good.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
         assert!(o.status.success(), "{}", stderr(&o));
     }
     std::fs::create_dir_all(base.join("empty")).unwrap();
@@ -902,7 +923,11 @@ fn runs_lists_the_runs_under_a_folder() {
     );
     for r in v.as_array().unwrap() {
         assert_eq!(r["row_counts"]["cases"], 2, "{r}");
-        assert_eq!(r["scorer_versions"], serde_json::json!(["checklist@1"]), "{r}");
+        assert_eq!(
+            r["scorer_versions"],
+            serde_json::json!(["checklist@1"]),
+            "{r}"
+        );
         assert_eq!(r["stages"]["aggregate"], "complete", "{r}");
     }
     let o = run(&["runs", base.to_str().unwrap()]);
@@ -925,21 +950,30 @@ fn functions_reference_labels_the_cr2_example() {
         .next()
         .unwrap();
     assert!(
-        section.contains("SELECT clustered_se_cr2(x, c) AS se_cr2, clustered_se_cr1(x, c) AS se_cr1"),
+        section
+            .contains("SELECT clustered_se_cr2(x, c) AS se_cr2, clustered_se_cr1(x, c) AS se_cr1"),
         "{section}"
     );
     let header = section
         .lines()
         .find(|l| l.starts_with("| se_"))
         .unwrap_or_else(|| panic!("no result table in {section}"));
-    let cols: Vec<&str> = header.split('|').map(str::trim).filter(|c| !c.is_empty()).collect();
+    let cols: Vec<&str> = header
+        .split('|')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
     assert_eq!(cols, ["se_cr2", "se_cr1"], "{header}");
     let row = section
         .lines()
         .skip_while(|l| !l.starts_with("| se_"))
         .nth(2)
         .unwrap();
-    let vals: Vec<&str> = row.split('|').map(str::trim).filter(|c| !c.is_empty()).collect();
+    let vals: Vec<&str> = row
+        .split('|')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
     assert_eq!(vals[0], vals[1], "equal cluster sizes: CR2 = CR1 ({row})");
 }
 
@@ -956,7 +990,10 @@ fn readme_documents_the_judge_scorer_model_table() {
         .unwrap();
     let defs = evalflow::stages::score::user::parse_text(block, "README.md").unwrap();
     let judge = defs.iter().find(|d| d.kind.as_str() == "judge").unwrap();
-    let model = judge.model.as_ref().expect("the judge example has a model table");
+    let model = judge
+        .model
+        .as_ref()
+        .expect("the judge example has a model table");
     assert_eq!(
         (model.provider.as_str(), model.name.as_str()),
         ("openai", "gpt-4o-mini")
@@ -973,14 +1010,25 @@ fn messages_leave_out_unknown_lines_and_names() {
     let root = dir.path().join("r");
     let r = root.to_str().unwrap();
     let good = write(dir.path(), "good.toml", MINIMAL);
-    assert!(run(&["run", good.to_str().unwrap(), "--out", r]).status.success());
+    assert!(
+        run(&["run", good.to_str().unwrap(), "--out", r])
+            .status
+            .success()
+    );
     let nope = dir.path().join("nope.toml");
     let o = run(&["rescore", r, "--scorer-file", nope.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let e = stderr(&o);
-    assert!(e.contains(&format!("{}: cannot read", nope.display())), "{e}");
+    assert!(
+        e.contains(&format!("{}: cannot read", nope.display())),
+        "{e}"
+    );
     assert!(!e.contains("nope.toml:0") && !e.contains("`?`"), "{e}");
-    let bad = write(dir.path(), "bad.toml", "[[scorer]]\nname = \"x\"\nkind = = \"sql\"\n");
+    let bad = write(
+        dir.path(),
+        "bad.toml",
+        "[[scorer]]\nname = \"x\"\nkind = = \"sql\"\n",
+    );
     let o = run(&["rescore", r, "--scorer-file", bad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let e = stderr(&o);
@@ -1010,9 +1058,10 @@ fn runs_started_together_get_their_own_folders() {
     }
     let mut ids = Vec::new();
     for e in std::fs::read_dir(dir.path().join("runs")).unwrap() {
-        let m: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(e.unwrap().path().join("manifest.json")).unwrap())
-                .unwrap();
+        let m: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(e.unwrap().path().join("manifest.json")).unwrap(),
+        )
+        .unwrap();
         assert_eq!(m["row_counts"]["cases"], 2, "{m}");
         ids.push(m["run_id"].as_str().unwrap().to_string());
     }

@@ -407,7 +407,10 @@ async fn compare_mde_follows_the_interval_when_se_is_zero() {
         r["mde"].as_f64().unwrap(),
     );
     assert!(hi - lo > 0.01, "{r}");
-    assert!(mde > (hi - lo) / 2.0, "the MDE {mde} is wider than the interval: {r}");
+    assert!(
+        mde > (hi - lo) / 2.0,
+        "the MDE {mde} is wider than the interval: {r}"
+    );
     assert!(
         r["verdict"].as_str().unwrap().starts_with("no difference"),
         "{r}"
@@ -553,8 +556,16 @@ async fn compare_two_models_of_one_run() {
         started_at_us: 1_700_000_000_000_000,
     };
     let cases: Vec<Case> = (0..m1.len()).map(case).collect();
-    let calls1: Vec<CallRow> = m1.iter().enumerate().map(|(i, &ok)| call("m1", i, ok)).collect();
-    let calls2: Vec<CallRow> = m2.iter().enumerate().map(|(i, &ok)| call("m2", i, ok)).collect();
+    let calls1: Vec<CallRow> = m1
+        .iter()
+        .enumerate()
+        .map(|(i, &ok)| call("m1", i, ok))
+        .collect();
+    let calls2: Vec<CallRow> = m2
+        .iter()
+        .enumerate()
+        .map(|(i, &ok)| call("m2", i, ok))
+        .collect();
     let mut w = store.part_writer("cases", Table::Cases.schema(), "part");
     w.write(evalflow::stages::generate::to_batch(&cases))
         .await
@@ -603,7 +614,10 @@ async fn compare_two_models_of_one_run() {
     assert_eq!(o["n_unpaired"], 2, "{o}");
     assert_eq!(o["templates"], 3, "{o}");
     let (ma, mb) = (o["mean_a"].as_f64().unwrap(), o["mean_b"].as_f64().unwrap());
-    assert!((ma - 0.5).abs() < 1e-12 && (mb - 2.0 / 3.0).abs() < 1e-12, "{o}");
+    assert!(
+        (ma - 0.5).abs() < 1e-12 && (mb - 2.0 / 3.0).abs() < 1e-12,
+        "{o}"
+    );
     assert_eq!(o["diff"].as_f64().unwrap(), mb - ma, "{o}");
     let t = bin(&["compare", r, "--model-a", "m1", "--model-b", "m2"]);
     let out = String::from_utf8_lossy(&t.stdout);

@@ -55,7 +55,8 @@ pub async fn run(a: RunsArgs) -> Result<(), CliError> {
         )));
     }
     let mut dirs = Vec::new();
-    find_runs(root, &mut dirs).map_err(|e| CliError::BadInput(format!("{}: {e}", root.display())))?;
+    find_runs(root, &mut dirs)
+        .map_err(|e| CliError::BadInput(format!("{}: {e}", root.display())))?;
     let mut runs = Vec::new();
     for d in dirs {
         let shown = d.display().to_string();
@@ -90,7 +91,10 @@ pub async fn run(a: RunsArgs) -> Result<(), CliError> {
         return Ok(());
     }
     if runs.is_empty() {
-        println!("no runs under {} (no folder holds a manifest.json)", root.display());
+        println!(
+            "no runs under {} (no folder holds a manifest.json)",
+            root.display()
+        );
         return Ok(());
     }
     let rows: Vec<Vec<String>> = runs
@@ -136,7 +140,9 @@ pub async fn run(a: RunsArgs) -> Result<(), CliError> {
         if runs.len() == 1 { "" } else { "s" },
         root.display(),
         render_table(
-            &["run", "path", "created", "stages", "scorers", "cases", "calls"],
+            &[
+                "run", "path", "created", "stages", "scorers", "cases", "calls"
+            ],
             &rows
         )
     );

@@ -104,7 +104,10 @@ async fn delete(run: &str, tag: &str) -> Result<(), CliError> {
     if let Some(dir) = &nested {
         for other in manifest.scorer_versions.iter().filter(|t| **t != id.tag()) {
             if let Some(o) = ScorerId::parse(other)
-                && nested_judge_dir(&store, &manifest.pipeline, &o).await?.as_ref() == Some(dir)
+                && nested_judge_dir(&store, &manifest.pipeline, &o)
+                    .await?
+                    .as_ref()
+                    == Some(dir)
             {
                 shared = true;
             }
@@ -152,7 +155,12 @@ async fn delete(run: &str, tag: &str) -> Result<(), CliError> {
         store.delete_scratch("results").await.map_err(internal)?;
         gone.push("results (aggregated from it)".into());
     }
-    println!("deleted {} from {}: {}", id.tag(), store.display(), gone.join(", "));
+    println!(
+        "deleted {} from {}: {}",
+        id.tag(),
+        store.display(),
+        gone.join(", ")
+    );
     if let (Some(dir), true) = (&nested, shared) {
         println!("kept {dir}: another scorer version of the run was judged in it");
     }

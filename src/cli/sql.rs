@@ -234,9 +234,9 @@ impl Target {
             };
             return Ok((t, Box::new(std::io::BufWriter::new(std::io::stdout()))));
         };
-        let name = dest
-            .file_name()
-            .ok_or_else(|| CliError::BadInput(format!("--output {}: not a file name", dest.display())))?;
+        let name = dest.file_name().ok_or_else(|| {
+            CliError::BadInput(format!("--output {}: not a file name", dest.display()))
+        })?;
         let tmp = dest.with_file_name(format!("{}.tmp", name.to_string_lossy()));
         let f = std::fs::File::create(&tmp)
             .map_err(|e| CliError::BadInput(format!("--output {}: {e}", dest.display())))?;
@@ -337,7 +337,11 @@ impl Sink {
                 )
                 .map_err(internal)?,
             )),
-            f => return Err(CliError::BadInput(format!("--format {f}: not a streaming format"))),
+            f => {
+                return Err(CliError::BadInput(format!(
+                    "--format {f}: not a streaming format"
+                )));
+            }
         })
     }
 

@@ -729,11 +729,28 @@ pub fn render(rows: &[ResultRow]) -> String {
     let (title, headers): (&str, Vec<&str>) = match kind {
         MetricKind::PassFail => (
             "failure rate",
-            vec!["type", "n", "fail", "fail rate", "95% CI", "templates", "validity"],
+            vec![
+                "type",
+                "n",
+                "fail",
+                "fail rate",
+                "95% CI",
+                "templates",
+                "validity",
+            ],
         ),
         MetricKind::Label => (
             "rate of each label",
-            vec!["type", "label", "n", "count", "rate", "95% CI", "templates", "validity"],
+            vec![
+                "type",
+                "label",
+                "n",
+                "count",
+                "rate",
+                "95% CI",
+                "templates",
+                "validity",
+            ],
         ),
         MetricKind::Numeric => (
             "mean score",
@@ -801,7 +818,12 @@ pub fn render(rows: &[ResultRow]) -> String {
         let tests: Vec<Vec<String>> = rows
             .iter()
             .filter(|r| r.level == "test" && r.model == model)
-            .map(|r| fmt_row(r, vec![r.test.clone().unwrap_or_default(), r.capability.clone()]))
+            .map(|r| {
+                fmt_row(
+                    r,
+                    vec![r.test.clone().unwrap_or_default(), r.capability.clone()],
+                )
+            })
             .collect();
         out.push_str(&render_table(&with_first(&["test", "capability"]), &tests));
         let groups: Vec<&ResultRow> = rows
