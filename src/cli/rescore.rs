@@ -48,7 +48,8 @@ pub struct RescoreArgs {
 
 /// The user scorer of `--scorer-file` that `--scorer` names (or the file's only one).
 fn from_file(a: &RescoreArgs, file: &std::path::Path) -> Result<user::ScorerDef, CliError> {
-    let defs = user::parse_file(file).map_err(|e| CliError::BadInput(e.to_string()))?;
+    let defs =
+        user::parse_file(file).map_err(|e| CliError::BadInput(crate::pipeline::def_message(&e)))?;
     let names: Vec<&str> = defs.iter().map(|d| d.name.as_str()).collect();
     match &a.scorer {
         Some(spec) => {

@@ -178,23 +178,13 @@ pub struct Origin {
 
 /// A bad definition: the file, line and field, and what is wrong.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
-#[error("{}: {}{}{msg}", crate::pipeline::at(.file, *.line), named("scorer", .scorer), named("field", .field))]
+#[error("{file}:{line}: scorer `{scorer}`: field `{field}`: {msg}")]
 pub struct DefError {
     pub file: String,
     pub line: usize,
     pub scorer: String,
     pub field: String,
     pub msg: String,
-}
-
-/// `what `name`: `, or nothing when the name is not known (`?` or empty): a message never
-/// says "scorer `?`".
-fn named(what: &str, name: &str) -> String {
-    if name.is_empty() || name == "?" {
-        String::new()
-    } else {
-        format!("{what} `{name}`: ")
-    }
 }
 
 /// A scorer file: `[[scorer]]` tables only.
