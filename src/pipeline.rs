@@ -23,19 +23,48 @@ pub enum PipelineError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{file}:{line}: {msg}")]
+    #[error("{}: {msg}", at(.file, *.line))]
     Parse {
         file: String,
         line: usize,
         msg: String,
     },
-    #[error("{file}:{line}: field `{field}`: {msg}")]
+    #[error("{}: field `{field}`: {msg}", at(.file, *.line))]
     Invalid {
         file: String,
         line: usize,
         field: String,
         msg: String,
     },
+}
+
+/// `file:line`, or `file` when the line is not known (0): never "nope.toml:0".
+pub(crate) fn at(file: &str, line: usize) -> String {
+    if line == 0 {
+        file.to_string()
+    } else {
+        format!("{file}:{line}")
+    }
+}
+
+/// A user scorer's [`DefError`](crate::stages::score::user::DefError) as a message that
+/// names only what is known: no `:0` line, no "scorer `?`" or "field `?`" (the scorer
+/// engine's own Display is part of its versioned logic, so the wording is made here).
+pub fn def_message(e: &crate::stages::score::user::DefError) -> String {
+    let named = |what: &str, name: &str| {
+        if name.is_empty() || name == "?" {
+            String::new()
+        } else {
+            format!("{what} `{name}`: ")
+        }
+    };
+    format!(
+        "{}: {}{}{}",
+        at(&e.file, e.line),
+        named("scorer", &e.scorer),
+        named("field", &e.field),
+        e.msg
+    )
 }
 
 /// A parsed pipeline file.
@@ -817,7 +846,11 @@ fn def_error(e: crate::stages::score::user::DefError) -> PipelineError {
         file: e.file,
         line: e.line,
         field: format!("scorer.{}", e.field),
-        msg: format!("scorer `{}`: {}", e.scorer, e.msg),
+        msg: if e.scorer.is_empty() || e.scorer == "?" {
+            e.msg
+        } else {
+            format!("scorer `{}`: {}", e.scorer, e.msg)
+        },
     }
 }
 

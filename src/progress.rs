@@ -1,7 +1,9 @@
 //! Progress of a long stage on a terminal: units done out of the total, rows and rows/s.
 //!
 //! Quiet when stderr is not a terminal (CI, a log file, a pipe), so logs and captured
-//! output stay clean. Cheap to clone: every task of a stage advances the same bar.
+//! output stay clean; `EVALFLOW_PROGRESS=lines` asks for a plain line every few seconds
+//! there instead ([`log_lines`], the call stage's heartbeat for long CI runs). Cheap to
+//! clone: every task of a stage advances the same bar.
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -9,6 +11,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// Whether progress may be printed as plain lines when stderr is not a terminal: only when
+/// `EVALFLOW_PROGRESS=lines` asks for it, since a captured stderr is for errors and warnings.
+pub fn log_lines() -> bool {
+    std::env::var_os("EVALFLOW_PROGRESS").is_some_and(|v| v == "lines")
+}
 
 /// A stage's progress bar (absent off a terminal).
 #[derive(Clone)]

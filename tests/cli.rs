@@ -633,3 +633,499 @@ fn run_on_s3_object_storage_and_resume() {
         stderr(&o)
     );
 }
+
+/// `sql --format csv` flattens struct columns into `col.field` columns (nested structs too,
+/// a NULL struct's fields NULL), refuses a list column with exit 2 before printing anything,
+/// and `--output` writes every format to the file, never to stdout.
+#[test]
+fn sql_csv_flattens_structs_and_output_takes_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(&[
+        "sql",
+        "SELECT k, CASE WHEN k = 'a' THEN named_struct('n', 3, 'ci', named_struct('lo', 0.5, 'hi', 1.5)) END AS s \
+         FROM (VALUES ('a'), ('b')) AS t(k) ORDER BY k",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "k,s.n,s.ci.lo,s.ci.hi\na,3,0.5,1.5\nb,,,\n");
+    // A statistics function's struct: mean_ci over 1 and 3 is n 2, mean 2, se 1.
+    let o = run(&[
+        "sql",
+        "SELECT mean_ci(x) AS ci FROM (VALUES (1.0), (3.0)) AS t(x)",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next(),
+        Some("ci.n,ci.mean,ci.se,ci.lo,ci.hi"),
+        "{out}"
+    );
+    let cells: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(&cells[..3], ["2", "2.0", "1.0"], "{out}");
+
+    // A list has no flat form: refused, naming the column, nothing printed or written.
+    let file = dir.path().join("out.csv");
+    let o = run(&[
+        "sql",
+        "SELECT 1 AS a, make_array(1, 2) AS l",
+        "--format",
+        "csv",
+        "--output",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
+    assert!(stderr(&o).contains("`l`"), "{}", stderr(&o));
+    assert!(!file.exists() && !dir.path().join("out.csv.tmp").exists());
+    let o = run(&["sql", "SELECT make_array(1, 2) AS l", "--format", "csv"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
+
+    // --output for csv, json and table.
+    for (format, want) in [
+        ("csv", "x,s.n\n1,2\n"),
+        ("json", "[{\"x\":1,\"s\":{\"n\":2}}]\n"),
+    ] {
+        let file = dir.path().join(format!("out.{format}"));
+        let o = run(&[
+            "sql",
+            "SELECT 1 AS x, named_struct('n', 2) AS s",
+            "--format",
+            format,
+            "--output",
+            file.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(o.stdout.is_empty(), "{format}: {}", stdout(&o));
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), want, "{format}");
+    }
+    let file = dir.path().join("out.txt");
+    let o = run(&[
+        "sql",
+        "SELECT 41 + 1 AS answer",
+        "--output",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
+    let t = std::fs::read_to_string(&file).unwrap();
+    assert!(t.contains("| answer |") && t.contains("| 42     |"), "{t}");
+}
+
+/// `aggregate --scorer` and `report --scorer` show a user scorer's results (one the
+/// pipeline's `[score]` does not name, added by `rescore`); a scorer the run does not have
+/// is refused with exit 2 naming what it has, and `results` is left as it was.
+#[test]
+fn aggregate_and_report_pick_any_scorer_of_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let r = root.to_str().unwrap();
+    let good = write(dir.path(), "good.toml", MINIMAL);
+    let p = good.to_str().unwrap();
+    assert!(run(&["run", p, "--out", r]).status.success());
+    // Passes only the answer to "It is bad." (the checklist fails exactly that one).
+    let scorers = write(
+        dir.path(),
+        "mine.toml",
+        "[[scorer]]\nname = \"mine\"\nkind = \"sql\"\nmetric = \"pass_fail\"\npassed = \"input LIKE '%bad%'\"\n",
+    );
+    let o = run(&[
+        "rescore",
+        r,
+        "--scorer-file",
+        scorers.to_str().unwrap(),
+        "--scorer",
+        "mine",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let results = |root: &Path| {
+        sql_json(
+            root,
+            "SELECT scorer, failures, n FROM results WHERE level = 'test'",
+        )
+    };
+    let o = run(&["aggregate", p, "--out", r, "--scorer", "mine"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        results(&root),
+        serde_json::json!([{"scorer": "mine", "failures": 1, "n": 2}])
+    );
+    // The failing case is "It is good." for `mine`; the checklist fails the other one, so
+    // the per-test failure rates are 50% either way: the scorer column tells them apart.
+    assert!(stdout(&o).contains("50.0%"), "{}", stdout(&o));
+    let version = sql_json(
+        &root,
+        "SELECT DISTINCT scoring_version FROM scores WHERE scorer = 'mine'",
+    )[0]["scoring_version"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let o = run(&["report", r, "--scorer", &format!("mine@{version}")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!("scorer mine@{version}")),
+        "{}",
+        stdout(&o)
+    );
+    for args in [
+        vec!["aggregate", p, "--out", r, "--scorer", "nope"],
+        vec!["report", r, "--scorer", "mine@0"],
+    ] {
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("checklist@1") && stderr(&o).contains("mine@"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert_eq!(results(&root)[0]["scorer"], "mine", "results untouched");
+    }
+}
+
+/// `scorers RUN --delete NAME@VERSION` removes the scores, the nested judge run and the
+/// manifest entries of one version (and `results` aggregated from it), keeps the others,
+/// and refuses a version the run does not have with exit 2, changing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scorers_delete_removes_one_version_and_its_judge_run() {
+    use evalflow::mock::{AnswerMode, MockConfig, MockServer};
+    let judge = MockServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        MockConfig {
+            answer: AnswerMode::Checklist,
+            retry_after_secs: 0,
+            ..MockConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = format!(
+        "{MINIMAL}\n[judge]\nprovider = \"openai\"\nbase_url = \"{}\"\nname = \"judge-model\"\ntemperature = 0.0\n\n\
+         [[score.judge.questions]]\nid = \"short\"\ntext = \"Is the answer one word?\"\n",
+        judge.base_url()
+    );
+    let good = write(dir.path(), "judged.toml", &pipeline);
+    let mine = write(
+        dir.path(),
+        "mine.toml",
+        "[[scorer]]\nname = \"mine\"\nkind = \"sql\"\nmetric = \"pass_fail\"\npassed = \"input LIKE '%bad%'\"\n",
+    );
+    let root = dir.path().join("r");
+    let (p, r) = (
+        good.to_str().unwrap().to_string(),
+        root.to_str().unwrap().to_string(),
+    );
+    let m = mine.to_str().unwrap().to_string();
+    let r2 = r.clone();
+    tokio::task::spawn_blocking(move || {
+        assert!(run(&["run", &p, "--out", &r2]).status.success());
+        for args in [
+            vec!["rescore", &r2, "--scorer", "judge"],
+            vec!["rescore", &r2, "--scorer-file", &m, "--scorer", "mine"],
+            vec!["aggregate", &p, "--out", &r2, "--scorer", "mine"],
+        ] {
+            let o = run(&args);
+            assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        }
+    })
+    .await
+    .unwrap();
+    let manifest = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(root.join("manifest.json")).unwrap()).unwrap()
+    };
+    let versions = || -> Vec<String> {
+        manifest()["scorer_versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    let judge_tag = versions()
+        .into_iter()
+        .find(|t| t.starts_with("judge@"))
+        .expect("judge scored");
+    let judge_version = judge_tag.trim_start_matches("judge@").to_string();
+    let mine_tag = versions()
+        .into_iter()
+        .find(|t| t.starts_with("mine@"))
+        .unwrap();
+    assert!(root.join("judge").join(&judge_version).exists());
+    let scores = |q: &str| scalar(&root, &format!("SELECT count(*) FROM scores WHERE {q}"));
+    assert_eq!(scores("scorer = 'checklist'"), 2);
+
+    // An unknown version: exit 2, nothing printed or changed.
+    let before = std::fs::read(root.join("manifest.json")).unwrap();
+    let o = run(&["scorers", &r, "--delete", "judge@0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(o.stdout.is_empty());
+    assert!(stderr(&o).contains(&judge_tag), "{}", stderr(&o));
+    assert_eq!(std::fs::read(root.join("manifest.json")).unwrap(), before);
+
+    let o = run(&["scorers", &r, "--delete", &judge_tag]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!root.join("scores").join(&judge_tag).exists());
+    assert!(!root.join("judge").join(&judge_version).exists());
+    assert_eq!(
+        versions(),
+        vec!["checklist@1".to_string(), mine_tag.clone()]
+    );
+    assert!(
+        manifest()["stages"]
+            .get(format!("score:{judge_tag}"))
+            .is_none()
+    );
+    assert_eq!(scores("scorer = 'judge'"), 0);
+    assert_eq!(scores("scorer = 'checklist'"), 2);
+    assert_eq!(scores("scorer = 'mine'"), 2);
+    // `results` were aggregated from `mine`: they go with it.
+    assert!(scalar(&root, "SELECT count(*) FROM results WHERE scorer = 'mine'") > 0);
+    let o = run(&["scorers", &r, "--delete", &mine_tag]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(versions(), vec!["checklist@1".to_string()]);
+    assert_eq!(scalar(&root, "SELECT count(*) FROM results"), 0);
+    assert!(manifest()["stages"].get("aggregate").is_none());
+    let listed = run(&["scorers", &r, "--json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["tag"], "checklist@1");
+}
+
+/// `evalflow runs ROOT` lists every run under a folder, at any depth, and not the folders
+/// inside a run; a missing folder is exit 2.
+#[test]
+fn runs_lists_the_runs_under_a_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = write(dir.path(), "good.toml", MINIMAL);
+    let base = dir.path().join("runs");
+    for sub in ["a", "team/b"] {
+        let out = base.join(sub);
+        let o = run(&[
+            "run",
+            good.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    std::fs::create_dir_all(base.join("empty")).unwrap();
+    let o = run(&["runs", base.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mut paths: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap().to_string())
+        .collect();
+    paths.sort();
+    assert_eq!(
+        paths,
+        [
+            base.join("a").display().to_string(),
+            base.join("team/b").display().to_string()
+        ]
+    );
+    for r in v.as_array().unwrap() {
+        assert_eq!(r["row_counts"]["cases"], 2, "{r}");
+        assert_eq!(
+            r["scorer_versions"],
+            serde_json::json!(["checklist@1"]),
+            "{r}"
+        );
+        assert_eq!(r["stages"]["aggregate"], "complete", "{r}");
+    }
+    let o = run(&["runs", base.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("2 runs under"), "{}", stdout(&o));
+    let o = run(&["runs", dir.path().join("nope").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+/// docs/functions.md (generated from the functions' docs) labels the `clustered_se_cr2`
+/// example's column `se_cr2`, beside CR1 (equal with equal cluster sizes, as it says).
+#[test]
+fn functions_reference_labels_the_cr2_example() {
+    let md = std::fs::read_to_string(repo().join("docs/functions.md")).unwrap();
+    let section = md
+        .split("\n## clustered_se_cr2\n")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    assert!(
+        section
+            .contains("SELECT clustered_se_cr2(x, c) AS se_cr2, clustered_se_cr1(x, c) AS se_cr1"),
+        "{section}"
+    );
+    let header = section
+        .lines()
+        .find(|l| l.starts_with("| se_"))
+        .unwrap_or_else(|| panic!("no result table in {section}"));
+    let cols: Vec<&str> = header
+        .split('|')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(cols, ["se_cr2", "se_cr1"], "{header}");
+    let row = section
+        .lines()
+        .skip_while(|l| !l.starts_with("| se_"))
+        .nth(2)
+        .unwrap();
+    let vals: Vec<&str> = row
+        .split('|')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(vals[0], vals[1], "equal cluster sizes: CR2 = CR1 ({row})");
+}
+
+/// README documents a judge scorer's own `model = {...}` table, and the example parses into
+/// that model.
+#[test]
+fn readme_documents_the_judge_scorer_model_table() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let block = readme
+        .split("## Writing your own scorer")
+        .nth(1)
+        .and_then(|s| s.split("```toml\n").nth(1))
+        .and_then(|b| b.split("```").next())
+        .unwrap();
+    let defs = evalflow::stages::score::user::parse_text(block, "README.md").unwrap();
+    let judge = defs.iter().find(|d| d.kind.as_str() == "judge").unwrap();
+    let model = judge
+        .model
+        .as_ref()
+        .expect("the judge example has a model table");
+    assert_eq!(
+        (model.provider.as_str(), model.name.as_str()),
+        ("openai", "gpt-4o-mini")
+    );
+    assert_eq!(model.api_key_env.as_deref(), Some("OPENAI_API_KEY"));
+}
+
+/// Error messages name what is known and nothing else: a missing scorer file is
+/// "nope.toml: cannot read", never "nope.toml:0: scorer `?`: field `?`"; a syntax error
+/// keeps its line.
+#[test]
+fn messages_leave_out_unknown_lines_and_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let r = root.to_str().unwrap();
+    let good = write(dir.path(), "good.toml", MINIMAL);
+    assert!(
+        run(&["run", good.to_str().unwrap(), "--out", r])
+            .status
+            .success()
+    );
+    let nope = dir.path().join("nope.toml");
+    let o = run(&["rescore", r, "--scorer-file", nope.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains(&format!("{}: cannot read", nope.display())),
+        "{e}"
+    );
+    assert!(!e.contains("nope.toml:0") && !e.contains("`?`"), "{e}");
+    let bad = write(
+        dir.path(),
+        "bad.toml",
+        "[[scorer]]\nname = \"x\"\nkind = = \"sql\"\n",
+    );
+    let o = run(&["rescore", r, "--scorer-file", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains(&format!("{}:3: ", bad.display())), "{e}");
+    assert!(!e.contains("`?`"), "{e}");
+}
+
+/// Two `evalflow run`s of one pipeline started at the same moment without `--out` get
+/// two folders and two run ids (the second used to resume the first's folder).
+#[test]
+fn runs_started_together_get_their_own_folders() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "good.toml", MINIMAL);
+    let start = || {
+        bin()
+            .args(["run", "good.toml"])
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (start(), start());
+    for c in [a, b] {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let mut ids = Vec::new();
+    for e in std::fs::read_dir(dir.path().join("runs")).unwrap() {
+        let m: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(e.unwrap().path().join("manifest.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(m["row_counts"]["cases"], 2, "{m}");
+        ids.push(m["run_id"].as_str().unwrap().to_string());
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+}
+
+/// Off a terminal the call stage prints no progress lines (stderr is for errors), unless
+/// `EVALFLOW_PROGRESS=lines` asks for them. The calls take over the 5 s between lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_progress_lines_off_a_terminal() {
+    use evalflow::mock::{MockConfig, MockServer};
+    let mock = MockServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        MockConfig {
+            latency: std::time::Duration::from_millis(5_300),
+            retry_after_secs: 0,
+            ..MockConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // One model name per run, so neither run's calls are answered from the other's.
+    let pipeline = |model: &str| {
+        MINIMAL.replace(
+            "provider = \"builtin:vader\"\nname = \"vader\"",
+            &format!(
+                "provider = \"openai\"\nbase_url = \"{}\"\nname = \"{model}\"\ntimeout_secs = 30.0",
+                mock.base_url()
+            ),
+        )
+    };
+    for (root, env, want) in [("quiet", None, false), ("lines", Some("lines"), true)] {
+        let p = write(dir.path(), &format!("{root}.toml"), &pipeline(root));
+        assert!(std::fs::read_to_string(&p).unwrap().contains("openai"));
+        let out = dir.path().join(root);
+        let o = tokio::task::spawn_blocking(move || {
+            let mut c = bin();
+            c.args(["run", p.to_str().unwrap(), "--out", out.to_str().unwrap()])
+                .current_dir(repo());
+            if let Some(v) = env {
+                c.env("EVALFLOW_PROGRESS", v);
+            }
+            c.output().unwrap()
+        })
+        .await
+        .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(
+            stderr(&o).contains("call: "),
+            want,
+            "EVALFLOW_PROGRESS={env:?}: {}",
+            stderr(&o)
+        );
+    }
+}

@@ -117,25 +117,31 @@ fn row<'a>(dom: &'a str, test: &str, level: &str, test_type: &str) -> &'a str {
 }
 
 /// `(name, type, rate, interval)` of each row of a text table of `evalflow run`, from the
-/// line after `title` to the next blank line.
+/// line after `title` to the next blank line; the columns are found by their headers.
 fn text_rows(out: &str, title: &str) -> Vec<(String, String, String, String)> {
-    let mut lines = out.lines().skip_while(|l| !l.starts_with(title)).skip(3);
+    let cells = |l: &str| -> Vec<String> {
+        l.split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let mut lines = out.lines().skip_while(|l| !l.starts_with(title)).skip(1);
+    let header = cells(lines.next().unwrap_or_default());
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("no `{name}` column in {header:?}"))
+    };
+    let (ty, rate, ci) = (col("type"), col("fail rate"), col("95% CI"));
     let mut rows = Vec::new();
-    for l in lines.by_ref() {
+    for l in lines.skip(1) {
         if l.trim().is_empty() {
             break;
         }
-        let cells: Vec<&str> = l
-            .split("  ")
-            .map(str::trim)
-            .filter(|c| !c.is_empty())
-            .collect();
-        rows.push((
-            cells[0].to_string(),
-            cells[1].to_string(),
-            cells[4].to_string(),
-            cells[5].to_string(),
-        ));
+        let c = cells(l);
+        rows.push((c[0].clone(), c[ty].clone(), c[rate].clone(), c[ci].clone()));
     }
     rows
 }
@@ -230,7 +236,7 @@ fn sentiment_page_in_chromium() {
         assert!(tr.contains(&format!(">{ci}<")), "{name}: {ci} not in {tr}");
     }
     // Failure examples, with the base and perturbed pair of an INV test.
-    assert!(dom.contains("failures of Neither nor"), "MFT examples");
+    assert!(dom.contains("failures in Neither nor"), "MFT examples");
     assert!(dom.contains("<b>base:</b>") && dom.contains("<b>perturbed:</b>"));
 
     let png = dir.path().join("shot.png");
@@ -647,4 +653,58 @@ fn judge_section_matches_judge_predict() {
     }
     let dom = dump_dom(&page);
     assert!(dom.contains("Judge: learned aggregation of the checklist"));
+}
+
+/// The examples row says how many failures it shows of how many, in the right number
+/// ("3 of 120 failures", "1 failure"), never "3 failures" of a test that failed 120 times.
+#[test]
+fn example_summaries_count_shown_of_total() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("a");
+    sentiment_run(&root);
+    let html = std::fs::read_to_string(root.join("report.html")).unwrap();
+    // From the run's table: 120 of 120 failed, and 1 of 120.
+    assert!(
+        html.contains("<summary>3 of 120 failures in Negation of negative at the end</summary>"),
+        "many failures"
+    );
+    assert!(
+        html.contains("<summary>1 failure in Add irrelevant handles and links</summary>"),
+        "one failure"
+    );
+    assert!(!html.contains("1 failures"));
+}
+
+/// An imported run's page says its generate and call stages were imported (not run by
+/// evalflow), and draws no latency chart for calls that recorded none.
+#[test]
+fn imported_run_page_says_imported_and_draws_no_empty_latency() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pairs.jsonl");
+    let line = |q: &str, a: &str| {
+        format!(
+            "{{\"request\": {{\"model\": \"m\", \"messages\": [{{\"role\": \"user\", \"content\": \"{q}\"}}]}}, \
+             \"response\": {{\"choices\": [{{\"message\": {{\"role\": \"assistant\", \"content\": \"{a}\"}}, \"finish_reason\": \"stop\"}}]}}, \
+             \"expected\": \"positive\"}}\n"
+        )
+    };
+    std::fs::write(
+        &file,
+        line("It is good.", "positive") + &line("It is bad.", "negative"),
+    )
+    .unwrap();
+    let root = dir.path().join("imp");
+    let r = root.to_str().unwrap();
+    ok(&["import", file.to_str().unwrap(), "--out", r]);
+    let p = root.join("import.toml");
+    let p = p.to_str().unwrap();
+    ok(&["validate", p, "--out", r]);
+    ok(&["score", p, "--out", r]);
+    ok(&["report", r]);
+    let html = std::fs::read_to_string(root.join("report.html")).unwrap();
+    assert!(
+        html.contains("generate imported, call imported, validate complete"),
+        "stages"
+    );
+    assert!(html.contains("no latency recorded"), "no latency chart");
 }

@@ -5,7 +5,6 @@
 //! per test, per capability and overall, with the MDE and a verdict.
 
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
-use datafusion::arrow::util::pretty::pretty_format_batches;
 
 use super::CliError;
 use crate::query::{new_context, register_run};
@@ -15,12 +14,44 @@ use crate::storage::RunStore;
 /// The report query behind `compare`.
 pub const PAIRED_COMPARISON_SQL: &str = include_str!("../../sql/paired_comparison.sql");
 
+/// `compare`'s help after the options: the row fields, which `--format json` keeps stable for
+/// scripts and the Python package.
+const FIELDS_HELP: &str = "\
+Rows (one per test, per capability and overall; the same fields in every format):
+  level        test | capability | overall
+  capability   the capability, '(all)' on the overall row
+  test         the test, '(all)' on capability and overall rows
+  n_pairs      cases scored in both A and B (every number below comes from these pairs)
+  n_unpaired   cases scored in one run only (a provider error, a case missing from the
+               other run): counted here, left out of every other number
+  mean_a       mean score of A over the pairs (K samples averaged per case first)
+  mean_b       mean score of B over the same pairs
+  diff         mean_b - mean_a
+  se           clustered SE of the paired difference (by template)
+  lo, hi       its 95% interval
+  templates    templates among the pairs (never more than n_pairs)
+  mde          smallest difference detectable with 80% power at alpha 0.05, from the SE the
+               interval implies, (hi - lo) / (2 * 1.96)
+  method       the interval's method (paired_diff_clustered)
+  verdict      B better | A better | no difference (...) | could not tell (...) | cannot tell: ...
+  z, p_value   the test of diff = 0
+--format json prints one JSON array of these row objects (NULL as null).";
+
 #[derive(Debug, clap::Args)]
+#[command(after_long_help = FIELDS_HELP)]
 pub struct CompareArgs {
     /// Run A (the baseline) root.
     pub run_a: String,
-    /// Run B (the candidate) root.
-    pub run_b: String,
+    /// Run B (the candidate) root; omit it with --model-a and --model-b to compare two
+    /// models of run A.
+    pub run_b: Option<String>,
+    /// Compare only this model's calls of run A (with --model-b and no RUN_B: two models of
+    /// one run or one imported corpus, paired on their shared cases).
+    #[arg(long, value_name = "MODEL")]
+    pub model_a: Option<String>,
+    /// Compare only this model's calls of run B (or of run A when RUN_B is omitted).
+    #[arg(long, value_name = "MODEL")]
+    pub model_b: Option<String>,
     /// Exit 1 unless B is significantly better than A overall (95% interval above zero).
     #[arg(long)]
     pub require_improvement: bool,
@@ -28,6 +59,14 @@ pub struct CompareArgs {
     /// version each run's newest version of it).
     #[arg(long)]
     pub scorer: Option<String>,
+    /// `table` (for reading), `csv` (a header row) or `json` (one array of row objects); the
+    /// fields are listed under --help.
+    #[arg(long, default_value = "table", value_parser = ["table", "csv", "json"])]
+    pub format: String,
+    /// Write the output to this file instead of stdout (written under FILE.tmp and renamed
+    /// when complete).
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub cluster: super::ClusterArg,
 }
@@ -124,38 +163,139 @@ pub(crate) async fn collect(
         .map_err(|e| CliError::Internal(format!("{verb}: {e}")))
 }
 
-/// The verdict of the `overall` row, if any.
-fn overall_verdict(batches: &[RecordBatch]) -> Option<String> {
+/// A cell of the `overall` row, as text, if any.
+fn overall_cell(batches: &[RecordBatch], col: &str) -> Option<String> {
+    use datafusion::arrow::util::display::array_value_to_string;
     for b in batches {
-        let scope = b.column_by_name("scope")?.as_string_opt::<i32>()?;
-        let verdict = b.column_by_name("verdict")?.as_string_opt::<i32>()?;
+        let level = b.column_by_name("level")?.as_string_opt::<i32>()?;
+        let c = b.column_by_name(col)?;
         for i in 0..b.num_rows() {
-            if scope.value(i) == "overall" && verdict.is_valid(i) {
-                return Some(verdict.value(i).to_string());
+            if level.value(i) == "overall" && c.is_valid(i) {
+                return array_value_to_string(c, i).ok();
             }
         }
     }
     None
 }
 
-pub async fn run(a: CompareArgs) -> Result<(), CliError> {
-    let ctx = session_with_runs(&[&a.run_a, &a.run_b]).await?;
-    let spec = chosen_scorer(&[&a.run_a, &a.run_b], a.scorer.as_deref()).await?;
-    let batches = collect(&ctx, "compare", &with_scorer(PAIRED_COMPARISON_SQL, &spec)).await?;
-    let n: usize = batches.iter().map(RecordBatch::num_rows).sum();
-    if n == 0 {
+/// The total number of unpaired cases, and the overall row's n_pairs.
+fn counts(batches: &[RecordBatch]) -> (i64, i64) {
+    let n = |c: &str| overall_cell(batches, c).and_then(|v| v.parse().ok());
+    (n("n_unpaired").unwrap_or(0), n("n_pairs").unwrap_or(0))
+}
+
+/// Replaces `<side>_scores` with the rows of `model` only, after checking the side has it.
+async fn only_model(
+    ctx: &datafusion::prelude::SessionContext,
+    side: char,
+    run: &str,
+    model: &str,
+) -> Result<(), CliError> {
+    use datafusion::arrow::util::display::array_value_to_string;
+    let table = format!("{side}_scores");
+    let lit = model.replace('\'', "''");
+    let models = collect(
+        ctx,
+        "compare",
+        &format!("SELECT DISTINCT model FROM {table} ORDER BY model"),
+    )
+    .await?;
+    let mut have = Vec::new();
+    for b in &models {
+        for i in 0..b.num_rows() {
+            have.push(array_value_to_string(b.column(0), i).map_err(super::internal)?);
+        }
+    }
+    if !have.iter().any(|m| m == model) {
         return Err(CliError::BadInput(format!(
-            "compare: {} and {} share no cases scored by `{spec}` (joined on case_id)",
-            a.run_a, a.run_b
+            "--model-{side} {model}: {run} has no scores of that model (it has: {})",
+            if have.is_empty() {
+                "none".to_string()
+            } else {
+                have.join(", ")
+            }
         )));
     }
-    let table = pretty_format_batches(&batches).map_err(|e| CliError::Internal(e.to_string()))?;
-    println!(
-        "A = {}\nB = {}\nscorer: {spec} (score of B minus score of A)\n{table}",
-        a.run_a, a.run_b
-    );
-    let verdict = overall_verdict(&batches).unwrap_or_else(|| "could not tell".into());
-    println!("overall: {verdict}");
+    let df = ctx
+        .sql(&format!("SELECT * FROM {table} WHERE model = '{lit}'"))
+        .await
+        .map_err(|e| CliError::Internal(format!("compare: {e}")))?;
+    let view = df.into_view();
+    ctx.deregister_table(table.as_str())
+        .map_err(|e| CliError::Internal(format!("compare: {e}")))?;
+    ctx.register_table(table.as_str(), view)
+        .map_err(|e| CliError::Internal(format!("compare: {e}")))?;
+    Ok(())
+}
+
+pub async fn run(a: CompareArgs) -> Result<(), CliError> {
+    let run_b = match (&a.run_b, &a.model_a, &a.model_b) {
+        (Some(b), _, _) => b.clone(),
+        (None, Some(ma), Some(mb)) if ma != mb => a.run_a.clone(),
+        (None, Some(_), Some(_)) => {
+            return Err(CliError::BadInput(
+                "compare: --model-a and --model-b name the same model".into(),
+            ));
+        }
+        (None, _, _) => {
+            return Err(CliError::BadInput(
+                "compare: give RUN_B, or --model-a A --model-b B to compare two models of one run"
+                    .into(),
+            ));
+        }
+    };
+    let ctx = session_with_runs(&[&a.run_a, &run_b]).await?;
+    let spec = chosen_scorer(&[&a.run_a, &run_b], a.scorer.as_deref()).await?;
+    if let Some(m) = &a.model_a {
+        only_model(&ctx, 'a', &a.run_a, m).await?;
+    }
+    if let Some(m) = &a.model_b {
+        only_model(&ctx, 'b', &run_b, m).await?;
+    }
+    let side = |run: &str, model: &Option<String>| match model {
+        Some(m) => format!("{run} (model {m})"),
+        None => run.to_string(),
+    };
+    let (name_a, name_b) = (side(&a.run_a, &a.model_a), side(&run_b, &a.model_b));
+    let batches = collect(&ctx, "compare", &with_scorer(PAIRED_COMPARISON_SQL, &spec)).await?;
+    let (unpaired, pairs) = counts(&batches);
+    if pairs == 0 {
+        return Err(CliError::BadInput(format!(
+            "compare: {name_a} and {name_b} share no cases scored by `{spec}` (joined on case_id; {unpaired} scored in one only)"
+        )));
+    }
+    let verdict = overall_cell(&batches, "verdict").unwrap_or_else(|| "could not tell".into());
+    let (target, mut w) = super::sql::Target::open(a.output.as_deref())?;
+    if a.format == "table" {
+        use std::io::Write;
+        let io = super::sql::write_failed;
+        writeln!(
+            w,
+            "A = {name_a}\nB = {name_b}\nscorer: {spec} (score of B minus score of A, over the cases scored in both)"
+        )
+        .map_err(io)?;
+        super::sql::write_table(&batches, &mut w)?;
+        if unpaired > 0 {
+            writeln!(
+                w,
+                "unpaired: {unpaired} case{} scored in one run only (n_unpaired), left out of every mean, count and interval",
+                if unpaired == 1 { "" } else { "s" }
+            )
+            .map_err(io)?;
+        }
+        writeln!(w, "overall: {verdict}").map_err(io)?;
+    } else {
+        let schema = batches
+            .first()
+            .map(RecordBatch::schema)
+            .ok_or_else(|| CliError::Internal("compare: no rows".into()))?;
+        let mut sink = super::sql::Sink::new(&a.format, &schema, w)?;
+        for b in &batches {
+            sink.write(b)?;
+        }
+        w = sink.finish()?;
+    }
+    target.commit(w)?;
     if a.require_improvement && verdict != "B better" {
         return Err(CliError::Gate(format!(
             "--require-improvement: B is not significantly better than A ({verdict})"

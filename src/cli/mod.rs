@@ -11,6 +11,7 @@ mod mock_server;
 mod plan;
 pub mod report;
 mod rescore;
+mod runs;
 mod scorers;
 mod sql;
 mod suggest;
@@ -119,7 +120,7 @@ impl Cli {
             Command::Sql(a) => ("sql", &a.cluster),
             Command::Validate(a) => ("validate", &a.cluster),
             Command::Score(a) => ("score", &a.cluster),
-            Command::Aggregate(a) => ("aggregate", &a.cluster),
+            Command::Aggregate(a) => ("aggregate", &a.stage.cluster),
             Command::Rescore(a) => ("rescore", &a.cluster),
             Command::Compare(a) => ("compare", &a.cluster),
             Command::Report(a) => ("report", &a.cluster),
@@ -173,8 +174,9 @@ pub enum Command {
     Validate(StageArgs),
     /// Score valid answers with the pipeline's scorers (`[score] scorers`, default checklist).
     Score(StageArgs),
-    /// Aggregate scores into `results` and print them.
-    Aggregate(StageArgs),
+    /// Aggregate scores into `results` and print them (`--scorer` picks any scorer version
+    /// of the run, such as a user scorer of an imported run).
+    Aggregate(AggregateArgs),
     /// Run SQL over run tables and Parquet files, with the statistics functions registered.
     Sql(sql::SqlArgs),
     /// Turn recorded runs (evalflow JSONL pairs, Parquet, OpenAI Batch output, Inspect AI
@@ -206,6 +208,8 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Merge a run's small parts (the call stage's frequent commits) into large ones.
     Compact(CompactArgs),
+    /// List the runs under a folder (default `runs/`): id, created, stages, scorers, rows.
+    Runs(runs::RunsArgs),
     /// Start a Ballista scheduler with every evalflow function (the `ballista` feature).
     #[cfg(feature = "ballista")]
     Scheduler(cluster::SchedulerArgs),
@@ -238,6 +242,17 @@ pub struct StageArgs {
     pub languages: Option<Vec<String>>,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct AggregateArgs {
+    #[command(flatten)]
+    pub stage: StageArgs,
+    /// The scorer version aggregated, NAME@VERSION or NAME (the run's newest version of it);
+    /// default: the pipeline's first `[score] scorers`. Any version scored in the run, such
+    /// as a user scorer added by `rescore`.
+    #[arg(long, value_name = "NAME[@VERSION]")]
+    pub scorer: Option<String>,
+}
+
 /// Runs one parsed command.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     cli.apply_resources();
@@ -248,7 +263,11 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         #[cfg(feature = "ballista")]
         Command::Executor(a) => cluster::executor(a).await,
         Command::Run(a) => {
-            let mut r = Runner::open(&a.pipeline, a.out.as_deref()).await?;
+            let out = match &a.out {
+                Some(o) => o.clone(),
+                None => runs::fresh_root(&a.pipeline)?,
+            };
+            let mut r = Runner::open(&a.pipeline, Some(&out)).await?;
             r.languages = a.languages.clone();
             eprintln!("run root: {}", r.store.display());
             remember_root(r.store.display());
@@ -310,18 +329,21 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Aggregate(a) => {
-            let mut r = open_stage(&a).await?;
-            let primary = r
-                .prepared_scorers()
-                .await?
-                .first()
-                .map(|s| s.id())
-                .ok_or_else(|| {
-                    CliError::BadInput(format!(
-                        "{}: [score] scorers is empty",
-                        a.pipeline.display()
-                    ))
-                })?;
+            let mut r = open_stage(&a.stage).await?;
+            let primary = match &a.scorer {
+                Some(spec) => report::scorer_of_run(&r.store, &r.manifest, spec).await?,
+                None => r
+                    .prepared_scorers()
+                    .await?
+                    .first()
+                    .map(|s| s.id())
+                    .ok_or_else(|| {
+                        CliError::BadInput(format!(
+                            "{}: [score] scorers is empty",
+                            a.stage.pipeline.display()
+                        ))
+                    })?,
+            };
             let rows = r.aggregate(&primary).await?;
             println!("{}", aggregate::render(&rows));
             Ok(())
@@ -338,6 +360,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Judge(c) => judge::run(c).await,
         Command::Compare(a) => compare::run(a).await,
         Command::Plan(a) => plan::run(a).await,
+        Command::Runs(a) => runs::run(a).await,
         Command::Compact(a) => {
             let (_, store, manifest) = crate::query::open_run(&a.run).await.map_err(|e| {
                 if e.is_bad_input() {

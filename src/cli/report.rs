@@ -25,8 +25,10 @@ pub struct ReportArgs {
     /// A hand-labelled holdout (CSV `call_id,label`) for the Rogan-Gladen correction.
     #[arg(long)]
     pub holdout: Option<PathBuf>,
-    /// The scorer whose labels are corrected (NAME or NAME@VERSION; default: the run's first).
-    #[arg(long)]
+    /// The scorer version reported (its results, the page, the holdout's corrected labels):
+    /// NAME@VERSION or NAME (the run's newest version of it), any version scored in the run,
+    /// such as a user scorer added by `rescore`; default: the run's first.
+    #[arg(long, value_name = "NAME[@VERSION]")]
     pub scorer: Option<String>,
     /// Replacement cue lists for the cue scorer.
     #[arg(long)]
@@ -204,29 +206,15 @@ pub async fn run(a: ReportArgs) -> Result<(), CliError> {
     let (_, store, manifest) = open_run(&a.run)
         .await
         .map_err(|e| CliError::BadInput(e.to_string()))?;
-    let tag = a
-        .scorer
-        .clone()
-        .or_else(|| manifest.scorer_versions.first().cloned())
-        .ok_or_else(|| {
-            CliError::BadInput(format!("{}: the run has no scores yet", store.display()))
-        })?;
-    let id = match ScorerId::parse(&tag) {
-        Some(id) => id,
-        None => match manifest
+    let id = match &a.scorer {
+        Some(spec) => scorer_of_run(&store, &manifest, spec).await?,
+        None => manifest
             .scorer_versions
-            .iter()
-            .rev()
-            .filter_map(|t| ScorerId::parse(t))
-            .find(|s| s.name == tag)
-        {
-            // A bare name reports the run's newest version of that scorer.
-            Some(id) => id,
-            None => score::build_for_run(&tag, a.cues.as_deref(), &store, &manifest.pipeline)
-                .await
-                .map_err(|e| CliError::BadInput(format!("--scorer: {e}")))?
-                .id(),
-        },
+            .first()
+            .and_then(|t| ScorerId::parse(t))
+            .ok_or_else(|| {
+                CliError::BadInput(format!("{}: the run has no scores yet", store.display()))
+            })?,
     };
     println!(
         "run {} ({}), scorer {}\n",
@@ -321,6 +309,54 @@ fn read_gate(p: &std::path::Path, max_drift_pp: f64) -> Result<crate::report::Ga
     })
 }
 
+/// The scorer version `spec` (NAME@VERSION, or NAME for the run's newest version of it) of
+/// a run: one the manifest lists or whose `scores/` folder holds parts.
+///
+/// # Errors
+/// [`CliError::BadInput`] naming the run and the versions it has, when it has no scores of
+/// `spec`.
+pub(crate) async fn scorer_of_run(
+    store: &RunStore,
+    manifest: &crate::storage::Manifest,
+    spec: &str,
+) -> Result<ScorerId, CliError> {
+    let mut have: Vec<String> = manifest.scorer_versions.clone();
+    for p in store.list_parts("scores").await.map_err(internal)? {
+        let tag = p
+            .location
+            .as_ref()
+            .rsplit('/')
+            .nth(1)
+            .filter(|t| t.contains('@'))
+            .map(String::from);
+        if let Some(t) = tag
+            && !have.contains(&t)
+        {
+            have.push(t);
+        }
+    }
+    let found = match ScorerId::parse(spec) {
+        Some(id) => have.contains(&id.tag()).then_some(id),
+        // The manifest lists versions in the order they were scored: the last is the newest.
+        None => have
+            .iter()
+            .rev()
+            .filter_map(|t| ScorerId::parse(t))
+            .find(|id| id.name == spec),
+    };
+    found.ok_or_else(|| {
+        CliError::BadInput(format!(
+            "--scorer {spec}: {} has no scores of it (it has: {})",
+            store.display(),
+            if have.is_empty() {
+                "none".to_string()
+            } else {
+                have.join(", ")
+            }
+        ))
+    })
+}
+
 /// The paired comparison of `compare run_a run_b`, through the same query and scorer choice.
 async fn comparison(
     run_a: &str,
@@ -353,17 +389,18 @@ async fn comparison(
         let n = |name: &str, i: usize| cell(name, i).and_then(|v| v.parse::<i64>().ok());
         for i in 0..b.num_rows() {
             rows.push(crate::report::CompareRow {
-                scope: cell("scope", i).unwrap_or_default(),
+                scope: cell("level", i).unwrap_or_default(),
                 capability: cell("capability", i).unwrap_or_default(),
                 test: cell("test", i).unwrap_or_default(),
-                n_cases: n("n_cases", i),
-                n_templates: n("n_templates", i),
+                n_cases: n("n_pairs", i),
+                n_templates: n("templates", i),
+                n_unpaired: n("n_unpaired", i),
                 mean_a: f("mean_a", i),
                 mean_b: f("mean_b", i),
-                diff: f("diff_b_minus_a", i),
-                se: f("se_clustered", i),
-                lo: f("lo95", i),
-                hi: f("hi95", i),
+                diff: f("diff", i),
+                se: f("se", i),
+                lo: f("lo", i),
+                hi: f("hi", i),
                 p_value: f("p_value", i),
                 mde: f("mde", i),
                 verdict: cell("verdict", i).unwrap_or_default(),

@@ -50,7 +50,7 @@ pub struct RescoreArgs {
 fn from_file(a: &RescoreArgs, file: &std::path::Path) -> Result<user::ScorerDef, CliError> {
     let defs = user::parse_file(file)
         .and_then(|d| score::sql_check::check_defs(&d).map(|()| d))
-        .map_err(|e| CliError::BadInput(e.to_string()))?;
+        .map_err(|e| CliError::BadInput(crate::pipeline::def_message(&e)))?;
     let names: Vec<&str> = defs.iter().map(|d| d.name.as_str()).collect();
     match &a.scorer {
         Some(spec) => {

@@ -189,10 +189,18 @@ fn header(o: &mut String, r: &Report) -> Result<(), ReportError> {
     let stages = super::STAGES
         .iter()
         .map(|s| {
+            // An imported run's generate and call ran in another tool: say so, rather
+            // than claim evalflow generated and called them.
             let st = m
                 .stages
                 .get(*s)
-                .map(|x| format!("{:?}", x.status).to_lowercase())
+                .map(|x| {
+                    if x.details.contains_key("imported_from") {
+                        "imported".to_string()
+                    } else {
+                        format!("{:?}", x.status).to_lowercase()
+                    }
+                })
                 .unwrap_or_else(|| "missing".into());
             format!("{s} {st}")
         })
@@ -497,12 +505,16 @@ fn results(o: &mut String, r: &Report) -> Result<(), ReportError> {
             let mut i = 0;
             while i < group.len() {
                 let test = group[i].test.as_deref().unwrap_or("");
+                let mut failures = None;
                 while i < group.len() && group[i].test.as_deref().unwrap_or("") == test {
                     result_row(&mut body, kind, group[i], range)?;
+                    if let Some(f) = group[i].failures() {
+                        failures = Some(failures.unwrap_or(0) + f);
+                    }
                     i += 1;
                 }
                 if let Some(ex) = examples.get(&(test, ty)) {
-                    example_row(&mut body, kind, test, ex, cols);
+                    example_row(&mut body, kind, test, ex, failures, cols);
                 }
             }
             body.push_str("</tbody></table>");
@@ -563,19 +575,51 @@ fn answer(resp: Option<&str>, score: Option<&str>) -> String {
     s
 }
 
-fn example_row(o: &mut String, kind: MetricKind, test: &str, ex: &[&Example], cols: usize) {
-    let what = match kind {
-        MetricKind::PassFail => "failures",
-        MetricKind::Numeric => "lowest scores",
-        MetricKind::Label => "examples",
+/// The summary of a test's examples: how many are shown and, for failures, of how many
+/// (`3 of 46 failures in T`, `1 failure in T`), singular or plural by the count it names.
+pub(crate) fn examples_summary(
+    kind: MetricKind,
+    test: &str,
+    shown: usize,
+    failures: Option<i64>,
+) -> String {
+    let word = |n: u64, one: &str, many: &str| {
+        if n == 1 {
+            one.to_string()
+        } else {
+            many.to_string()
+        }
     };
+    let shown_n = shown as u64;
+    let (count, what) = match (kind, failures) {
+        (MetricKind::PassFail, Some(t)) if t > shown as i64 => (
+            format!("{shown} of {t}"),
+            word(t as u64, "failure", "failures"),
+        ),
+        (MetricKind::PassFail, _) => (shown.to_string(), word(shown_n, "failure", "failures")),
+        (MetricKind::Numeric, _) => (
+            shown.to_string(),
+            word(shown_n, "lowest score", "lowest scores"),
+        ),
+        (MetricKind::Label, _) => (shown.to_string(), word(shown_n, "example", "examples")),
+    };
+    format!("{count} {what} in {test}")
+}
+
+fn example_row(
+    o: &mut String,
+    kind: MetricKind,
+    test: &str,
+    ex: &[&Example],
+    failures: Option<i64>,
+    cols: usize,
+) {
     let _ = write!(
         o,
-        "<tr class=\"ex\" data-test=\"{}\"><td colspan=\"{cols}\"><details class=\"ex\"><summary>{} {what} of {}</summary><table>\
+        "<tr class=\"ex\" data-test=\"{}\"><td colspan=\"{cols}\"><details class=\"ex\"><summary>{}</summary><table>\
          <tbody>",
         esc(test),
-        ex.len(),
-        esc(test)
+        esc(&examples_summary(kind, test, ex.len(), failures))
     );
     for e in ex {
         let expected = e
@@ -631,7 +675,7 @@ fn compare_row(o: &mut String, c: &CompareRow, range: (f64, f64)) -> Result<(), 
     let _ = write!(
         o,
         "<tr class=\"r{}\" data-test=\"{}\" data-scope=\"{}\" data-capability=\"{}\" data-diff=\"{}\" data-lo=\"{}\" \
-         data-hi=\"{}\" data-mde=\"{}\"><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+         data-hi=\"{}\" data-mde=\"{}\" data-unpaired=\"{}\"><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
          <td class=\"n\">{}</td><td class=\"n\">{}</td><td>[{}, {}]</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
         if c.scope == "test" { "" } else { " cap" },
         esc(&name),
@@ -641,8 +685,10 @@ fn compare_row(o: &mut String, c: &CompareRow, range: (f64, f64)) -> Result<(), 
         num(c.lo),
         num(c.hi),
         num(c.mde),
+        c.n_unpaired.unwrap_or(0),
         esc(&name),
         c.n_cases.map(|n| n.to_string()).unwrap_or_default(),
+        c.n_unpaired.map(|n| n.to_string()).unwrap_or_default(),
         c.n_templates.map(|n| n.to_string()).unwrap_or_default(),
         opt(c.mean_a, 3),
         opt(c.mean_b, 3),
@@ -681,7 +727,7 @@ fn comparison(o: &mut String, c: &super::Comparison) -> Result<(), ReportError> 
     let range = (-span, span);
     let axis = plots::axis(range, false, (CELL.0, 22))?;
     let head = format!(
-        "<thead><tr><th>scope</th><th>cases</th><th>templates</th><th>mean A</th><th>mean B</th><th>B − A</th>\
+        "<thead><tr><th>scope</th><th>pairs</th><th>unpaired</th><th>templates</th><th>mean A</th><th>mean B</th><th>B − A</th>\
          <th>95% CI (clustered)</th><th>MDE</th><th>p</th><th>{axis}</th><th>verdict</th></tr></thead>"
     );
     let overall = c
@@ -695,8 +741,9 @@ fn comparison(o: &mut String, c: &super::Comparison) -> Result<(), ReportError> 
         "<section id=\"compare\"><h2>Comparison: B − A, paired on cases</h2>\
          <dl class=\"meta\"><dt>A</dt><dd>{}</dd><dt>B</dt><dd>{}</dd><dt>scorer</dt><dd>{}</dd>\
          <dt>overall</dt><dd id=\"verdict\"><b>{}</b></dd></dl>\
-         <p class=\"muted\">Mean score of B minus A per case (K samples averaged), standard error clustered by \
-         template; the shaded band is ± the minimum detectable effect (alpha 0.05, power 0.8). An interval \
+         <p class=\"muted\">Mean score of B minus A per case (K samples averaged) over the cases scored in both \
+         runs (a case scored in one run only is counted as unpaired and left out of every number), standard error \
+         clustered by template; the shaded band is ± the minimum detectable effect (alpha 0.05, power 0.8). An interval \
          inside the band that crosses zero is not evidence of no change.</p><table class=\"forest\">{head}<tbody>",
         esc(&c.run_a),
         esc(&c.run_b),
@@ -845,12 +892,18 @@ fn calls(o: &mut String, r: &Report) -> Result<(), ReportError> {
                 )?
             );
         }
-        if let Some((_, bins)) = r.latency.iter().find(|x| &x.0 == model) {
-            let _ = write!(
-                o,
-                "<div>{}</div>",
-                plots::histogram(bins, "latency", RGBA_LATENCY, (400, 200))?
-            );
+        // Imported calls often carry no latency: no chart then, never an empty one.
+        match r.latency.iter().find(|x| &x.0 == model) {
+            Some((_, bins)) if bins.iter().any(|(_, n)| *n > 0) => {
+                let _ = write!(
+                    o,
+                    "<div>{}</div>",
+                    plots::histogram(bins, "latency", RGBA_LATENCY, (400, 200))?
+                );
+            }
+            _ => o.push_str(
+                "<div class=\"muted no-latency\">no latency recorded for these calls</div>",
+            ),
         }
         o.push_str(
             "<div><table><thead><tr><th>finish_reason</th><th>calls</th></tr></thead><tbody>",

@@ -100,6 +100,8 @@ pub struct CompareRow {
     pub test: String,
     pub n_cases: Option<i64>,
     pub n_templates: Option<i64>,
+    /// Cases scored in one run only, left out of every other number of the row.
+    pub n_unpaired: Option<i64>,
     pub mean_a: Option<f64>,
     pub mean_b: Option<f64>,
     pub diff: Option<f64>,

@@ -729,26 +729,48 @@ pub fn render(rows: &[ResultRow]) -> String {
     let (title, headers): (&str, Vec<&str>) = match kind {
         MetricKind::PassFail => (
             "failure rate",
-            vec!["type", "n", "fail", "fail rate", "95% CI", "validity"],
+            vec![
+                "type",
+                "n",
+                "fail",
+                "fail rate",
+                "95% CI",
+                "templates",
+                "validity",
+            ],
         ),
         MetricKind::Label => (
             "rate of each label",
-            vec!["type", "label", "n", "count", "rate", "95% CI", "validity"],
+            vec![
+                "type",
+                "label",
+                "n",
+                "count",
+                "rate",
+                "95% CI",
+                "templates",
+                "validity",
+            ],
         ),
         MetricKind::Numeric => (
             "mean score",
-            vec!["type", "n", "mean", "95% CI", "validity"],
+            vec!["type", "n", "mean", "95% CI", "templates", "validity"],
         ),
     };
-    let fmt_row = |r: &ResultRow, first: String| {
+    // The template count sits beside the interval: with one template no clustered interval
+    // exists, and the width jumps with the second.
+    let fmt_row = |r: &ResultRow, first: Vec<String>| {
         let v = validity_summary(&r.validity, r.validity_other);
-        let mut cells = vec![first, r.test_type.clone()];
+        let t = r.n_templates.to_string();
+        let mut cells = first;
+        cells.push(r.test_type.clone());
         match kind {
             MetricKind::PassFail => cells.extend([
                 r.n.to_string(),
                 r.hits.unwrap_or(0).to_string(),
                 pct(r.value),
                 interval_cell(r, true),
+                t,
                 v,
             ]),
             MetricKind::Label => cells.extend([
@@ -757,6 +779,7 @@ pub fn render(rows: &[ResultRow]) -> String {
                 r.hits.unwrap_or(0).to_string(),
                 pct(r.value),
                 interval_cell(r, true),
+                t,
                 v,
             ]),
             MetricKind::Numeric => cells.extend([
@@ -765,13 +788,14 @@ pub fn render(rows: &[ResultRow]) -> String {
                     .map(|m| format!("{m:.3}"))
                     .unwrap_or_else(|| "-".into()),
                 interval_cell(r, false),
+                t,
                 v,
             ]),
         }
         cells
     };
-    let with_first = |first: &'static str| {
-        let mut h = vec![first];
+    let with_first = |first: &[&'static str]| {
+        let mut h = first.to_vec();
         h.extend(headers.iter().copied());
         h
     };
@@ -784,19 +808,24 @@ pub fn render(rows: &[ResultRow]) -> String {
         let caps: Vec<Vec<String>> = rows
             .iter()
             .filter(|r| r.level == "capability" && r.model == model)
-            .map(|r| fmt_row(r, r.capability.clone()))
+            .map(|r| fmt_row(r, vec![r.capability.clone()]))
             .collect();
         out.push_str(&format!(
             "model: {model}\n\nCapability x test type ({title}, 95% interval clustered by template)\n"
         ));
-        out.push_str(&render_table(&with_first("capability"), &caps));
+        out.push_str(&render_table(&with_first(&["capability"]), &caps));
         out.push_str("\n\nPer test\n");
         let tests: Vec<Vec<String>> = rows
             .iter()
             .filter(|r| r.level == "test" && r.model == model)
-            .map(|r| fmt_row(r, r.test.clone().unwrap_or_default()))
+            .map(|r| {
+                fmt_row(
+                    r,
+                    vec![r.test.clone().unwrap_or_default(), r.capability.clone()],
+                )
+            })
             .collect();
-        out.push_str(&render_table(&with_first("test"), &tests));
+        out.push_str(&render_table(&with_first(&["test", "capability"]), &tests));
         let groups: Vec<&ResultRow> = rows
             .iter()
             .filter(|r| r.level == "capability" && r.model == model)
@@ -897,5 +926,65 @@ mod tests {
         );
         assert!(r.clustered && r.note.is_none() && r.hits.is_none());
         assert_eq!(r.ci_method, "cr2");
+    }
+
+    /// The per-test table names each test's capability and, beside the interval, its
+    /// template count (issue 40: a one-template interval and a two-template one differ by
+    /// an order of magnitude, and the count says why).
+    #[test]
+    fn per_test_rows_name_their_capability_and_templates() {
+        let row = |level: &str| ResultRow {
+            level: level.into(),
+            capability: "Negation".into(),
+            test_type: "MFT".into(),
+            test: Some("Neither nor".into()),
+            model: "m".into(),
+            metric: "failure_rate".into(),
+            n: 40,
+            hits: Some(3),
+            value: Some(0.075),
+            ci_lo: Some(0.01),
+            ci_hi: Some(0.2),
+            n_templates: 2,
+            clustered: true,
+            ..Default::default()
+        };
+        let out = render(&[row("capability"), row("test")]);
+        let cells = |l: &str| -> Vec<String> {
+            l.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(String::from)
+                .collect()
+        };
+        let mut lines = out.split("Per test\n").nth(1).unwrap().lines();
+        assert_eq!(
+            cells(lines.next().unwrap()),
+            [
+                "test",
+                "capability",
+                "type",
+                "n",
+                "fail",
+                "fail rate",
+                "95% CI",
+                "templates",
+                "validity"
+            ]
+        );
+        lines.next();
+        assert_eq!(
+            cells(lines.next().unwrap())[..8],
+            [
+                "Neither nor",
+                "Negation",
+                "MFT",
+                "40",
+                "3",
+                "7.5%",
+                "[1.0%, 20.0%]",
+                "2"
+            ]
+        );
     }
 }

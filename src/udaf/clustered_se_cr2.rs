@@ -56,7 +56,7 @@ impl AggSpec for ClusteredSeCr2 {
                 "Cluster id (e.g. `template_id`): any integer or string column.",
             ),
         ],
-        example: "SELECT clustered_se_cr2(x, c) AS se_cr1, clustered_se(x, c) AS se_miller \
+        example: "SELECT clustered_se_cr2(x, c) AS se_cr2, clustered_se_cr1(x, c) AS se_cr1 \
                   FROM (VALUES (1.0, 1), (1.0, 1), (0.0, 2), (0.0, 2), (1.0, 3), (0.0, 3)) AS t(x, c)",
     };
 

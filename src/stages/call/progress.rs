@@ -1,8 +1,8 @@
 //! Progress of the call stage: a bar on a terminal, plain log lines otherwise.
 //!
 //! Shows calls done out of the total, the rate, errors so far and the ETA. When stderr is
-//! not a terminal (CI, a log file) it prints one line every few seconds instead, so logs
-//! stay readable.
+//! not a terminal (CI, a log file) it is silent, unless `EVALFLOW_PROGRESS=lines` asks for
+//! one line every few seconds ([`crate::progress::log_lines`]).
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -50,7 +50,10 @@ impl Progress {
         if let Some(b) = &self.bar {
             b.inc(n);
             b.set_message(errors.to_string());
-        } else if self.total > 0 && self.last_log.elapsed() >= LOG_EVERY {
+        } else if self.total > 0
+            && self.last_log.elapsed() >= LOG_EVERY
+            && crate::progress::log_lines()
+        {
             self.last_log = Instant::now();
             eprintln!("{}", self.line(errors));
         }
@@ -77,7 +80,10 @@ impl Progress {
     pub fn finish(self, errors: u64) {
         if let Some(b) = self.bar {
             b.finish_and_clear();
-        } else if self.total > 0 && self.started.elapsed() >= LOG_EVERY {
+        } else if self.total > 0
+            && self.started.elapsed() >= LOG_EVERY
+            && crate::progress::log_lines()
+        {
             eprintln!("{}", self.line(errors));
         }
     }

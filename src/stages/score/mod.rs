@@ -252,7 +252,7 @@ pub enum ScorerError {
     #[error("scorer `{spec}`: {msg}")]
     Judge { spec: String, msg: String },
     /// A user scorer's definition is bad (names file, line and field).
-    #[error(transparent)]
+    #[error("{}", crate::pipeline::def_message(.0))]
     Definition(Box<user::DefError>),
     /// The judge's own calls failed while preparing its answers: bad input only when the
     /// cause is (its model cannot be built, a query over the memory limit).
