@@ -1435,6 +1435,7 @@ fn judge_under_a_memory_limit_scores_the_same_or_exits_2_naming_it() {
         .collect();
     assert_eq!(before, after, "no scores version left behind");
     drop((model, judge));
+}
 
 /// A misspelt scorer in `[score] scorers` is found before any stage runs: exit 2 naming the
 /// pipeline file and `score.scorers`, not one request sent to the server, no run root.
