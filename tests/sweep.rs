@@ -417,7 +417,9 @@ async fn judge_by_name_mean_scores_and_verdicts() {
             let rows = evalflow::stages::aggregate::run(&store, &id).await.unwrap();
             let cap = rows.iter().find(|r| r.level == "capability").unwrap();
             assert_eq!(cap.metric, "mean_score");
-            assert_eq!(cap.n, 14);
+            // 14 valid answers; the judge reads English only, so the Chinese one is
+            // `unscorable_language` for it (issue 40 item 3), not a score.
+            assert_eq!(cap.n, 13);
             assert!((cap.value.unwrap() - f(&v[0]["m"])).abs() < 1e-12);
             assert!((cap.ci_lo.unwrap() - f(&v[0]["ci"]["lo"])).abs() < 1e-12);
             assert!((cap.ci_hi.unwrap() - f(&v[0]["ci"]["hi"])).abs() < 1e-12);
@@ -427,15 +429,16 @@ async fn judge_by_name_mean_scores_and_verdicts() {
             assert_eq!(all["capability"], "(all)");
             assert!((f(&all["mean_score"]) - f(&v[0]["m"])).abs() < 1e-12);
         } else {
-            // Every judge answer is unparseable: 14 rows counted under their verdict.
+            // Every judge answer is unparseable: 13 rows counted under their verdict, and the
+            // Chinese answer, which the judge does not read, under its own.
             assert!(
-                report.contains("judge_unparseable 14/14 (100.0%)"),
+                report.contains("unscorable_language 1/14 (7.1%), judge_unparseable 13/14 (92.9%)"),
                 "{report}"
             );
             assert!(!report.contains("no rows"), "{report}");
             let q = sql_file(&root, "sql/mean_score_by_capability.sql");
             let all = q.as_array().unwrap().last().unwrap();
-            assert_eq!(all["judge_unparseable"], 14, "{q}");
+            assert_eq!(all["judge_unparseable"], 13, "{q}");
             assert!(all["mean_score"].is_null());
         }
     }
