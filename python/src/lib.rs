@@ -266,6 +266,7 @@ fn invoke(py: Python<'_>, argv: Vec<String>) -> PyResult<Ended> {
         // Cancelled: blocking tasks (a part being encoded) get a moment to end, then the
         // runtime goes; a temporary part left behind is never read as committed.
         rt.shutdown_timeout(Duration::from_secs(5));
+        cli::run_deferred();
         let _ = done_tx.send(res);
     });
     let mut cancel = Some(cancel_tx);

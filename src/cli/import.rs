@@ -278,6 +278,19 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
             let _ = std::fs::remove_file(f);
         }
     }
+    if matches!(result, Err(CliError::Interrupted(_))) && super::embedded() {
+        // A host process is not ended: once the runtime is down (no task of the dropped
+        // plan left), what such a task wrote late goes too.
+        let created = created_dir.clone();
+        let local = (!out.contains("://")).then(|| PathBuf::from(&out));
+        super::defer(move || {
+            if let Some(d) = created {
+                let _ = std::fs::remove_dir_all(d);
+            } else if let Some(root) = local {
+                let _ = std::fs::remove_dir_all(root.join("_import"));
+            }
+        });
+    }
     if let Err(CliError::Interrupted(msg)) = &result
         && !super::embedded()
     {

@@ -419,6 +419,31 @@ pub fn embedded() -> bool {
     EMBEDDED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Clean-ups a command asks for once its runtime has shut down (every task of a dropped plan
+/// ended): in an embedded CLI they stand in for the process exit that a stopped command
+/// otherwise ends with, so nothing written late by such a task survives.
+static DEFERRED: std::sync::Mutex<Vec<Box<dyn FnOnce() + Send>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Registers a clean-up for [`run_deferred`].
+pub fn defer(f: impl FnOnce() + Send + 'static) {
+    if let Ok(mut d) = DEFERRED.lock() {
+        d.push(Box::new(f));
+    }
+}
+
+/// Runs (and forgets) the clean-ups registered with [`defer`]; the host calls it after the
+/// command's runtime has shut down.
+pub fn run_deferred() {
+    let fs = DEFERRED
+        .lock()
+        .map(|mut d| std::mem::take(&mut *d))
+        .unwrap_or_default();
+    for f in fs {
+        f();
+    }
+}
+
 /// A Ctrl-C that a host process (the Python package) caught itself: commands that clean up
 /// on SIGINT (import) also watch this, and [`request_interrupt`] tells the host whether one
 /// is watching (then it waits for the command to end; otherwise it drops the command).
