@@ -284,6 +284,10 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
         let created = created_dir.clone();
         let local = (!out.contains("://")).then(|| PathBuf::from(&out));
         super::defer(move || {
+            // Parsing and hashing jobs run on rayon, which the runtime's shutdown does not
+            // wait for: let every rayon thread finish the job it holds first.
+            rayon::broadcast(|_| ());
+            std::thread::sleep(std::time::Duration::from_millis(100));
             if let Some(d) = created {
                 let _ = std::fs::remove_dir_all(d);
             } else if let Some(root) = local {
