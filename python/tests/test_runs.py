@@ -265,6 +265,14 @@ def test_another_datafusion_major_is_refused_not_a_crash(tmp_path):
     assert "DataFusion 55" in p.stdout and "54.1.0" in p.stdout
 
 
+def corpus_of(tmp_path: Path, n: int) -> Path:
+    """A recorded corpus of `n` OpenAI pairs from the corpus bench's generator."""
+    corpus = tmp_path / "corpus.jsonl"
+    gen = REPO / "benches" / "corpus" / "gen_corpus.py"
+    subprocess.run([sys.executable, str(gen), str(n), corpus, "--jobs", "2"], check=True)
+    return corpus
+
+
 INTERRUPT = textwrap.dedent(
     """
     import os, signal, sys, threading, time, evalflow
@@ -282,11 +290,7 @@ INTERRUPT = textwrap.dedent(
 
 
 def test_keyboard_interrupt_during_validate_leaves_a_resumable_run(tmp_path):
-    corpus = tmp_path / "corpus.jsonl"
-    subprocess.run(
-        [sys.executable, str(REPO / "benches" / "corpus" / "gen_corpus.py"), "200000", corpus, "--jobs", "2"],
-        check=True,
-    )
+    corpus = corpus_of(tmp_path, 200000)
     root = tmp_path / "run"
     cli("import", corpus, "--out", root)
     pipeline = root / "import.toml"
@@ -324,11 +328,7 @@ INTERRUPT_IMPORT = textwrap.dedent(
 
 
 def test_keyboard_interrupt_during_import_leaves_nothing_and_the_interpreter_alive(tmp_path):
-    corpus = tmp_path / "corpus.jsonl"
-    subprocess.run(
-        [sys.executable, str(REPO / "benches" / "corpus" / "gen_corpus.py"), "300000", corpus, "--jobs", "2"],
-        check=True,
-    )
+    corpus = corpus_of(tmp_path, 300000)
     root = tmp_path / "imported"
     p = subprocess.run(
         [sys.executable, "-c", INTERRUPT_IMPORT, corpus, root, "0.5"],
