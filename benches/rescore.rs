@@ -115,6 +115,7 @@ async fn child(n: usize) {
                         max_tokens: None,
                         temperature: None,
                         request_hash: "r".into(),
+                        prior_attempts: 0,
                     },
                     res: CallResult {
                         response: Some(a),

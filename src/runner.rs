@@ -69,6 +69,8 @@ pub struct Runner {
     /// `--languages`: the answer languages validate accepts, instead of those the run was
     /// validated with (or the pipeline's); a change re-decides every verdict.
     pub languages: Option<Vec<String>>,
+    /// `--retry-errors`: the call stage sends the calls that ended as errors again.
+    pub retry_errors: bool,
 }
 
 /// The default run id: the run name and the current UTC time.
@@ -143,6 +145,7 @@ impl Runner {
             store,
             manifest,
             languages: None,
+            retry_errors: false,
         })
     }
 
@@ -220,7 +223,10 @@ impl Runner {
         crate::query::check_tables(&self.store).await?;
         self.manifest.start("call");
         self.manifest.save(&self.store).await?;
-        let stats = call::run(&self.store, &self.pipeline.model, provider).await?;
+        let opts = call::Options {
+            retry_errors: self.retry_errors,
+        };
+        let stats = call::run_with(&self.store, &self.pipeline.model, provider, opts).await?;
         // The stage committed a part every couple of seconds: merge them now, while no
         // other stage reads the run.
         crate::storage::compact::compact_calls(&self.store).await?;
@@ -237,6 +243,16 @@ impl Runner {
                 ])
                 .collect(),
         );
+        if stats.retried > 0 {
+            // Rows were replaced: their verdicts are to decide, and every score and result
+            // was made from the old rows. Validate keeps its record (its languages) but must
+            // run again before score.
+            if let Some(v) = self.manifest.stages.get_mut("validate") {
+                v.status = StageStatus::Running;
+            }
+            self.manifest.stages.remove("score");
+            self.manifest.stages.remove("aggregate");
+        }
         self.manifest.save(&self.store).await?;
         Ok(stats)
     }

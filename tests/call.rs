@@ -1474,3 +1474,179 @@ async fn unknown_scorer_is_refused_before_any_call_is_paid() {
     );
     assert!(!root.join("manifest.json").exists());
 }
+
+/// `call --retry-errors`: the calls that ended as provider errors (5xx, no retry budget) are
+/// sent again as new attempts, in place. After a retry killed mid-flight and one run to the
+/// end: one row per call with the same ids, the answered rows of the first session untouched,
+/// no call the server answered requested again (beyond the `concurrency` in flight at the
+/// kill), each replaced row counting its earlier attempt, and the verdicts and scores made
+/// again from the new rows (score refuses to run on the old verdicts).
+#[test]
+fn retry_errors_resends_only_the_failed_calls_in_place() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let cfg = MockConfig {
+        latency: Duration::from_millis(40),
+        request_log: Some(log.clone()),
+        ..mock_cfg(vec![(Fault::ServerError, 0.4)])
+    };
+    let server = rt.block_on(MockServer::start(loopback(), cfg)).unwrap();
+    let concurrency = 4;
+    let p = pipeline(
+        dir.path(),
+        "retry",
+        &server.base_url(),
+        40,
+        &format!("max_retries = 0\nconcurrency = {concurrency}"),
+    );
+    let root = dir.path().join("run");
+    let (ps, rs) = (p.to_str().unwrap(), root.to_str().unwrap());
+    let cli = |args: &[&str]| bin().args(args).env("EVALFLOW_CACHE_DIR", "off");
+    let ok = |args: &[&str]| {
+        let o = cli(args).output();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    ok(&["run", ps, "--out", rs]);
+    let first = rt.block_on(calls(&root));
+    assert_eq!(first.len(), 200);
+    let failed: HashSet<String> = first
+        .iter()
+        .filter(|r| r.error.is_some())
+        .map(|r| r.call_id.clone())
+        .collect();
+    assert!((40..120).contains(&failed.len()), "{} errors", failed.len());
+    assert!(first.iter().all(|r| r.attempts == 1));
+    let mark0 = read_log(&log).len();
+    assert_eq!(mark0, 200, "one request per call");
+
+    // A retry killed after some requests.
+    let mut child = cli(&["call", ps, "--out", rs, "--retry-errors"])
+        .command()
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while read_log(&log).len() < mark0 + 20 && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mark1 = read_log(&log).len();
+    assert!(
+        mark1 > mark0 && mark1 < mark0 + failed.len(),
+        "the kill came mid-retry"
+    );
+    let out = ok(&["call", ps, "--out", rs, "--retry-errors"]);
+    assert!(out.contains("error rows replaced by new attempts"), "{out}");
+    assert!(!root.join("_retry.json").exists(), "the retry finished");
+
+    let reqs = read_log(&log);
+    let second = rt.block_on(calls(&root));
+    let ids = |rows: &[Row]| -> Vec<String> {
+        let mut v: Vec<String> = rows.iter().map(|r| r.call_id.clone()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        ids(&second),
+        ids(&first),
+        "one row per call, the same call ids"
+    );
+    let before: HashMap<&str, &Row> = first.iter().map(|r| (r.call_id.as_str(), r)).collect();
+    let mut requested: HashMap<&str, usize> = HashMap::new();
+    for r in &reqs {
+        *requested.entry(r["call_id"].as_str().unwrap()).or_default() += 1;
+    }
+    // Only failed calls reach the server in the retries; a call the killed session got an
+    // answer for is sent again only if it was in flight at the kill.
+    for r in &reqs[mark0..] {
+        let id = r["call_id"].as_str().unwrap();
+        assert!(
+            failed.contains(id),
+            "answered call {id} was requested again"
+        );
+    }
+    let answered_in_killed: HashSet<&str> = reqs[mark0..mark1]
+        .iter()
+        .filter(|r| r["fault"].is_null())
+        .map(|r| r["call_id"].as_str().unwrap())
+        .collect();
+    let resent = reqs[mark1..]
+        .iter()
+        .filter(|r| answered_in_killed.contains(r["call_id"].as_str().unwrap()))
+        .count();
+    assert!(
+        resent <= concurrency,
+        "{resent} answered calls re-sent after the kill"
+    );
+    let mut fixed = 0;
+    for r in &second {
+        let old = before[r.call_id.as_str()];
+        if failed.contains(&r.call_id) {
+            // Every request the server saw for it, less those lost in flight at the kill.
+            let n = requested[r.call_id.as_str()];
+            assert!(
+                r.attempts >= 2 && r.attempts as usize <= n,
+                "{r:?}: {n} requests"
+            );
+            if !reqs[mark0..mark1]
+                .iter()
+                .any(|q| q["call_id"] == r.call_id.as_str())
+            {
+                assert_eq!(r.attempts, 2, "{r:?}: the first attempt and one retry");
+            }
+            fixed += usize::from(r.error.is_none());
+        } else {
+            assert_eq!(
+                (&r.response, r.attempts, &r.error),
+                (&old.response, old.attempts, &old.error),
+                "answered rows are kept as they were"
+            );
+        }
+    }
+    assert!(
+        fixed > failed.len() / 3,
+        "{fixed} of {} answered now",
+        failed.len()
+    );
+    let still = second.iter().filter(|r| r.error.is_some()).count();
+    assert_eq!(still, failed.len() - fixed);
+
+    // The old verdicts no longer describe the rows: score waits for validate.
+    let o = cli(&["score", ps, "--out", rs]).output();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("validate"));
+    ok(&["run", ps, "--out", rs]);
+    assert_eq!(read_log(&log).len(), reqs.len(), "run sends nothing more");
+    let v = rt.block_on(validity(&root));
+    let store = evalflow::storage::RunStore::open(rs).unwrap();
+    assert_eq!(rt.block_on(store.table_rows("validity")).unwrap(), 200);
+    assert_eq!(v.len(), 200, "one verdict per call");
+    eprintln!(
+        "retry: {} errors, {fixed} answered now, {resent} re-sent after the kill, requests {}",
+        failed.len(),
+        reqs.len()
+    );
+    let provider_errors = v.values().filter(|x| *x == "provider_error").count();
+    assert_eq!(provider_errors, still);
+    for r in &second {
+        assert_eq!(
+            v[&r.call_id] == "provider_error",
+            r.error.is_some(),
+            "{r:?}"
+        );
+    }
+}

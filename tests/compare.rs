@@ -104,6 +104,7 @@ async fn build_run_with(root: &Path, outcomes: &[Option<bool>], templates: &[Str
                 max_tokens: None,
                 temperature: None,
                 request_hash: format!("req{i:02}"),
+                prior_attempts: 0,
             },
             res,
             latency_ms: 1.0,
@@ -545,6 +546,7 @@ async fn compare_two_models_of_one_run() {
             max_tokens: None,
             temperature: None,
             request_hash: format!("{model}-req{i:02}"),
+            prior_attempts: 0,
         },
         res: CallResult {
             response: Some(if ok { "positive" } else { "negative" }.into()),

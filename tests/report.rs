@@ -453,6 +453,7 @@ async fn synthetic_run(root: &Path, n_tests: usize, per_test: usize) {
                     max_tokens: Some(600),
                     temperature: None,
                     request_hash: format!("req{i:07}"),
+                    prior_attempts: 0,
                 },
                 res: CallResult {
                     response: Some(answer.into()),

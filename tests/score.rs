@@ -116,6 +116,7 @@ async fn build_run(root: &Path, split: bool) -> Vec<(String, String)> {
             max_tokens: Some(600),
             temperature: None,
             request_hash: format!("req{i:02}"),
+            prior_attempts: 0,
         },
         res,
         latency_ms: 12.0,

@@ -133,6 +133,7 @@ async fn recorded_run(root: &Path, pipeline: &str, rows: &[(&str, &str, &str)]) 
                 max_tokens: Some(600),
                 temperature: None,
                 request_hash: format!("req{i:02}"),
+                prior_attempts: 0,
             },
             res: CallResult {
                 response: Some(answer.to_string()),

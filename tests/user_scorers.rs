@@ -143,6 +143,7 @@ async fn recorded_run(root: &Path, pipeline: &str) -> RunStore {
                 max_tokens: Some(64),
                 temperature: None,
                 request_hash: format!("req{i:02}"),
+                prior_attempts: 0,
             },
             res,
             latency_ms: 10.0,

@@ -240,6 +240,11 @@ pub struct StageArgs {
     /// verdict, without a new call or import.
     #[arg(long, value_delimiter = ',')]
     pub languages: Option<Vec<String>>,
+    /// call and run: send again the calls that ended as provider errors (rate limits, 5xx,
+    /// timeouts, malformed replies), replacing their rows in place as new attempts; answered
+    /// calls are never sent again. Validate and score run again after it.
+    #[arg(long)]
+    pub retry_errors: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -269,6 +274,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             };
             let mut r = Runner::open(&a.pipeline, Some(&out)).await?;
             r.languages = a.languages.clone();
+            r.retry_errors = a.retry_errors;
             eprintln!("run root: {}", r.store.display());
             remember_root(r.store.display());
             let rows = r.run_all().await?;
@@ -299,8 +305,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             println!("cases: {n} rows in {}/cases", r.store.display());
             Ok(())
         }
-        Command::Call(a) => {
+        Command::Call(mut a) => {
+            let retry = std::mem::take(&mut a.retry_errors);
             let mut r = open_stage(&a).await?;
+            r.retry_errors = retry;
             let s = r.call().await?;
             println!(
                 "calls: {} rows in {}/calls ({} sent now, {} already committed, {} errors)",
@@ -310,6 +318,13 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                 s.skipped,
                 s.errors
             );
+            if s.retried > 0 {
+                println!(
+                    "retried: {} error rows replaced by new attempts ({} still errors); run \
+                     validate and score again",
+                    s.retried, s.error_rows
+                );
+            }
             Ok(())
         }
         Command::Validate(mut a) => {
@@ -485,6 +500,11 @@ async fn open_stage(a: &StageArgs) -> Result<Runner, CliError> {
         // Not ignored: only validate (and run) decide verdicts; validate takes it first.
         return Err(CliError::BadInput(
             "--languages is an option of validate and run only".into(),
+        ));
+    }
+    if a.retry_errors {
+        return Err(CliError::BadInput(
+            "--retry-errors is an option of call and run only".into(),
         ));
     }
     if a.out.is_none() {

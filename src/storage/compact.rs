@@ -92,7 +92,7 @@ async fn apply(store: &RunStore, intent: &Intent) -> Result<(), StorageError> {
 }
 
 /// The path of `meta` relative to the run root.
-fn rel(store: &RunStore, meta: &ObjectMeta) -> String {
+pub(crate) fn rel(store: &RunStore, meta: &ObjectMeta) -> String {
     let root = store.path("");
     meta.location
         .as_ref()
@@ -230,6 +230,37 @@ async fn compact_folder(
         parts_after: after,
         rows,
     })
+}
+
+/// Replaces parts (paths relative to the run root) by new contents through one intent, so
+/// a crash leaves either every old part or every new one (after [`finish_pending`]). A part
+/// whose new contents have no rows is deleted. The call stage's `--retry-errors` drops the
+/// error rows a retry replaced this way, with their verdicts from the paired validity part.
+pub async fn replace(
+    store: &RunStore,
+    parts: Vec<(String, Vec<datafusion::arrow::array::RecordBatch>)>,
+) -> Result<(), StorageError> {
+    finish_pending(store).await?;
+    let mut intent = Intent {
+        delete: Vec::new(),
+        rename: Vec::new(),
+    };
+    for (rel, batches) in parts {
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        if rows > 0 {
+            let schema = batches[0].schema();
+            let tmp = format!("{rel}{TMP_SUFFIX}");
+            let bytes =
+                encode_parquet(&schema, &batches).map_err(|source| StorageError::Parquet {
+                    location: tmp.clone(),
+                    source,
+                })?;
+            store.put(&tmp, bytes).await?;
+            intent.rename.push((tmp, rel.clone()));
+        }
+        intent.delete.push(rel);
+    }
+    commit(store, &intent).await
 }
 
 /// Records the intent, then applies it.

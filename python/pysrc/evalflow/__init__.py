@@ -344,7 +344,8 @@ def generate(pipeline: str | os.PathLike, out: str | os.PathLike, **options) -> 
 
 
 def call(pipeline: str | os.PathLike, out: str | os.PathLike, **options) -> Run:
-    """The call stage alone (``evalflow call PIPELINE --out OUT``); resumes without re-paying."""
+    """The call stage alone (``evalflow call PIPELINE --out OUT``); resumes without re-paying.
+    ``retry_errors=True`` sends the calls that ended as provider errors again, in place."""
     return _stage("call", pipeline, out, options)
 
 

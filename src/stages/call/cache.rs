@@ -251,6 +251,7 @@ mod tests {
             max_tokens: None,
             temperature: None,
             request_hash: hash.into(),
+            prior_attempts: 0,
         }
     }
 

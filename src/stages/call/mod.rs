@@ -17,9 +17,10 @@ pub mod journal;
 pub mod limits;
 pub mod openai;
 pub mod progress;
+pub mod retry;
 pub mod vader;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,6 +86,10 @@ pub struct CallRequest {
     pub max_tokens: Option<u32>,
     pub temperature: Option<f64>,
     pub request_hash: String,
+    /// Attempts already spent on this call by the error row a retry replaces (0 otherwise):
+    /// the new row's `attempts` counts them too.
+    #[serde(default)]
+    pub prior_attempts: i32,
 }
 
 /// What came back (or failed) for one request. Everything a calls row records beyond
@@ -180,6 +185,9 @@ pub fn requests_for(model: &ModelConfig, todo: &RecordBatch) -> Vec<CallRequest>
         .column_by_name("k")
         .and_then(|c| c.as_any().downcast_ref::<Int32Array>())
         .expect("the todo plan has an int32 `k`");
+    let prior = todo
+        .column_by_name("prior_attempts")
+        .and_then(|c| c.as_any().downcast_ref::<Int32Array>());
     (0..todo.num_rows())
         .map(|i| {
             let input = inputs.value(i).to_string();
@@ -196,6 +204,7 @@ pub fn requests_for(model: &ModelConfig, todo: &RecordBatch) -> Vec<CallRequest>
                 max_tokens: model.max_tokens,
                 temperature: model.temperature,
                 request_hash: rh,
+                prior_attempts: prior.filter(|p| p.is_valid(i)).map_or(0, |p| p.value(i)),
             }
         })
         .collect()
@@ -244,9 +253,13 @@ fn todo_call_id_udf(model: &ModelConfig) -> datafusion::logical_expr::ScalarUDF 
 /// The plan runs in one partition, so requests come in case order, then sample order,
 /// every session: a restarted session sends the calls its predecessor lost in flight first,
 /// and a second kill never adds to them.
+///
+/// With `retry_errors`, only answered rows count as committed: the error rows' calls are
+/// sent again, each with `prior_attempts`, the attempts its error row spent.
 async fn todo_stream(
     store: &RunStore,
     model: &ModelConfig,
+    retry_errors: bool,
 ) -> Result<datafusion::physical_plan::SendableRecordBatchStream, CallError> {
     use crate::query::QueryError;
     use datafusion::common::JoinType;
@@ -266,12 +279,41 @@ async fn todo_stream(
         .await
         .map_err(err())?;
     // Committed on the left: a right anti join builds its table from the left side.
-    let committed = ctx.sql("SELECT call_id FROM calls").await.map_err(err())?;
+    let committed = ctx
+        .sql(if retry_errors {
+            "SELECT call_id FROM calls WHERE error IS NULL"
+        } else {
+            "SELECT call_id FROM calls"
+        })
+        .await
+        .map_err(err())?;
     let plan = committed
         .join(todo, JoinType::RightAnti, &["call_id"], &["todo_id"], None)
-        .map_err(err())?
-        .select(vec![col("case_id"), col("input"), col("k")])
         .map_err(err())?;
+    let plan = if retry_errors {
+        // The error rows on the left (the build side: as many as the errors), the requests
+        // streaming past them in their order.
+        let prior = ctx
+            .sql(
+                "SELECT call_id AS prior_id, max(attempts) AS prior_attempts FROM calls \
+                 WHERE error IS NOT NULL GROUP BY call_id",
+            )
+            .await
+            .map_err(err())?;
+        prior
+            .join(plan, JoinType::Right, &["prior_id"], &["todo_id"], None)
+            .map_err(err())?
+            .select(vec![
+                col("case_id"),
+                col("input"),
+                col("k"),
+                col("prior_attempts"),
+            ])
+            .map_err(err())?
+    } else {
+        plan.select(vec![col("case_id"), col("input"), col("k")])
+            .map_err(err())?
+    };
     Ok(plan.execute_stream().await.map_err(err())?)
 }
 
@@ -329,7 +371,7 @@ pub fn to_batch(model: &ModelConfig, rows: &[CallRow]) -> RecordBatch {
         ),
         os(&|r| r.res.error.clone()),
         Arc::new(Int32Array::from_iter_values(
-            rows.iter().map(|r| r.res.attempts),
+            rows.iter().map(|r| r.res.attempts + r.req.prior_attempts),
         )),
         Arc::new(Float64Array::from_iter_values(
             rows.iter().map(|r| r.latency_ms),
@@ -358,13 +400,14 @@ pub fn to_batch(model: &ModelConfig, rows: &[CallRow]) -> RecordBatch {
         .expect("calls batch matches schemas/calls.json")
 }
 
-/// Which of `ids` are already committed under `calls/`: the `call_id` column streams past
-/// the set, so memory holds `ids` (a journal's worth), not the committed table.
+/// The committed rows of `ids` under `calls/`, as (started_at, answered) per id: the
+/// `call_id` column streams past the set, so memory holds `ids` (a journal's worth), not
+/// the committed table.
 async fn committed_among(
     store: &RunStore,
     ids: &HashSet<String>,
-) -> Result<HashSet<String>, StorageError> {
-    let mut found = HashSet::new();
+) -> Result<HashMap<String, Vec<(i64, bool)>>, StorageError> {
+    let mut found: HashMap<String, Vec<(i64, bool)>> = HashMap::new();
     if ids.is_empty() {
         return Ok(found);
     }
@@ -372,9 +415,19 @@ async fn committed_among(
     while let Some(b) = s.next().await {
         let b = crate::schema::plain_strings(b?);
         let c = str_col(&b, "call_id");
+        let errors = b.column_by_name("error").expect("calls have `error`");
+        let started = b
+            .column_by_name("started_at")
+            .and_then(|c| c.as_any().downcast_ref::<TimestampMicrosecondArray>());
         for i in 0..c.len() {
             if ids.contains(c.value(i)) {
-                found.insert(c.value(i).to_string());
+                let at = started
+                    .filter(|s| s.is_valid(i))
+                    .map_or(i64::MIN, |s| s.value(i));
+                found
+                    .entry(c.value(i).to_string())
+                    .or_default()
+                    .push((at, errors.is_null(i)));
             }
         }
     }
@@ -395,6 +448,8 @@ pub struct CallStats {
     pub recovered: u64,
     /// Calls of this session served from the response cache.
     pub cache_hits: u64,
+    /// Error rows replaced by a retry (`--retry-errors`), this session or a killed one.
+    pub retried: u64,
     /// Rows in the committed table.
     pub rows_total: u64,
     /// Committed rows with an error.
@@ -414,6 +469,7 @@ impl CallStats {
             ("errors_this_session".into(), json!(self.errors)),
             ("recovered_from_journal".into(), json!(self.recovered)),
             ("cache_hits_this_session".into(), json!(self.cache_hits)),
+            ("errors_retried".into(), json!(self.retried)),
             ("error_rows".into(), json!(self.error_rows)),
             ("prompt_tokens".into(), json!(self.prompt_tokens)),
             ("completion_tokens".into(), json!(self.completion_tokens)),
@@ -453,10 +509,20 @@ async fn recover(
         return Ok(0);
     }
     let ids: HashSet<String> = rows.iter().map(|r| r.req.call_id.clone()).collect();
-    let mut seen = committed_among(store, &ids).await?;
+    let committed = committed_among(store, &ids).await?;
+    // A journaled row is new unless its call is answered in `calls/` or this very row (same
+    // start) was committed; a retry's row beside its committed error row is new, and the
+    // error row is dropped when the retry finishes ([`retry`]).
+    let mut seen = HashSet::new();
     let fresh: Vec<CallRow> = rows
         .into_iter()
-        .filter(|r| seen.insert(r.req.call_id.clone()))
+        .filter(|r| {
+            let done = committed.get(&r.req.call_id).is_some_and(|v| {
+                v.iter()
+                    .any(|(at, answered)| *answered || *at == r.started_at_us)
+            });
+            !done && seen.insert(r.req.call_id.clone())
+        })
         .collect();
     if !fresh.is_empty() {
         let mut w = store.part_writer(
@@ -529,6 +595,14 @@ async fn call_one(
     (row, false)
 }
 
+/// How a call session runs, beyond the model.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Send again the calls whose committed row is an error, replacing that row in place
+    /// (`--retry-errors`); answered calls are never sent again.
+    pub retry_errors: bool,
+}
+
 /// Runs the call stage: every case in `cases/` times K samples, skipping committed calls.
 ///
 /// # Errors
@@ -538,6 +612,16 @@ pub async fn run(
     model: &ModelConfig,
     provider: Arc<dyn Provider>,
 ) -> Result<CallStats, CallError> {
+    run_with(store, model, provider, Options::default()).await
+}
+
+/// [`run`] with [`Options`].
+pub async fn run_with(
+    store: &RunStore,
+    model: &ModelConfig,
+    provider: Arc<dyn Provider>,
+    opts: Options,
+) -> Result<CallStats, CallError> {
     // Parts of this session sort after earlier sessions' parts.
     let session = chrono::Utc::now().format("%Y%m%dT%H%M%S%3f").to_string();
     let mut stats = CallStats::default();
@@ -545,11 +629,16 @@ pub async fn run(
     if let Some(d) = &jdir {
         stats.recovered = recover(store, model, d, &session).await?;
     }
+    // A killed retry's replaced rows go before anything is counted or sent.
+    stats.retried = retry::finish_pending(store).await?;
+    if opts.retry_errors {
+        retry::begin(store, &session).await?;
+    }
     // Every request of the suite, and those committed (an estimate of the work for the
     // progress bar; the exact count of skipped calls is known when the stream ends).
     let suite = store.table_rows("cases").await? * u64::from(model.samples.max(1));
     let committed = store.table_rows("calls").await?;
-    let mut todo = todo_stream(store, model).await?;
+    let mut todo = todo_stream(store, model, opts.retry_errors).await?;
     let cache = if model.provider.starts_with("builtin:") {
         None
     } else {
@@ -688,6 +777,9 @@ pub async fn run(
         "call: listing the requests still to send",
     ))?;
     stats.skipped = suite.saturating_sub(queued).saturating_sub(stats.recovered);
+    if opts.retry_errors {
+        stats.retried += retry::finish_pending(store).await?;
+    }
     committed_totals(store, &mut stats).await?;
     Ok(stats)
 }

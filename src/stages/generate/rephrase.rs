@@ -53,6 +53,7 @@ pub async fn rephrase(
             max_tokens: model.max_tokens,
             temperature: model.temperature,
             request_hash: rh.clone(),
+            prior_attempts: 0,
         })
         .collect();
     let results = futures::future::join_all(reqs.iter().map(|r| provider.complete(r))).await;

@@ -68,6 +68,7 @@ pub async fn suggest(
         max_tokens: model.max_tokens,
         temperature: model.temperature,
         request_hash: rh,
+        prior_attempts: 0,
     };
     let r = provider.complete(&req).await;
     if let Some(e) = r.error {
