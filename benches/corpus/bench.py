@@ -3,12 +3,15 @@
 
 Usage: python3 benches/corpus/bench.py [--sizes 1000000,10000000] [--bin target/release/evalflow]
        [--work /tmp/evalflow-corpus] [--memory-limit 1GiB] [--threads 2]
+       [--shapes indexed,repeated]
 
 For each size N it generates N OpenAI request/response pairs (gen_corpus.py, cached in
 --work), then times `evalflow import`, `validate`, `score` (checklist), `aggregate` and
 `rescore --scorer cue` (a new cue version) on it, and DuckDB (Python package, 2 threads)
 converting the same JSONL to Parquet. Prints rows/s, peak RSS and cpu/wall per stage, and
-import's ratio to DuckDB. Build the binary first: `cargo build --release`.
+import's ratio to DuckDB. Build the binary first: `cargo build --release`. `--shapes` picks the
+corpora: `indexed` (records carry `sample_idx` and response ids) and `repeated` (neither, each
+request 50 times, shuffled: gen_corpus.py's docstring).
 
 Both conversions start with the JSONL in the page cache (it is read once, untimed, just
 before each): at 10M the file is 7.5 GB, a cold read of it costs about 15 s on this machine's
@@ -75,19 +78,23 @@ def main():
     ap.add_argument("--work", default="/tmp/evalflow-corpus")
     ap.add_argument("--memory-limit", default="1GiB")
     ap.add_argument("--threads", default="2")
+    ap.add_argument("--shapes", default="indexed,repeated")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     ev = os.path.abspath(a.bin)
     flags = ["--memory-limit", a.memory_limit, "--threads", a.threads]
     rows = []
-    for n in [int(x) for x in a.sizes.split(",")]:
-        src = os.path.join(a.work, f"corpus-{n}.jsonl")
+    runs = [(int(x), shape) for x in a.sizes.split(",") for shape in a.shapes.split(",")]
+    for n, shape in runs:
+        tag = "" if shape == "indexed" else f"-{shape}"
+        src = os.path.join(a.work, f"corpus-{n}{tag}.jsonl")
         if not os.path.exists(src):
             print(f"generating {src} ...", file=sys.stderr)
-            subprocess.run([sys.executable, os.path.join(HERE, "gen_corpus.py"), str(n), src + ".tmp"], check=True)
+            subprocess.run([sys.executable, os.path.join(HERE, "gen_corpus.py"), str(n), src + ".tmp",
+                            "--shape", shape], check=True)
             os.rename(src + ".tmp", src)
         mb = os.path.getsize(src) / 1e6
-        root = os.path.join(a.work, f"run-{n}")
+        root = os.path.join(a.work, f"run-{n}{tag}")
         shutil.rmtree(root, ignore_errors=True)
         cues = os.path.join(a.work, "cues-v2.toml")
         with open(cues, "w") as f:
@@ -109,22 +116,22 @@ def main():
             wall, cpu, rss, _ = results[name]
             print(f"N={n}: {name}: {wall:.1f} s, {n / wall:,.0f} rows/s, "
                   f"{rss / 2**20:,.0f} MiB, cpu/wall {cpu / wall:.2f}", file=sys.stderr)
-        dst = os.path.join(a.work, f"duck-{n}.parquet")
+        dst = os.path.join(a.work, f"duck-{n}{tag}.parquet")
         warm(src)
         wall, cpu, rss, out = timed([sys.executable, "-c", DUCKDB, src, dst])
         results["duckdb (JSONL->Parquet)"] = (wall, cpu, rss, out)
         for name, (wall, cpu, rss, _) in results.items():
-            rows.append((n, name, wall, n / wall, rss / 2**20, cpu / wall))
+            rows.append((n, shape, name, wall, n / wall, rss / 2**20, cpu / wall))
         ratio = (n / results["import"][0]) / (n / results["duckdb (JSONL->Parquet)"][0])
-        rows.append((n, "import / duckdb rate", None, ratio, None, None))
+        rows.append((n, shape, "import / duckdb rate", None, ratio, None, None))
         print(f"N={n}: {mb:.0f} MB of JSONL", file=sys.stderr)
-    print("| N | step | wall s | rows/s | peak RSS MiB | cpu/wall |")
-    print("|---|---|---|---|---|---|")
-    for n, name, wall, rate, rss, cw in rows:
+    print("| N | shape | step | wall s | rows/s | peak RSS MiB | cpu/wall |")
+    print("|---|---|---|---|---|---|---|")
+    for n, shape, name, wall, rate, rss, cw in rows:
         if wall is None:
-            print(f"| {n:,} | {name} | | {rate:.2f}x | | |")
+            print(f"| {n:,} | {shape} | {name} | | {rate:.2f}x | | |")
         else:
-            print(f"| {n:,} | {name} | {wall:.1f} | {rate:,.0f} | {rss:,.0f} | {cw:.2f} |")
+            print(f"| {n:,} | {shape} | {name} | {wall:.1f} | {rate:,.0f} | {rss:,.0f} | {cw:.2f} |")
 
 
 if __name__ == "__main__":

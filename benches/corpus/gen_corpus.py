@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Writes a realistic recorded corpus of OpenAI request/response pairs as evalflow JSONL.
 
-Usage: gen_corpus.py N OUT.jsonl [--seed S] [--jobs J]
+Usage: gen_corpus.py N OUT.jsonl [--seed S] [--jobs J] [--shape indexed|repeated]
 
 N calls over several models, K = 1..3 samples per case, 90%+ distinct responses, answer
 lengths from empty to 2,000 characters with a long tail, 2% empty with finish_reason
 `length`, 1% refusals, 1% non-English (half of them Chinese), 1% provider errors.
+
+`--shape repeated` is a log as users bring it: no record carries `sample_idx` or an id, each
+request is repeated 50 times (5 models x 10 samples), and a block's lines are shuffled (logs
+concatenated from several runs), so the import must number the samples itself.
 
 Cases are made in blocks of BLOCK cases, each from its own seeded generator, on J processes
 (default: all cores), and written in block order: the file depends on N and the seed only.
@@ -20,6 +24,7 @@ import sys
 BLOCK = 5000
 
 MODELS = ["gpt-4o-mini", "gpt-4.1", "claude-haiku", "llama-3-70b"]
+REPEATED_MODELS = MODELS + ["qwen-2.5-72b"]
 WORDS = (
     "the food was great service slow waiter friendly price fair room clean noisy view "
     "staff helpful breakfast cold coffee hot bed soft location perfect parking hard "
@@ -54,7 +59,8 @@ def answer(rng, label):
 
 def block(args):
     """The JSONL lines of cases `first+1 .. first+BLOCK` (at most `limit` lines)."""
-    seed, b, limit = args
+    seed, b, limit, shape = args
+    repeated = shape == "repeated"
     rng = random.Random(seed * 1_000_003 + b)
     lines = []
     written = 0
@@ -64,8 +70,8 @@ def block(args):
         label = rng.choice(LABELS)
         review = f"Review {case}: " + sentence(rng, rng.randint(8, 30))
         prompt = f"Classify the sentiment of this review as positive, negative or neutral.\n{review}"
-        k = rng.randint(1, 3)
-        for model in MODELS:
+        k = 10 if repeated else rng.randint(1, 3)
+        for model in REPEATED_MODELS if repeated else MODELS:
             for s in range(k):
                 if written >= limit:
                     break
@@ -76,7 +82,9 @@ def block(args):
                     "max_tokens": 512,
                     "temperature": 1.0,
                 }
-                rec = {"request": req, "sample_idx": s, "expected": label}
+                rec = {"request": req, "expected": label}
+                if not repeated:
+                    rec["sample_idx"] = s
                 u = rng.random()
                 finish = "stop"
                 reasoning = 0
@@ -104,7 +112,6 @@ def block(args):
                 if reasoning:
                     usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
                 rec["response"] = {
-                    "id": f"chatcmpl-{case}-{model}-{s}",
                     "object": "chat.completion",
                     "model": model,
                     "choices": [
@@ -116,7 +123,11 @@ def block(args):
                     ],
                     "usage": usage,
                 }
+                if not repeated:
+                    rec["response"]["id"] = f"chatcmpl-{case}-{model}-{s}"
                 lines.append(json.dumps(rec, ensure_ascii=False))
+    if repeated:
+        rng.shuffle(lines)
     return lines
 
 
@@ -125,13 +136,15 @@ def main():
     out = sys.argv[2]
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 7
     jobs = int(sys.argv[sys.argv.index("--jobs") + 1]) if "--jobs" in sys.argv else os.cpu_count()
-    # A case has at most 4 models x 3 samples = 12 lines; ask each block for at most what is
+    shape = sys.argv[sys.argv.index("--shape") + 1] if "--shape" in sys.argv else "indexed"
+    assert shape in ("indexed", "repeated"), shape
+    # A case has at most 4 models x 3 samples = 12 lines (50 repeated); ask each block for at most what is
     # still missing, in order, so the file ends after exactly n lines.
     written = 0
     with open(out, "w", encoding="utf-8") as f, multiprocessing.Pool(jobs) as pool:
-        blocks = (n // (BLOCK * 4)) + 2
+        blocks = (n // (BLOCK * (50 if shape == "repeated" else 4))) + 2
         for b0 in range(0, 10**9, blocks):
-            work = [(seed, b, n) for b in range(b0, b0 + blocks)]
+            work = [(seed, b, n, shape) for b in range(b0, b0 + blocks)]
             for lines in pool.imap(block, work, chunksize=1):
                 take = lines[: n - written]
                 if take:
