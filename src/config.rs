@@ -56,6 +56,11 @@ pub struct ModelConfig {
     pub system_prompt: Option<String>,
     /// How a case's input becomes the user message; `{input}` is replaced.
     pub prompt_template: Option<String>,
+    /// `--retry-errors`, never read from a file: the calls of this model whose rows are
+    /// provider errors are sent again, in place (stages/call/retry.rs). A judge's model
+    /// carries it into the judge's nested run.
+    #[serde(skip)]
+    pub retry_errors: bool,
 }
 
 fn default_concurrency() -> usize {

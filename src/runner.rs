@@ -334,13 +334,24 @@ impl Runner {
     /// judge over the run's valid answers (through the call stage, resumable).
     pub async fn prepared_scorers(&self) -> Result<Vec<Box<dyn Scorer>>, RunError> {
         let mut out = Vec::new();
-        let user = |def| async move {
-            score_stage::user::prepare(def, &self.store, self.pipeline.judge.as_ref())
-                .await
-                .map_err(|source| RunError::Scorer {
-                    file: self.pipeline.path.display().to_string(),
-                    source,
-                })
+        // `--retry-errors` reaches the judges: their failed calls are sent again too.
+        let retry = |m: &crate::config::ModelConfig| crate::config::ModelConfig {
+            retry_errors: self.retry_errors,
+            ..m.clone()
+        };
+        let run_judge = self.pipeline.judge.as_ref().map(retry);
+        let run_judge = &run_judge;
+        let user = |def: &score_stage::user::ScorerDef| {
+            let mut def = def.clone();
+            def.model = def.model.as_ref().map(retry);
+            async move {
+                score_stage::user::prepare(&def, &self.store, run_judge.as_ref())
+                    .await
+                    .map_err(|source| RunError::Scorer {
+                        file: self.pipeline.path.display().to_string(),
+                        source,
+                    })
+            }
         };
         for name in &self.pipeline.score.scorers {
             if let Some(def) = self.pipeline.user_scorer(name) {
@@ -353,9 +364,7 @@ impl Runner {
                 let checklist = self.pipeline.score.judge.as_ref().ok_or_else(|| {
                     bad("the judge scorer needs a [score.judge] checklist of questions")
                 })?;
-                let model = self
-                    .pipeline
-                    .judge
+                let model = run_judge
                     .as_ref()
                     .ok_or_else(|| bad("the judge scorer needs a [judge] model"))?;
                 let provider = call::build_provider(model)?;

@@ -1650,3 +1650,98 @@ fn retry_errors_resends_only_the_failed_calls_in_place() {
         );
     }
 }
+
+/// `score --retry-errors` reaches a judge scorer: the judge calls that failed (5xx, no retry
+/// budget) are sent again in the judge's nested run, in place, and only they; the judge
+/// scores are made again from the new replies, so fewer rows are `judge_error`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_errors_resends_a_judges_failed_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = MockServer::start(
+        loopback(),
+        MockConfig {
+            answer: AnswerMode::Vader,
+            ..mock_cfg(vec![])
+        },
+    )
+    .await
+    .unwrap();
+    let judge = MockServer::start(
+        loopback(),
+        MockConfig {
+            answer: AnswerMode::Checklist,
+            ..mock_cfg(vec![(Fault::ServerError, 0.4)])
+        },
+    )
+    .await
+    .unwrap();
+    let p = pipeline(dir.path(), "jretry", &model.base_url(), 8, "");
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "[suite]",
+        &format!(
+            "[judge]\nprovider = \"openai\"\nbase_url = \"{}\"\nname = \"judge-model\"\n\
+             temperature = 0.0\nmax_retries = 0\n\n[score]\nscorers = [\"judge\"]\n\n\
+             [[score.judge.questions]]\nid = \"label\"\ntext = \"Is the answer a label?\"\n\n[suite]",
+            judge.base_url()
+        ),
+    );
+    std::fs::write(&p, text).unwrap();
+    let root = dir.path().join("run");
+    let mut r = Runner::open(&p, Some(root.to_str().unwrap()))
+        .await
+        .unwrap();
+    r.run_all().await.unwrap();
+    let judge_errors = |r: &Runner| {
+        let store = r.store.clone();
+        async move {
+            let ctx = evalflow::query::new_context();
+            evalflow::query::register_run(&ctx, &store, "")
+                .await
+                .unwrap();
+            let rows = evalflow::query::text_rows(
+                &ctx,
+                "SELECT count(*), sum(CASE WHEN validity = 'judge_error' THEN 1 ELSE 0 END) \
+                 FROM scores WHERE scorer = 'judge'",
+            )
+            .await
+            .unwrap();
+            let n = |i: usize| rows[0][i].as_deref().unwrap().parse::<usize>().unwrap();
+            (n(0), n(1))
+        }
+    };
+    let (n, failed) = judge_errors(&r).await;
+    assert_eq!(n, 40);
+    assert!((6..30).contains(&failed), "{failed} judge errors");
+    let sub = std::fs::read_dir(root.join("judge"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("1+"))
+        .unwrap();
+    let before = calls(&sub).await;
+    let sent = judge.requests();
+    assert_eq!(sent, 40);
+
+    r.retry_errors = true;
+    for s in r.prepared_scorers().await.unwrap() {
+        r.score(s.as_ref()).await.unwrap();
+    }
+    assert_eq!(
+        judge.requests() - sent,
+        failed as u64,
+        "only the failed judge calls are sent again"
+    );
+    let after = calls(&sub).await;
+    assert_eq!(after.len(), 40, "one judge call per judged answer");
+    let still = after.iter().filter(|c| c.error.is_some()).count();
+    assert!(still < failed, "{still} of {failed} still failed");
+    let old: HashMap<&str, &Row> = before.iter().map(|c| (c.call_id.as_str(), c)).collect();
+    for c in &after {
+        let o = old[c.call_id.as_str()];
+        if o.error.is_none() {
+            assert_eq!((&c.response, c.attempts), (&o.response, o.attempts));
+        } else {
+            assert_eq!(c.attempts, 2, "{c:?}");
+        }
+    }
+    assert_eq!(judge_errors(&r).await, (40, still));
+}

@@ -240,9 +240,10 @@ pub struct StageArgs {
     /// verdict, without a new call or import.
     #[arg(long, value_delimiter = ',')]
     pub languages: Option<Vec<String>>,
-    /// call and run: send again the calls that ended as provider errors (rate limits, 5xx,
-    /// timeouts, malformed replies), replacing their rows in place as new attempts; answered
-    /// calls are never sent again. Validate and score run again after it.
+    /// call, score and run: send again the calls that ended as provider errors (rate limits,
+    /// 5xx, timeouts, malformed replies), replacing their rows in place as new attempts;
+    /// answered calls are never sent again. On call, validate and score run again after it;
+    /// on score (and run), a judge scorer's failed judge calls are sent again too.
     #[arg(long)]
     pub retry_errors: bool,
 }
@@ -335,8 +336,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             println!("validity: {n} rows in {}/validity", r.store.display());
             Ok(())
         }
-        Command::Score(a) => {
+        Command::Score(mut a) => {
+            let retry = std::mem::take(&mut a.retry_errors);
             let mut r = open_stage(&a).await?;
+            r.retry_errors = retry;
             for s in r.prepared_scorers().await? {
                 let n = r.score(s.as_ref()).await?;
                 println!("scores: {n} rows in {}/{}", r.store.display(), s.id().dir());
@@ -504,7 +507,7 @@ async fn open_stage(a: &StageArgs) -> Result<Runner, CliError> {
     }
     if a.retry_errors {
         return Err(CliError::BadInput(
-            "--retry-errors is an option of call and run only".into(),
+            "--retry-errors is an option of call, score and run only".into(),
         ));
     }
     if a.out.is_none() {

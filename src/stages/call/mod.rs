@@ -603,7 +603,8 @@ pub struct Options {
     pub retry_errors: bool,
 }
 
-/// Runs the call stage: every case in `cases/` times K samples, skipping committed calls.
+/// Runs the call stage: every case in `cases/` times K samples, skipping committed calls
+/// (and, with the model's `retry_errors`, sending its error rows' calls again).
 ///
 /// # Errors
 /// Storage and journal I/O failures only; a failed call is a row, not an error.
@@ -612,7 +613,10 @@ pub async fn run(
     model: &ModelConfig,
     provider: Arc<dyn Provider>,
 ) -> Result<CallStats, CallError> {
-    run_with(store, model, provider, Options::default()).await
+    let opts = Options {
+        retry_errors: model.retry_errors,
+    };
+    run_with(store, model, provider, opts).await
 }
 
 /// [`run`] with [`Options`].
