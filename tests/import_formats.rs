@@ -967,3 +967,94 @@ fn every_bad_line_is_reported_and_skip_bad_lines_imports_the_rest() {
     assert_eq!(written[0]["at"], "4");
     assert_eq!(written[0]["line"], rows[3]);
 }
+
+/// Issue 38: records without sample indices are numbered bucket by bucket (no sort of the
+/// answers), and give the same calls as the SQL plan that numbers them when some record
+/// names its index: the same call ids, sample indices and answers, in corpus order; a
+/// later file's copies dropped by the same rule (the k-th copy of a record in a file
+/// matches the k-th of an earlier file, and copies beyond an earlier file's count stay).
+#[test]
+fn samples_numbered_by_bucket_equal_the_plans_numbering() {
+    let d = tempfile::tempdir().unwrap();
+    let mut first = Vec::new();
+    let mut second = Vec::new();
+    // 40 cases x 3 models, each (case, model) repeated 1-4 times, interleaved across the
+    // file (case ids fall in every bucket), answers repeating within a case.
+    for rep in 0..4 {
+        for case in 0..40 {
+            for model in ["m1", "m2", "m3"] {
+                if rep >= 1 + (case % 4) {
+                    continue;
+                }
+                let mut p = pair(
+                    &[("user", &format!("review {case}"))],
+                    if rep % 2 == 0 { "positive" } else { "negative" },
+                    serde_json::json!({}),
+                );
+                p["request"]["model"] = serde_json::json!(model);
+                first.push(p.clone());
+                // The second file repeats a case's records one more time than the first
+                // for even cases (one new sample each) and copies the rest.
+                second.push(p);
+            }
+        }
+    }
+    for case in (0..40).step_by(2) {
+        let mut p = pair(
+            &[("user", &format!("review {case}"))],
+            if (1 + (case % 4)) % 2 == 0 {
+                "positive"
+            } else {
+                "negative"
+            },
+            serde_json::json!({}),
+        );
+        p["request"]["model"] = serde_json::json!("m1");
+        second.push(p);
+    }
+    let a = jsonl(d.path(), "a.jsonl", &first);
+    let b = jsonl(d.path(), "b.jsonl", &second);
+    // One record of another case that names its sample: the plan numbers the rest.
+    let indexed = jsonl(
+        d.path(),
+        "indexed.jsonl",
+        &[pair(
+            &[("user", "another review")],
+            "neutral",
+            serde_json::json!({"sample_idx": 0}),
+        )],
+    );
+    let (a, b, indexed) = (
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        indexed.to_str().unwrap(),
+    );
+    let q = "SELECT k.call_id, k.sample_idx, k.model, k.response, c.input FROM calls k \
+             JOIN cases c ON k.case_id = c.case_id WHERE c.input <> 'another review' \
+             ORDER BY k.call_id";
+    let (_d1, bucketed, out1) = import(&[a, b]);
+    let (_d2, planned, out2) = import(&[a, b, indexed]);
+    let (x, y) = (sql(&bucketed, q), sql(&planned, q));
+    assert_eq!(x, y, "{out1}\n{out2}");
+    // Hand count: first file 40 cases x 3 models x (1 + case % 4) records; the second
+    // copies them all and adds one m1 record for each even case.
+    let per_file: i64 = (0..40).map(|c| 3 * (1 + c % 4)).sum();
+    assert_eq!(x.as_array().unwrap().len() as i64, per_file + 20);
+    assert!(
+        out1.contains(&format!("duplicates: {per_file} record(s)")),
+        "{out1}"
+    );
+    // Case 2 (3 records per model in the first file) has m1 samples 0..=3.
+    let case2 = sql(
+        &bucketed,
+        "SELECT k.sample_idx FROM calls k JOIN cases c ON k.case_id = c.case_id \
+         WHERE c.input = 'review 2' AND k.model = 'm1' ORDER BY k.sample_idx",
+    );
+    let idx: Vec<i64> = case2
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| n(&r["sample_idx"]))
+        .collect();
+    assert_eq!(idx, vec![0, 1, 2, 3]);
+}

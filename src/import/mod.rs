@@ -24,6 +24,7 @@
 
 pub mod inspect;
 pub mod lm_eval;
+mod numbering;
 pub mod openai_batch;
 pub mod pairs;
 pub mod parquet;

@@ -51,7 +51,7 @@ use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
 
-use super::Record;
+use super::{Record, numbering};
 use crate::query::{QueryError, id_slices, new_context};
 use crate::schema::Table;
 use crate::stages::call;
@@ -566,6 +566,13 @@ pub struct ImportSink {
     direct_rows: u64,
     staged_rows: u64,
     missing_samples: u64,
+    /// Staged records' narrow keys, by bucket ([`numbering`]).
+    narrow: Option<numbering::NarrowWriter>,
+    /// Whether every file's records came after the previous file's (files read one after
+    /// another), so a copy of an earlier file's record is one of a lower `seq`.
+    files_in_order: bool,
+    /// Records of a later file dropped as copies while numbering.
+    copies_dropped: u64,
     models: BTreeSet<String>,
     /// (tool, `<tool>-<scorer>`) of every imported score seen.
     tool_scorers: BTreeSet<(String, String)>,
@@ -631,6 +638,9 @@ impl ImportSink {
             direct_rows: 0,
             staged_rows: 0,
             missing_samples: 0,
+            narrow: Some(numbering::NarrowWriter::new(store)),
+            files_in_order: true,
+            copies_dropped: 0,
             models: BTreeSet::new(),
             tool_scorers: BTreeSet::new(),
         })
@@ -687,6 +697,9 @@ impl ImportSink {
                 (self.files.len() - 1) as u32
             }
         };
+        if (file_idx as usize) + 1 < self.files.len() {
+            self.files_in_order = false;
+        }
         let new_case = self.last_case.as_deref() != Some(&*k.case_id);
         if new_case || r.expected != self.last_expected {
             self.last_expected.clone_from(&r.expected);
@@ -745,9 +758,7 @@ impl ImportSink {
         }
         if self.staged.rows >= STAGE_ROWS {
             let batch = self.staged.finish();
-            if let Some(w) = self.staging.as_mut() {
-                w.write(batch).await?;
-            }
+            self.write_staged(batch).await?;
         }
         if self.sb.rows >= STAGE_ROWS {
             let batch = self.sb.finish();
@@ -758,10 +769,105 @@ impl ImportSink {
         Ok(())
     }
 
+    /// Appends a staged batch to the staging table and its keys to the numbering buckets.
+    async fn write_staged(&mut self, batch: RecordBatch) -> Result<(), ImportError> {
+        if let Some(n) = self.narrow.as_mut() {
+            n.write(&batch).await?;
+        }
+        if let Some(w) = self.staging.as_mut() {
+            w.write(batch).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether the staged records are numbered by [`numbering`] and become direct calls:
+    /// every record lacks its sample index (none is given to count after) and has no
+    /// imported score to join, and, when copies of an earlier file are to be dropped, the
+    /// files came one after another.
+    fn numbers_staged(&self) -> bool {
+        self.staged_rows > 0
+            && self.direct_rows == 0
+            && self.tool_scorers.is_empty()
+            && self.missing_samples == self.staged_rows
+            && (self.files.len() <= 1 || self.policy.keep_duplicates || self.files_in_order)
+    }
+
+    /// Numbers the staged records ([`numbering`]) and sends them, in corpus order, to the
+    /// direct writers with their call ids; see [`Self::numbers_staged`].
+    async fn number_staged(&mut self) -> Result<(), ImportError> {
+        use rayon::prelude::*;
+        let drop_copies = self.files.len() > 1 && !self.policy.keep_duplicates;
+        let t = std::time::Instant::now();
+        self.copies_dropped = numbering::number_buckets(&self.store, drop_copies).await?;
+        tracing::debug!(secs = t.elapsed().as_secs_f64(), "import: samples numbered");
+        let mut merge = numbering::SampleMerge::open(&self.store).await?;
+        let mut parts = self.store.list_parts(STAGING).await?;
+        parts.sort_by(|x, y| x.location.cmp(&y.location));
+        let mut sent = 0u64;
+        for part in parts {
+            let mut s = self.store.read_scratch(&part).await?;
+            while let Some(b) = s.next().await {
+                let b = b?;
+                let seqs = b
+                    .column(0)
+                    .as_primitive::<datafusion::arrow::datatypes::UInt64Type>();
+                let samples = merge.take(seqs.values()).await?;
+                let arrow_err = |e: datafusion::arrow::error::ArrowError| {
+                    ImportError::Writer(format!("numbering samples: {e}"))
+                };
+                let mut cols = b.columns().to_vec();
+                cols[4] = Arc::new(samples.clone());
+                let b = RecordBatch::try_new(b.schema(), cols).map_err(arrow_err)?;
+                // A copy of an earlier file's record has no number: it is not a call.
+                let b = if samples.null_count() > 0 {
+                    let kept =
+                        datafusion::arrow::compute::is_not_null(&samples).map_err(arrow_err)?;
+                    datafusion::arrow::compute::filter_record_batch(&b, &kept).map_err(arrow_err)?
+                } else {
+                    b
+                };
+                let (case, model, sample, req) = (
+                    b.column(1).as_string::<i32>(),
+                    b.column(2).as_string::<i32>(),
+                    b.column(4).as_primitive::<Int32Type>(),
+                    b.column(5).as_string::<i32>(),
+                );
+                let ids: Vec<String> = (0..b.num_rows())
+                    .into_par_iter()
+                    .map(|i| {
+                        call::call_id(case.value(i), model.value(i), sample.value(i), req.value(i))
+                    })
+                    .collect();
+                let ids: ArrayRef = Arc::new(StringArray::from(ids));
+                sent += b.num_rows() as u64;
+                self.send_calls(b, ids).await?;
+            }
+        }
+        debug_assert_eq!(sent + self.copies_dropped, self.staged_rows);
+        // They are direct calls now: the plans see no staged record.
+        self.direct_rows = sent;
+        self.staged_rows = 0;
+        self.missing_samples = 0;
+        self.store.delete_scratch(numbering::NARROW).await?;
+        self.store.delete_scratch(numbering::NUMBERED).await?;
+        tracing::debug!(
+            secs = t.elapsed().as_secs_f64(),
+            calls = sent,
+            "import: staged records numbered"
+        );
+        Ok(())
+    }
+
     /// Hands the direct batch to the next writer task and stages its ids.
     async fn send_direct(&mut self) -> Result<(), ImportError> {
         let batch = self.direct.finish();
         let ids: ArrayRef = Arc::new(self.direct_ids.finish());
+        self.send_calls(batch, ids).await
+    }
+
+    /// Hands a batch of numbered records ([`staging_schema`], with their call ids) to the
+    /// next writer task and stages its ids.
+    async fn send_calls(&mut self, batch: RecordBatch, ids: ArrayRef) -> Result<(), ImportError> {
         let calls = direct_calls(&batch, &ids)
             .map_err(|e| QueryError::df("import: direct calls batch")(e.into()))?;
         let fps = batch
@@ -834,6 +940,17 @@ impl ImportSink {
         if failed.is_none() && self.direct.rows > 0 {
             failed = self.send_direct().await.err();
         }
+        // The staging table and the numbering buckets are whole before they are read.
+        if failed.is_none() && self.staged.rows > 0 {
+            let batch = self.staged.finish();
+            failed = self.write_staged(batch).await.err();
+        }
+        if failed.is_none() {
+            failed = self.finish_staging().await.err();
+        }
+        if failed.is_none() && self.numbers_staged() {
+            failed = self.number_staged().await.err();
+        }
         // Every writer is joined, even after an error, so none puts a part once `_import/`
         // is deleted; after an error they are not told to commit what they hold.
         let mut written = 0;
@@ -854,15 +971,10 @@ impl ImportSink {
         }
         debug_assert_eq!(written, self.direct_rows);
         let batches = [
-            (self.staged.rows > 0).then(|| self.staged.finish()),
             (self.cases.rows > 0).then(|| self.cases.finish()),
             (self.sb.rows > 0).then(|| self.sb.finish()),
         ];
-        let writers = [
-            self.staging.take(),
-            self.case_staging.take(),
-            self.score_staging.take(),
-        ];
+        let writers = [self.case_staging.take(), self.score_staging.take()];
         for (batch, w) in batches.into_iter().zip(writers) {
             if let Some(mut w) = w {
                 if let Some(b) = batch {
@@ -873,6 +985,17 @@ impl ImportSink {
         }
         for w in std::mem::take(&mut self.ids) {
             w.finish().await?;
+        }
+        Ok(())
+    }
+
+    /// Commits the staging table and the numbering buckets.
+    async fn finish_staging(&mut self) -> Result<(), ImportError> {
+        if let Some(w) = self.staging.take() {
+            w.finish().await?;
+        }
+        if let Some(n) = self.narrow.take() {
+            n.finish().await?;
         }
         Ok(())
     }
@@ -911,7 +1034,7 @@ impl ImportSink {
             .await?;
         }
         // Records a cross-file copy check dropped before they were numbered.
-        let mut duplicates = self.staged_rows + self.direct_rows - calls;
+        let mut duplicates = self.staged_rows + self.direct_rows - calls + self.copies_dropped;
         let t = std::time::Instant::now();
         let (direct_dups, staged_dups) = self.check_duplicates(&ctx, direct, staged).await?;
         tracing::debug!(secs = t.elapsed().as_secs_f64(), "import: duplicate check");

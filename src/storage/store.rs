@@ -271,11 +271,28 @@ impl RunStore {
     }
 
     /// Streams the record batches of one part, checking its schema against `table`.
-    #[allow(deprecated)]
     pub async fn read_part(
         &self,
         meta: &ObjectMeta,
         table: Table,
+    ) -> Result<BoxStream<'static, Result<RecordBatch, StorageError>>, StorageError> {
+        self.read_checked(meta, Some(table)).await
+    }
+
+    /// Streams the record batches of a scratch part (an import's staging), whose schema is
+    /// the writer's own, not a table's.
+    pub async fn read_scratch(
+        &self,
+        meta: &ObjectMeta,
+    ) -> Result<BoxStream<'static, Result<RecordBatch, StorageError>>, StorageError> {
+        self.read_checked(meta, None).await
+    }
+
+    #[allow(deprecated)]
+    async fn read_checked(
+        &self,
+        meta: &ObjectMeta,
+        table: Option<Table>,
     ) -> Result<BoxStream<'static, Result<RecordBatch, StorageError>>, StorageError> {
         let location = self.location(&meta.location);
         let reader = ParquetObjectReader::new(self.store.clone(), meta.location.clone())
@@ -287,7 +304,9 @@ impl RunStore {
                 what: "footer".into(),
                 source,
             })?;
-        check_compatible(table, builder.schema(), &location)?;
+        if let Some(table) = table {
+            check_compatible(table, builder.schema(), &location)?;
+        }
         let stream =
             builder
                 .with_batch_size(8192)
