@@ -3,7 +3,7 @@
 
 Usage: python3 benches/corpus/bench.py [--sizes 1000000,10000000] [--bin target/release/evalflow]
        [--work /tmp/evalflow-corpus] [--memory-limit 1GiB] [--threads 2]
-       [--shapes indexed,repeated]
+       [--shapes indexed,repeated,plain] [--stages import,validate,score,aggregate,rescore]
 
 For each size N it generates N OpenAI request/response pairs (gen_corpus.py, cached in
 --work), then times `evalflow import`, `validate`, `score` (checklist), `aggregate` and
@@ -11,7 +11,8 @@ For each size N it generates N OpenAI request/response pairs (gen_corpus.py, cac
 converting the same JSONL to Parquet. Prints rows/s, peak RSS and cpu/wall per stage, and
 import's ratio to DuckDB. Build the binary first: `cargo build --release`. `--shapes` picks the
 corpora: `indexed` (records carry `sample_idx` and response ids) and `repeated` (neither, each
-request 50 times, shuffled: gen_corpus.py's docstring).
+request 50 times, shuffled: gen_corpus.py's docstring) and `plain` (the indexed corpus without
+sample indices or ids: few repeats, none numbered).
 
 Both conversions start with the JSONL in the page cache (it is read once, untimed, just
 before each): at 10M the file is 7.5 GB, a cold read of it costs about 15 s on this machine's
@@ -78,7 +79,9 @@ def main():
     ap.add_argument("--work", default="/tmp/evalflow-corpus")
     ap.add_argument("--memory-limit", default="1GiB")
     ap.add_argument("--threads", default="2")
-    ap.add_argument("--shapes", default="indexed,repeated")
+    ap.add_argument("--shapes", default="indexed,repeated,plain")
+    ap.add_argument("--stages", default="import,validate,score,aggregate,rescore",
+                    help="the stages to time (import always runs)")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     ev = os.path.abspath(a.bin)
@@ -108,7 +111,8 @@ def main():
             ("rescore", [ev, "rescore", root, "--scorer", "cue", "--cues", cues] + flags),
         ]
         results = {}
-        for name, cmd in stages:
+        wanted = set(a.stages.split(",")) | {"import"}
+        for name, cmd in [(n_, c) for n_, c in stages if n_ in wanted]:
             print(f"N={n}: {name} ...", file=sys.stderr)
             if name == "import":
                 warm(src)

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Writes a realistic recorded corpus of OpenAI request/response pairs as evalflow JSONL.
 
-Usage: gen_corpus.py N OUT.jsonl [--seed S] [--jobs J] [--shape indexed|repeated]
+Usage: gen_corpus.py N OUT.jsonl [--seed S] [--jobs J] [--shape indexed|repeated|plain]
 
 N calls over several models, K = 1..3 samples per case, 90%+ distinct responses, answer
 lengths from empty to 2,000 characters with a long tail, 2% empty with finish_reason
 `length`, 1% refusals, 1% non-English (half of them Chinese), 1% provider errors.
+
+`--shape plain` is the indexed corpus without `sample_idx` or ids (1-3 samples per case and model,
+in order): few repeats, none numbered.
 
 `--shape repeated` is a log as users bring it: no record carries `sample_idx` or an id, each
 request is repeated 50 times (5 models x 10 samples), and a block's lines are shuffled (logs
@@ -61,6 +64,9 @@ def block(args):
     """The JSONL lines of cases `first+1 .. first+BLOCK` (at most `limit` lines)."""
     seed, b, limit, shape = args
     repeated = shape == "repeated"
+    # `plain`: the indexed corpus (1-3 samples per case and model, in order) without
+    # `sample_idx` or response ids: few repeats, none numbered.
+    indexed = shape == "indexed"
     rng = random.Random(seed * 1_000_003 + b)
     lines = []
     written = 0
@@ -83,7 +89,7 @@ def block(args):
                     "temperature": 1.0,
                 }
                 rec = {"request": req, "expected": label}
-                if not repeated:
+                if indexed:
                     rec["sample_idx"] = s
                 u = rng.random()
                 finish = "stop"
@@ -123,7 +129,7 @@ def block(args):
                     ],
                     "usage": usage,
                 }
-                if not repeated:
+                if indexed:
                     rec["response"]["id"] = f"chatcmpl-{case}-{model}-{s}"
                 lines.append(json.dumps(rec, ensure_ascii=False))
     if repeated:
@@ -137,7 +143,7 @@ def main():
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 7
     jobs = int(sys.argv[sys.argv.index("--jobs") + 1]) if "--jobs" in sys.argv else os.cpu_count()
     shape = sys.argv[sys.argv.index("--shape") + 1] if "--shape" in sys.argv else "indexed"
-    assert shape in ("indexed", "repeated"), shape
+    assert shape in ("indexed", "repeated", "plain"), shape
     # A case has at most 4 models x 3 samples = 12 lines (50 repeated); ask each block for at most what is
     # still missing, in order, so the file ends after exactly n lines.
     written = 0

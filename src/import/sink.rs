@@ -1321,8 +1321,10 @@ impl ImportSink {
         let passes = (self.rows() as usize).div_ceil(pass_rows());
         let mut id = None;
         let (mut direct_dups, mut staged_dups) = (0u64, 0u64);
-        // Each call id's records (of the direct and of the staged calls) and distinct
-        // fingerprints, in one scan per slice.
+        // Each call id's records (of the direct and of the staged calls) and whether their
+        // fingerprints differ, in one scan per slice. `min(fp) <> max(fp)`, not
+        // `count(DISTINCT fp) > 1`: DataFusion's grouped distinct count keeps a hash set per
+        // group, row by row (1M ids: 22 s and 1.1 GB, against under a second).
         let mut tagged = Vec::new();
         if direct {
             tagged.push("SELECT call_id, fp, 1 AS d FROM ids");
@@ -1333,10 +1335,10 @@ impl ImportSink {
         let tagged = tagged.join(" UNION ALL ");
         for range in id_slices("call_id", passes) {
             let sql = format!(
-                "SELECT max(CASE WHEN n > 1 AND fps > 1 THEN call_id END), \
+                "SELECT max(CASE WHEN n > 1 AND differ THEN call_id END), \
                  sum(CASE WHEN nd > 1 THEN nd - 1 ELSE 0 END), \
                  sum(CASE WHEN n - nd > 1 THEN n - nd - 1 ELSE 0 END) \
-                 FROM (SELECT call_id, count(*) AS n, count(DISTINCT fp) AS fps, sum(d) AS nd \
+                 FROM (SELECT call_id, count(*) AS n, min(fp) <> max(fp) AS differ, sum(d) AS nd \
                  FROM ({tagged}) WHERE {range} GROUP BY call_id HAVING count(*) > 1)"
             );
             let rows = crate::query::text_rows(ctx, &sql).await?;
@@ -1397,7 +1399,7 @@ impl ImportSink {
                 ctx,
                 &format!(
                     "SELECT case_id FROM cs WHERE {range} AND expected IS NOT NULL \
-                     GROUP BY case_id HAVING count(DISTINCT expected) > 1 LIMIT 1"
+                     GROUP BY case_id HAVING min(expected) <> max(expected) LIMIT 1"
                 ),
             )
             .await?;
