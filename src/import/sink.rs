@@ -437,6 +437,39 @@ impl ScoreBuilders {
     }
 }
 
+/// Cases staged lately: at most this many, the oldest forgotten first.
+const RECENT_CASES: usize = 8192;
+
+/// The last [`RECENT_CASES`] cases whose fields were staged, each with the `expected` and
+/// cluster of its last staged row: a record of one of them that says the same is not
+/// staged again. Bounded, so memory does not grow with the corpus; a case forgotten is
+/// only staged once more.
+#[derive(Default)]
+struct RecentCases {
+    fields: std::collections::HashMap<Arc<str>, (Option<String>, Option<String>)>,
+    order: std::collections::VecDeque<Arc<str>>,
+}
+
+impl RecentCases {
+    fn seen(&self, case_id: &str, expected: Option<&str>, cluster: Option<&str>) -> bool {
+        self.fields
+            .get(case_id)
+            .is_some_and(|(e, c)| e.as_deref() == expected && c.as_deref() == cluster)
+    }
+
+    fn remember(&mut self, case_id: &Arc<str>, expected: Option<&str>, cluster: Option<&str>) {
+        let fields = (expected.map(str::to_string), cluster.map(str::to_string));
+        if self.fields.insert(case_id.clone(), fields).is_none() {
+            self.order.push_back(case_id.clone());
+            if self.order.len() > RECENT_CASES
+                && let Some(old) = self.order.pop_front()
+            {
+                self.fields.remove(&old);
+            }
+        }
+    }
+}
+
 /// What staging computes of a record before appending it. What the records of one case
 /// or request share is counted, not copied: a record whose case or request is the one
 /// before it takes its neighbour's.
@@ -573,6 +606,8 @@ pub struct ImportSink {
     files_in_order: bool,
     /// Records of a later file dropped as copies while numbering.
     copies_dropped: u64,
+    /// The cases whose fields were staged lately ([`RecentCases`]).
+    recent_cases: RecentCases,
     models: BTreeSet<String>,
     /// (tool, `<tool>-<scorer>`) of every imported score seen.
     tool_scorers: BTreeSet<(String, String)>,
@@ -641,6 +676,7 @@ impl ImportSink {
             narrow: Some(numbering::NarrowWriter::new(store)),
             files_in_order: true,
             copies_dropped: 0,
+            recent_cases: RecentCases::default(),
             models: BTreeSet::new(),
             tool_scorers: BTreeSet::new(),
         })
@@ -701,8 +737,21 @@ impl ImportSink {
             self.files_in_order = false;
         }
         let new_case = self.last_case.as_deref() != Some(&*k.case_id);
-        if new_case || r.expected != self.last_expected {
+        // A case staged lately with the same `expected` and cluster adds nothing the
+        // plans read (each case's first record, its expected answers, whether it names a
+        // cluster): a log whose records of one case are spread over the file (shuffled
+        // runs) would otherwise stage a case row, its input text included, per record.
+        let seen = new_case
+            && self
+                .recent_cases
+                .seen(&k.case_id, r.expected.as_deref(), r.cluster.as_deref());
+        if seen {
             self.last_expected.clone_from(&r.expected);
+            self.last_case = Some(k.case_id.clone());
+        } else if new_case || r.expected != self.last_expected {
+            self.last_expected.clone_from(&r.expected);
+            self.recent_cases
+                .remember(&k.case_id, r.expected.as_deref(), r.cluster.as_deref());
             let c = &mut self.cases;
             c.seq.append_value(seq);
             c.case_id.append_value(&k.case_id);
