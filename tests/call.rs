@@ -1745,3 +1745,273 @@ async fn retry_errors_resends_a_judges_failed_calls() {
     }
     assert_eq!(judge_errors(&r).await, (40, still));
 }
+
+/// The judge at corpus scale, in small: a judged run whose calls are in many parts (one
+/// nested `cases` part per calls part, the replies read part by part) gives the same scores
+/// table as the same run in one part, with prompts byte-identical to `judge::prompt` of
+/// each valid answer; and a judge SIGKILLed mid-run, then resumed, pays no judge call twice
+/// beyond the calls in flight at the kill, keeping the same call ids.
+#[test]
+fn a_judge_over_many_parts_scores_the_same_and_resumes_without_paying_twice() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("judge-requests.jsonl");
+    let concurrency = 8;
+    let judge = rt
+        .block_on(MockServer::start(
+            loopback(),
+            MockConfig {
+                answer: AnswerMode::Checklist,
+                latency: Duration::from_millis(20),
+                request_log: Some(log.clone()),
+                ..mock_cfg(vec![])
+            },
+        ))
+        .unwrap();
+    // A recorded corpus of 600 answers (one in ten empty, one in twenty a provider error),
+    // imported in one part and in parts of 53 rows.
+    let corpus = dir.path().join("corpus.jsonl");
+    let labels = ["positive", "negative", "neutral"];
+    let lines: Vec<String> = (0..600)
+        .map(|i| {
+            let prompt = format!("Classify the sentiment of review {}: the room was clean", i / 2);
+            let content = match i % 10 {
+                0 => String::new(),
+                k if k < 5 => labels[i % 3].to_string(),
+                _ => format!("{}. The room was clean, answer {i}.", labels[i % 3]),
+            };
+            let line = if i % 20 == 7 {
+                serde_json::json!({
+                    "request": {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": 64},
+                    "sample_idx": i % 2, "response": null, "http_status": 503, "error": "overloaded"
+                })
+            } else {
+                serde_json::json!({
+                    "request": {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": 64},
+                    "sample_idx": i % 2,
+                    "response": {"choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                                 "finish_reason": if content.is_empty() { "length" } else { "stop" }}],
+                                 "usage": {"prompt_tokens": 12, "completion_tokens": 9}}
+                })
+            };
+            line.to_string()
+        })
+        .collect();
+    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
+    let bin_ok = |args: &[&str]| {
+        let o = bin().args(args).env("EVALFLOW_CACHE_DIR", "off").output();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    // Imported, then (`part_rows`) its calls cut into parts of that many rows, then validated
+    // (validity parts 1:1 with calls parts).
+    let imported = |root: &Path, part_rows: Option<usize>| {
+        let root_s = root.to_str().unwrap();
+        bin_ok(&["import", corpus.to_str().unwrap(), "--out", root_s]);
+        if let Some(n) = part_rows {
+            rt.block_on(async {
+                let store = evalflow::storage::RunStore::open(root_s).unwrap();
+                let mut s = store.read_table("calls", Table::Calls).await.unwrap();
+                let mut batches = vec![];
+                while let Some(b) = s.next().await {
+                    batches.push(b.unwrap());
+                }
+                drop(s);
+                store.delete_dir("calls").await.unwrap();
+                let mut w = store
+                    .part_writer("calls", batches[0].schema(), "part-cut")
+                    .with_part_rows(n);
+                for b in &batches {
+                    for k in (0..b.num_rows()).step_by(n) {
+                        w.write(b.slice(k, n.min(b.num_rows() - k))).await.unwrap();
+                    }
+                }
+                w.finish().await.unwrap();
+            });
+        }
+        let pipe = root.join("import.toml");
+        bin_ok(&["validate", pipe.to_str().unwrap(), "--out", root_s]);
+    };
+    let (whole, parts) = (dir.path().join("whole"), dir.path().join("parts"));
+    imported(&whole, None);
+    imported(&parts, Some(53));
+    let n_parts = |root: &Path, table: &str| {
+        rt.block_on(async {
+            let store = evalflow::storage::RunStore::open(root.to_str().unwrap()).unwrap();
+            store.list_parts(table).await.unwrap().len()
+        })
+    };
+    assert_eq!(n_parts(&whole, "calls"), 1);
+    let calls_parts = n_parts(&parts, "calls");
+    assert!(calls_parts >= 10, "{calls_parts} calls parts");
+    let killed = dir.path().join("killed");
+    let o = Command::new("cp")
+        .args(["-a", parts.to_str().unwrap(), killed.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+
+    let questions = [
+        ("label", "Is the answer a sentiment label?"),
+        ("short", "Is it one word?"),
+        ("polite", "Is it polite?"),
+    ];
+    let scorer = dir.path().join("judge.toml");
+    let qs: Vec<String> = questions
+        .iter()
+        .map(|(id, text)| format!("{{ id = \"{id}\", text = \"{text}\" }}"))
+        .collect();
+    std::fs::write(
+        &scorer,
+        format!(
+            "[[scorer]]\nname = \"helpful\"\nkind = \"judge\"\nmetric = \"numeric\"\n\
+             model = {{ provider = \"openai\", base_url = \"{}\", name = \"judge-model\", temperature = 0.0, concurrency = {concurrency} }}\n\
+             questions = [{}]\n",
+            judge.base_url(),
+            qs.join(", ")
+        ),
+    )
+    .unwrap();
+    let rescore = |root: &Path| {
+        bin()
+            .args([
+                "rescore",
+                root.to_str().unwrap(),
+                "--scorer-file",
+                scorer.to_str().unwrap(),
+            ])
+            .env("EVALFLOW_CACHE_DIR", "off")
+    };
+    let query = |root: &Path, sql: &str| {
+        rt.block_on(async {
+            let store = evalflow::storage::RunStore::open(root.to_str().unwrap()).unwrap();
+            let ctx = evalflow::query::new_context();
+            evalflow::query::register_run(&ctx, &store, "")
+                .await
+                .unwrap();
+            evalflow::query::text_rows(&ctx, sql).await.unwrap()
+        })
+    };
+    let scores = |root: &Path| {
+        query(
+            root,
+            "SELECT call_id, scoring_version, validity, score, passed, label, detail, \
+             array_to_string(answers, ',') FROM scores WHERE scorer = 'helpful' ORDER BY call_id",
+        )
+    };
+    let nested = |root: &Path| {
+        let v: Vec<_> = std::fs::read_dir(root.join("judge"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(v.len(), 1, "one judge version");
+        v[0].clone()
+    };
+    for root in [&whole, &parts] {
+        let o = rescore(root).output();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let (a, b) = (scores(&whole), scores(&parts));
+    assert_eq!(a.len(), 600);
+    assert_eq!(
+        a, b,
+        "the same scores table from one part and from {calls_parts}"
+    );
+    let scored = a.iter().filter(|r| r[3].is_some()).count();
+    let valid = rt
+        .block_on(validity(&whole))
+        .values()
+        .filter(|v| v.as_str() == "valid_answer")
+        .count();
+    assert!(scored > 500, "{scored} judged rows");
+    // One nested cases part per calls part holding valid answers, named after it.
+    assert_eq!(n_parts(&nested(&whole), "cases"), 1);
+    assert_eq!(n_parts(&nested(&parts), "cases"), calls_parts);
+    // The prompts, byte for byte: the judged call's id and `judge::prompt` of its answer.
+    let checklist = evalflow::pipeline::JudgeChecklist {
+        questions: questions
+            .iter()
+            .map(|(id, text)| evalflow::pipeline::JudgeQuestion {
+                id: id.to_string(),
+                text: text.to_string(),
+            })
+            .collect(),
+        instructions: None,
+    };
+    let judged = query(
+        &parts,
+        "SELECT k.call_id, c.input, k.response FROM calls k JOIN validity v ON k.call_id = v.call_id \
+         JOIN cases c ON k.case_id = c.case_id WHERE v.validity = 'valid_answer' ORDER BY k.call_id",
+    );
+    let prompts = query(
+        &nested(&parts),
+        "SELECT case_id, input FROM cases ORDER BY case_id",
+    );
+    assert_eq!(judged.len(), prompts.len());
+    assert_eq!(
+        judged.len(),
+        scored
+            + a.iter()
+                .filter(|r| r[2].as_deref().is_some_and(|v| v.starts_with("judge_")))
+                .count()
+    );
+    for (j, p) in judged.iter().zip(&prompts) {
+        assert_eq!(j[0], p[0]);
+        let want = evalflow::stages::score::judge::prompt(
+            &checklist,
+            j[1].as_deref().unwrap_or_default(),
+            j[2].as_deref().unwrap_or_default(),
+        );
+        assert_eq!(p[1].as_deref(), Some(want.as_str()));
+    }
+
+    // SIGKILL the judge of a third copy mid-run, then resume it.
+    let mark = read_log(&log).len();
+    assert_eq!(
+        mark,
+        2 * judged.len(),
+        "one judge request per valid answer and run"
+    );
+    let mut child = rescore(&killed)
+        .command()
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while read_log(&log).len() < mark + judged.len() / 3 && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let killed_at = read_log(&log).len();
+    assert!(
+        killed_at > mark && killed_at < mark + judged.len(),
+        "the kill interrupted the judge: {} of {} requests",
+        killed_at - mark,
+        judged.len()
+    );
+    let o = rescore(&killed).output();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let reqs = read_log(&log);
+    let mut per_call: HashMap<String, usize> = HashMap::new();
+    for r in &reqs[mark..] {
+        *per_call
+            .entry(r["call_id"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    assert_eq!(per_call.len(), judged.len(), "every judge call was paid");
+    let twice = per_call.values().filter(|n| **n > 1).count();
+    assert!(per_call.values().all(|n| *n <= 2));
+    assert!(
+        twice <= concurrency,
+        "{twice} judge calls paid twice (concurrency {concurrency})"
+    );
+    assert_eq!(reqs.len() - mark, judged.len() + twice);
+    // The resumed judge kept the call ids of a clean one, and scores the same.
+    let ids = |root: &Path| query(&nested(root), "SELECT call_id FROM calls ORDER BY call_id");
+    assert_eq!(ids(&killed), ids(&parts));
+    assert_eq!(scores(&killed), b, "a resumed judge scores the same");
+    assert_eq!(valid, judged.len(), "one judge prompt per valid answer");
+    drop(judge);
+}

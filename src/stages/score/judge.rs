@@ -8,14 +8,18 @@
 //! give exactly one YES or NO per question makes the row invalid (`judge_unparseable`),
 //! never NO; a judge call that failed makes it `judge_error`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
+use datafusion::arrow::array::{Array, BooleanArray, RecordBatch, StringArray};
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
-use super::{BaseAnswer, Outcome, ScoreInput, Scorer, ScorerId, source_logic};
+use super::{
+    BaseAnswer, CaseParts, Outcome, ScoreInput, Scorer, ScorerId, part_stream, source_logic,
+};
 use crate::pipeline::{JudgeChecklist, ModelConfig};
-use crate::query::{QueryError, new_context, register_run};
+use crate::query::{QueryError, new_context};
 use crate::schema::Table;
 use crate::stages::call::{self, CallError};
 use crate::stages::generate::{self, Case};
@@ -33,7 +37,16 @@ pub enum Reply {
 pub struct JudgeScorer {
     checklist: JudgeChecklist,
     version: String,
-    replies: HashMap<String, Reply>,
+    replies: Replies,
+}
+
+/// Where a judge scorer's replies are.
+#[derive(Debug, Clone)]
+enum Replies {
+    /// In hand: one part's (see [`JudgeScorer::part_scorer`]), or a test's.
+    InHand(HashMap<String, Reply>),
+    /// In the nested run's `calls`, read part by part as the judged rows are scored.
+    Nested(RunStore),
 }
 
 /// The version: the scorer's logic version plus a hash of the questions and the judge model,
@@ -116,7 +129,20 @@ pub fn parse(text: &str, d: usize) -> Result<Vec<bool>, String> {
 
 impl JudgeScorer {
     /// Judges every valid answer of the run (resuming a partial judge run) and returns the
-    /// scorer holding the replies.
+    /// scorer, which reads the judge's replies part by part ([`Scorer::for_part`]).
+    ///
+    /// # Behavior
+    /// The judge prompts become the nested run's cases (rebuilt each time: cheap, and
+    /// deterministic, so resumed judge calls keep their ids). They are built per calls
+    /// part, the way score joins a part ([`super::part_stream`]): the part, its validity
+    /// part and only the parts of `cases` that may hold its cases, each written as one
+    /// nested `cases` part named after the calls part. No query joins the whole tables and
+    /// nothing sorts the corpus, so memory grows with a part (times `--threads`), never
+    /// with the corpus.
+    ///
+    /// # Errors
+    /// A query failure (a memory refusal is `QueryError::Memory`, named "judge prompts"),
+    /// a storage failure, or the nested call stage's own errors.
     pub async fn prepare(
         store: &RunStore,
         checklist: &JudgeChecklist,
@@ -125,89 +151,15 @@ impl JudgeScorer {
     ) -> Result<Self, CallError> {
         let version = version(checklist, judge);
         let sub = store.child(&format!("judge/{version}"));
-        // The judge prompts become the nested run's cases (rebuilt each time: cheap, and
-        // deterministic, so resumed judge calls keep their ids). No ORDER BY: a case's id is
-        // its judged call's id whatever the order, and a global sort of the corpus was the
-        // largest allocation of the judge (1.3 GiB at 2M answers).
-        let ctx = new_context();
-        register_run(&ctx, store, "").await.map_err(query_err)?;
-        let df = ctx
-            .sql(
-                "SELECT k.call_id, c.input, k.response FROM calls k JOIN validity v ON k.call_id = v.call_id \
-                 JOIN cases c ON k.case_id = c.case_id WHERE v.validity = 'valid_answer'",
-            )
-            .await
-            .map_err(|e| query_err(QueryError::df("judge prompts")(e)))?;
-        let mut s = df
-            .execute_stream()
-            .await
-            .map_err(|e| query_err(QueryError::df("judge prompts")(e)))?;
         sub.delete_dir("cases").await?;
-        let mut w = sub.part_writer("cases", Table::Cases.schema(), "part");
-        while let Some(b) = s.next().await {
-            let b = crate::schema::plain_strings(
-                b.map_err(|e| query_err(QueryError::df("judge prompts")(e)))?,
-            );
-            let col = |n: &str| {
-                b.column_by_name(n)
-                    .unwrap()
-                    .as_any()
-                    .downcast_ref::<datafusion::arrow::array::StringArray>()
-                    .unwrap()
-                    .clone()
-            };
-            let (ids, inputs, responses) = (col("call_id"), col("input"), col("response"));
-            let cases: Vec<Case> = (0..b.num_rows())
-                .map(|i| Case {
-                    case_id: ids.value(i).to_string(),
-                    suite: "judge".into(),
-                    test: "judge".into(),
-                    capability: "judge".into(),
-                    test_type: "MFT".into(),
-                    template_id: "judge".into(),
-                    group_id: ids.value(i).to_string(),
-                    role: "single".into(),
-                    input: prompt(checklist, inputs.value(i), responses.value(i)),
-                    expected: None,
-                    expectation: None,
-                    tolerance: None,
-                    perturbation: None,
-                })
-                .collect();
-            w.write(generate::to_batch(&cases)).await?;
-        }
-        w.finish().await?;
+        write_prompts(store, &sub, checklist)
+            .await
+            .map_err(|e| query_err(in_prompts(e)))?;
         call::run(&sub, judge, provider).await?;
-        // Read the judge's answers back: one per judged call (sample 0).
-        let mut replies = HashMap::new();
-        let mut calls = sub.read_table("calls", Table::Calls).await?;
-        while let Some(b) = calls.next().await {
-            let b = crate::schema::plain_strings(b?);
-            let s = |n: &str| {
-                b.column_by_name(n)
-                    .unwrap()
-                    .as_any()
-                    .downcast_ref::<datafusion::arrow::array::StringArray>()
-                    .unwrap()
-                    .clone()
-            };
-            let (ids, resp, err) = (s("case_id"), s("response"), s("error"));
-            use datafusion::arrow::array::Array;
-            for i in 0..b.num_rows() {
-                let r = if err.is_valid(i) {
-                    Reply::Failed(err.value(i).to_string())
-                } else if resp.is_valid(i) {
-                    Reply::Text(resp.value(i).to_string())
-                } else {
-                    Reply::Failed("empty judge answer".into())
-                };
-                replies.insert(ids.value(i).to_string(), r);
-            }
-        }
         Ok(Self {
             checklist: checklist.clone(),
             version,
-            replies,
+            replies: Replies::Nested(sub),
         })
     }
 
@@ -220,8 +172,222 @@ impl JudgeScorer {
         Self {
             checklist,
             version,
-            replies,
+            replies: Replies::InHand(replies),
         }
+    }
+
+    /// The scorer of one calls part of `run`: the judge's replies to that part's calls
+    /// only, read from the nested run's `calls`; `None` when the replies are in hand
+    /// already ([`JudgeScorer::with_replies`]).
+    ///
+    /// # Behavior
+    /// The nested `calls` parts stream past a set of the part's call ids (a filter pushed
+    /// into the Parquet scan, so a reply's text is decoded only when it is the part's), in
+    /// part and row order: a judged call with two replies (K samples) keeps the last one,
+    /// as the whole-table map did. Memory holds one part's ids and replies.
+    pub async fn part_scorer(
+        &self,
+        run: &RunStore,
+        part: &object_store::ObjectMeta,
+    ) -> Result<Option<JudgeScorer>, QueryError> {
+        let Replies::Nested(sub) = &self.replies else {
+            return Ok(None);
+        };
+        let replies = part_replies(run, sub, part).await?;
+        Ok(Some(Self {
+            checklist: self.checklist.clone(),
+            version: self.version.clone(),
+            replies: Replies::InHand(replies),
+        }))
+    }
+}
+
+/// Writes the judge prompts of every valid answer of `store` as `sub`'s cases, one part
+/// per calls part, `--threads` parts at once.
+async fn write_prompts(
+    store: &RunStore,
+    sub: &RunStore,
+    checklist: &JudgeChecklist,
+) -> Result<(), QueryError> {
+    let ctx = new_context();
+    // As score: the join's dynamic filter is evaluated while `cases` is decoded.
+    ctx.state_ref()
+        .write()
+        .config_mut()
+        .options_mut()
+        .execution
+        .parquet
+        .pushdown_filters = true;
+    crate::query::register_tables(&ctx, store, "", &[Table::Cases]).await?;
+    let case_parts = CaseParts::load(store).await?;
+    let parts = store.list_parts("calls").await?;
+    let (ctx, case_parts) = (&ctx, &case_parts);
+    let mut written = futures::stream::iter(parts.into_iter().enumerate())
+        .map(|(k, part)| async move {
+            let name = part.location.filename().unwrap_or("part.parquet");
+            let stem = name.strip_suffix(".parquet").unwrap_or(name).to_string();
+            let mut s = part_stream(
+                ctx,
+                store,
+                case_parts,
+                &part,
+                "WHERE v.validity = 'valid_answer'",
+                k,
+            )
+            .await?;
+            let mut w = sub.part_writer("cases", Table::Cases.schema(), &stem);
+            while let Some(b) = s.next().await {
+                let b = crate::schema::plain_strings(b.map_err(QueryError::df("judge prompts"))?);
+                w.write(generate::to_batch(&prompt_cases(checklist, &b)))
+                    .await?;
+            }
+            w.finish().await?;
+            Ok::<_, QueryError>(())
+        })
+        .buffer_unordered(if crate::query::on_cluster() {
+            1
+        } else {
+            crate::query::resources().threads.max(1)
+        });
+    while let Some(r) = written.next().await {
+        r?;
+    }
+    Ok(())
+}
+
+/// The nested run's cases of one joined batch: a case per judged call, keyed by its
+/// call id, whose input is the judge prompt.
+fn prompt_cases(checklist: &JudgeChecklist, b: &RecordBatch) -> Vec<Case> {
+    let col = |n: &str| {
+        b.column_by_name(n)
+            .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+            .unwrap_or_else(|| panic!("joined column `{n}` is Utf8"))
+    };
+    let (ids, inputs, responses) = (col("call_id"), col("input"), col("response"));
+    (0..b.num_rows())
+        .map(|i| Case {
+            case_id: ids.value(i).to_string(),
+            suite: "judge".into(),
+            test: "judge".into(),
+            capability: "judge".into(),
+            test_type: "MFT".into(),
+            template_id: "judge".into(),
+            group_id: ids.value(i).to_string(),
+            role: "single".into(),
+            input: prompt(checklist, inputs.value(i), responses.value(i)),
+            expected: None,
+            expectation: None,
+            tolerance: None,
+            perturbation: None,
+        })
+        .collect()
+}
+
+/// The judge's replies to the calls of one part of `run`, from `sub`'s `calls`.
+async fn part_replies(
+    run: &RunStore,
+    sub: &RunStore,
+    part: &object_store::ObjectMeta,
+) -> Result<HashMap<String, Reply>, QueryError> {
+    let err = || QueryError::df("judge replies");
+    let mut replies = HashMap::new();
+    let nested = sub.list_parts("calls").await?;
+    if nested.is_empty() {
+        return Ok(replies);
+    }
+    // One partition: the nested parts are read in name order, rows in order.
+    let ctx = crate::query::ordered_context();
+    ctx.state_ref()
+        .write()
+        .config_mut()
+        .options_mut()
+        .execution
+        .parquet
+        .pushdown_filters = true;
+    run.register_with(&ctx);
+    crate::query::register_parquet(&ctx, "part", &run.location(&part.location)).await?;
+    let ids: HashSet<String> = crate::query::text_rows(&ctx, "SELECT call_id FROM part")
+        .await?
+        .into_iter()
+        .filter_map(|r| r.into_iter().next().flatten())
+        .collect();
+    if ids.is_empty() {
+        return Ok(replies);
+    }
+    let urls: Vec<String> = nested.iter().map(|m| sub.location(&m.location)).collect();
+    crate::query::register_parquet_paths(&ctx, "replies", &urls).await?;
+    ctx.register_udf(in_part_udf(Arc::new(ids)));
+    let mut s = ctx
+        .sql("SELECT case_id, response, error FROM replies WHERE judged_in_part(case_id)")
+        .await
+        .map_err(err())?
+        .execute_stream()
+        .await
+        .map_err(err())?;
+    while let Some(b) = s.next().await {
+        let b = crate::schema::plain_strings(b.map_err(err())?);
+        let col = |n: &str| {
+            b.column_by_name(n)
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+                .unwrap_or_else(|| panic!("judge calls column `{n}` is Utf8"))
+        };
+        let (ids, resp, error) = (col("case_id"), col("response"), col("error"));
+        for i in 0..b.num_rows() {
+            let r = if error.is_valid(i) {
+                Reply::Failed(error.value(i).to_string())
+            } else if resp.is_valid(i) {
+                Reply::Text(resp.value(i).to_string())
+            } else {
+                Reply::Failed("empty judge answer".into())
+            };
+            replies.insert(ids.value(i).to_string(), r);
+        }
+    }
+    Ok(replies)
+}
+
+/// `judged_in_part(case_id)`: whether a judge call judged one of the part's calls.
+fn in_part_udf(ids: Arc<HashSet<String>>) -> datafusion::logical_expr::ScalarUDF {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::DataType;
+    use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
+    create_udf(
+        "judged_in_part",
+        vec![DataType::Utf8],
+        DataType::Boolean,
+        Volatility::Immutable,
+        Arc::new(move |args: &[ColumnarValue]| {
+            let args = ColumnarValue::values_to_arrays(args)?;
+            let out: BooleanArray = args[0]
+                .as_string::<i32>()
+                .iter()
+                .map(|v| Some(v.is_some_and(|v| ids.contains(v))))
+                .collect();
+            Ok(ColumnarValue::Array(Arc::new(out)))
+        }),
+    )
+}
+
+/// A failure while building the prompts names them (the first query of the judge, and
+/// the one a memory limit refuses first).
+fn in_prompts(e: QueryError) -> QueryError {
+    match e {
+        QueryError::Memory {
+            context,
+            limit,
+            msg,
+        } if !context.starts_with("judge prompts") => QueryError::Memory {
+            context: format!("judge prompts: {context}"),
+            limit,
+            msg,
+        },
+        QueryError::DataFusion { context, source } if !context.starts_with("judge prompts") => {
+            QueryError::DataFusion {
+                context: format!("judge prompts: {context}"),
+                source,
+            }
+        }
+        other => other,
     }
 }
 
@@ -246,6 +412,19 @@ impl Scorer for JudgeScorer {
         vec![source_logic(include_str!("judge.rs"))]
     }
 
+    fn for_part<'a>(
+        &'a self,
+        run: &'a RunStore,
+        part: &'a object_store::ObjectMeta,
+    ) -> super::PartScorer<'a> {
+        Box::pin(async move {
+            Ok(self
+                .part_scorer(run, part)
+                .await?
+                .map(|s| Box::new(s) as Box<dyn Scorer>))
+        })
+    }
+
     fn score(&self, row: &ScoreInput, _base: Option<&BaseAnswer>) -> Outcome {
         let ids: Vec<&str> = self
             .checklist
@@ -253,7 +432,18 @@ impl Scorer for JudgeScorer {
             .iter()
             .map(|q| q.id.as_str())
             .collect();
-        match self.replies.get(row.call_id) {
+        let replies = match &self.replies {
+            Replies::InHand(r) => r,
+            Replies::Nested(_) => {
+                // The driver scores a part with its part scorer (`Scorer::for_part`).
+                return Outcome {
+                    invalid: Some("judge_error"),
+                    detail: serde_json::json!({ "judge": "the judge's replies were not read for this part" }),
+                    ..Outcome::default()
+                };
+            }
+        };
+        match replies.get(row.call_id) {
             None => Outcome {
                 invalid: Some("judge_error"),
                 detail: serde_json::json!({ "judge": "no judge call for this row" }),

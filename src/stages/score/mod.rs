@@ -221,7 +221,26 @@ pub trait Scorer: Send + Sync {
     fn languages(&self) -> Option<&'static [&'static str]> {
         builtin_languages(&self.id().name)
     }
+    /// The scorer of one calls `part` of `run`, for a scorer whose inputs are read part by
+    /// part rather than held for the whole run (a judge's replies: those of the part's
+    /// calls only). The driver asks before it scores the part, and scores the part with the
+    /// answer; `None` (the default) scores it with `self`.
+    ///
+    /// # Errors
+    /// A query or storage failure reading the part's inputs.
+    fn for_part<'a>(
+        &'a self,
+        _run: &'a RunStore,
+        _part: &'a object_store::ObjectMeta,
+    ) -> PartScorer<'a> {
+        Box::pin(futures::future::ready(Ok(None)))
+    }
 }
+
+/// What [`Scorer::for_part`] answers: the scorer of one calls part, or `None` for the
+/// scorer itself.
+pub type PartScorer<'a> =
+    futures::future::BoxFuture<'a, Result<Option<Box<dyn Scorer>>, QueryError>>;
 
 /// A stable hash of a scorer's logic.
 pub fn logic_hash(s: &dyn Scorer) -> String {
@@ -619,6 +638,9 @@ async fn write_scores(
             };
             let mut part_out =
                 PipelinedEncoder::new(&Table::Scores.schema()).map_err(encode_err)?;
+            // A judge's replies to this part's calls, read for this part only.
+            let own = scorer.for_part(store, &part).await?;
+            let scorer = own.as_deref().unwrap_or(scorer);
             let mut s = part_stream(ctx, store, case_parts, &part, "", k).await?;
             while let Some(b) = s.next().await {
                 let b = crate::schema::plain_strings(
@@ -808,6 +830,8 @@ pub async fn score_calls(
     let mut out = HashMap::new();
     let case_parts = CaseParts::load(store).await?;
     for part in store.list_parts("calls").await? {
+        let own = scorer.for_part(store, &part).await?;
+        let scorer = own.as_deref().unwrap_or(scorer);
         let mut s = part_stream(&ctx, store, &case_parts, &part, "", 0).await?;
         while let Some(b) = s.next().await {
             let b = crate::schema::plain_strings(

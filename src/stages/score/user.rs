@@ -1074,6 +1074,27 @@ impl Scorer for UserScorer {
     fn definition(&self) -> Option<serde_json::Value> {
         Some(self.record())
     }
+
+    /// A judge scorer scores a part with the judge's replies to that part's calls.
+    fn for_part<'a>(
+        &'a self,
+        run: &'a RunStore,
+        part: &'a object_store::ObjectMeta,
+    ) -> super::PartScorer<'a> {
+        Box::pin(async move {
+            let Rule::Judge(Some(j)) = &self.rule else {
+                return Ok(None);
+            };
+            Ok(j.part_scorer(run, part).await?.map(|j| {
+                Box::new(UserScorer {
+                    def: self.def.clone(),
+                    version: self.version.clone(),
+                    canonical: self.canonical.clone(),
+                    rule: Rule::Judge(Some(Box::new(j))),
+                }) as Box<dyn Scorer>
+            }))
+        })
+    }
 }
 
 impl UserScorer {
