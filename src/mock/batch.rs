@@ -271,7 +271,7 @@ fn multipart(headers: &HeaderMap, body: &[u8]) -> Result<Vec<Part>, String> {
         next_delim.extend_from_slice(&delim);
         let end = find(body, &next_delim, start).ok_or("a part without its closing boundary")?;
         let attr = |k: &str| {
-            head.split(';').find_map(|p| {
+            head.split([';', '\r', '\n']).find_map(|p| {
                 p.trim()
                     .strip_prefix(&format!("{k}="))
                     .map(|v| v.trim_matches('"').to_string())
