@@ -56,11 +56,34 @@ pub struct ModelConfig {
     pub system_prompt: Option<String>,
     /// How a case's input becomes the user message; `{input}` is replaced.
     pub prompt_template: Option<String>,
+    /// Send this model's requests through the provider's batch interface (OpenAI's Batch
+    /// API, Anthropic's Message Batches): half the price, results within 24 hours
+    /// (stages/call/batch/). `--batch` sets it for one command.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub batch: bool,
+    /// Batch mode: most requests in one batch (default and ceiling 50,000, OpenAI's limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_max_requests: Option<u64>,
+    /// Dollars per million tokens, for the cost in the manifest (batch rows at half).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<Price>,
+    /// `--no-wait`, never read from a file: a batch-mode call submits its batches and
+    /// returns; the next command on the root collects them.
+    #[serde(skip)]
+    pub batch_no_wait: bool,
     /// `--retry-errors`, never read from a file: the calls of this model whose rows are
     /// provider errors are sent again, in place (stages/call/retry.rs). A judge's model
     /// carries it into the judge's nested run.
     #[serde(skip)]
     pub retry_errors: bool,
+}
+
+/// `[model] price = { input_per_mtok = 0.15, output_per_mtok = 0.60 }`.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
 }
 
 fn default_concurrency() -> usize {

@@ -71,6 +71,10 @@ pub struct Runner {
     pub languages: Option<Vec<String>>,
     /// `--retry-errors`: the call stage sends the calls that ended as errors again.
     pub retry_errors: bool,
+    /// `--batch`: the model's calls go through its provider's batch interface.
+    pub batch: bool,
+    /// `--no-wait`: a batch-mode call submits its batches and returns.
+    pub no_wait: bool,
 }
 
 /// The default run id: the run name and the current UTC time.
@@ -146,6 +150,8 @@ impl Runner {
             manifest,
             languages: None,
             retry_errors: false,
+            batch: false,
+            no_wait: false,
         })
     }
 
@@ -226,7 +232,20 @@ impl Runner {
         let opts = call::Options {
             retry_errors: self.retry_errors,
         };
-        let stats = call::run_with(&self.store, &self.pipeline.model, provider, opts).await?;
+        let mut model = self.pipeline.model.clone();
+        model.batch |= self.batch;
+        model.batch_no_wait = self.no_wait;
+        let stats = call::run_with(&self.store, &model, provider, opts).await?;
+        if !stats.open_batches.is_empty() {
+            // Submitted, not yet answered (`--no-wait`): the stage stays running, with its
+            // open batches in the manifest, until a later command collects them.
+            if let Some(rec) = self.manifest.stages.get_mut("call") {
+                rec.rows = stats.rows_total;
+                rec.details = stats.details();
+            }
+            self.manifest.save(&self.store).await?;
+            return Ok(stats);
+        }
         // The stage committed a part every couple of seconds: merge them now, while no
         // other stage reads the run.
         crate::storage::compact::compact_calls(&self.store).await?;

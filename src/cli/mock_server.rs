@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::CliError;
-use crate::mock::{AnswerMode, Fault, MockConfig, MockServer, parse_fault_spec};
+use crate::mock::{
+    AnswerMode, BatchConfig, BatchFault, Fault, MockConfig, MockServer, parse_batch_fault,
+    parse_fault_spec,
+};
 
 #[derive(Debug, clap::Args)]
 pub struct MockServerArgs {
@@ -35,6 +38,17 @@ pub struct MockServerArgs {
     /// Seconds sent in `Retry-After` with a 429.
     #[arg(long, default_value_t = 1)]
     pub retry_after: u64,
+    /// Batch API time scale: seconds from a batch's creation until it is final (the real
+    /// APIs take up to 24 hours). OpenAI's files and batches (`/v1/files`, `/v1/batches`)
+    /// answer each line as the synchronous endpoint would, with the same `--fault` draws.
+    #[arg(long, default_value_t = 1.0)]
+    pub batch_secs: f64,
+    /// Inject a batch fault at a rate, e.g. `expire=0.5` (repeatable). Kinds: invalid (the
+    /// batch fails validation), expire (it expires with half of its lines answered),
+    /// poll_error (a retrieve answers 500), cut_results (the first download of a result
+    /// file stops mid-line).
+    #[arg(long = "batch-fault", value_name = "KIND=RATE", value_parser = parse_batch_fault)]
+    pub batch_faults: Vec<(BatchFault, f64)>,
 }
 
 fn parse_fault(s: &str) -> Result<(Fault, f64), String> {
@@ -55,13 +69,25 @@ pub async fn run(a: MockServerArgs) -> Result<(), CliError> {
         },
         retry_after_secs: a.retry_after,
     };
-    let mut server = MockServer::start(a.addr, cfg).await.map_err(|e| {
-        if e.kind() == std::io::ErrorKind::InvalidInput {
-            CliError::BadInput(format!("--fault: {e}"))
-        } else {
-            CliError::Internal(format!("mock-server: {}: {e}", a.addr))
-        }
-    })?;
+    if !(a.batch_secs >= 0.0 && a.batch_secs.is_finite()) {
+        return Err(CliError::BadInput(format!(
+            "--batch-secs {}: must be a number of seconds >= 0",
+            a.batch_secs
+        )));
+    }
+    let batch = BatchConfig {
+        complete_after: Duration::from_secs_f64(a.batch_secs),
+        faults: a.batch_faults,
+    };
+    let mut server = MockServer::start_with(a.addr, cfg, batch)
+        .await
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::InvalidInput {
+                CliError::BadInput(format!("--fault: {e}"))
+            } else {
+                CliError::Internal(format!("mock-server: {}: {e}", a.addr))
+            }
+        })?;
     let mut out = std::io::stdout();
     let _ = writeln!(out, "listening on http://{}", server.addr);
     let _ = out.flush();

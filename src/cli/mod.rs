@@ -210,6 +210,8 @@ pub enum Command {
     Compact(CompactArgs),
     /// List the runs under a folder (default `runs/`): id, created, stages, scorers, rows.
     Runs(runs::RunsArgs),
+    /// A run's stages and the batches a batch-mode call left open (ids, states).
+    Status(runs::StatusArgs),
     /// Start a Ballista scheduler with every evalflow function (the `ballista` feature).
     #[cfg(feature = "ballista")]
     Scheduler(cluster::SchedulerArgs),
@@ -246,6 +248,15 @@ pub struct StageArgs {
     /// on score (and run), a judge scorer's failed judge calls are sent again too.
     #[arg(long)]
     pub retry_errors: bool,
+    /// call and run: send the model's requests through its provider's batch interface
+    /// (OpenAI's Batch API): half the price, results within 24 hours; the same as
+    /// `[model] batch = true` (docs/batch.md).
+    #[arg(long)]
+    pub batch: bool,
+    /// call and run, in batch mode: submit the batches and exit; the next `call` or `run`
+    /// on the root collects them (the manifest lists the open batches).
+    #[arg(long)]
+    pub no_wait: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -276,8 +287,18 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             let mut r = Runner::open(&a.pipeline, Some(&out)).await?;
             r.languages = a.languages.clone();
             r.retry_errors = a.retry_errors;
+            r.batch = a.batch;
+            r.no_wait = a.no_wait;
             eprintln!("run root: {}", r.store.display());
             remember_root(r.store.display());
+            if a.no_wait {
+                r.generate().await?;
+                let s = r.call().await?;
+                if !s.open_batches.is_empty() {
+                    print_open_batches(&s, r.store.display());
+                    return Ok(());
+                }
+            }
             let rows = r.run_all().await?;
             println!("run {} ({})\n", r.manifest.run_id, r.store.display());
             println!("{}", aggregate::render(&rows));
@@ -308,9 +329,16 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Call(mut a) => {
             let retry = std::mem::take(&mut a.retry_errors);
+            let (batch, no_wait) = (std::mem::take(&mut a.batch), std::mem::take(&mut a.no_wait));
             let mut r = open_stage(&a).await?;
             r.retry_errors = retry;
+            r.batch = batch;
+            r.no_wait = no_wait;
             let s = r.call().await?;
+            if !s.open_batches.is_empty() {
+                print_open_batches(&s, r.store.display());
+                return Ok(());
+            }
             println!(
                 "calls: {} rows in {}/calls ({} sent now, {} already committed, {} errors)",
                 s.rows_total,
@@ -379,6 +407,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Compare(a) => compare::run(a).await,
         Command::Plan(a) => plan::run(a).await,
         Command::Runs(a) => runs::run(a).await,
+        Command::Status(a) => runs::status(a).await,
         Command::Compact(a) => {
             let (_, store, manifest) = crate::query::open_run(&a.run).await.map_err(|e| {
                 if e.is_bad_input() {
@@ -493,6 +522,24 @@ pub fn interrupt_requested() -> impl std::future::Future<Output = ()> + Send {
     }
 }
 
+/// What a batch-mode call that did not wait left open.
+fn print_open_batches(s: &crate::stages::call::CallStats, root: &str) {
+    println!(
+        "calls: {} rows in {root}/calls; {} batches open (run the same command again to collect them):",
+        s.rows_total,
+        s.open_batches.len()
+    );
+    for b in &s.open_batches {
+        println!(
+            "  {} (chunk {}): {} requests, {}",
+            b.batch_id.as_deref().unwrap_or("-"),
+            b.chunk,
+            b.requests,
+            b.status.as_deref().unwrap_or("not created")
+        );
+    }
+}
+
 /// Takes the root recorded by the last `run` of this process, if any.
 pub fn take_last_root() -> Option<String> {
     LAST_ROOT.lock().ok().and_then(|mut r| r.take())
@@ -508,6 +555,11 @@ async fn open_stage(a: &StageArgs) -> Result<Runner, CliError> {
     if a.retry_errors {
         return Err(CliError::BadInput(
             "--retry-errors is an option of call, score and run only".into(),
+        ));
+    }
+    if a.batch || a.no_wait {
+        return Err(CliError::BadInput(
+            "--batch and --no-wait are options of call and run only".into(),
         ));
     }
     if a.out.is_none() {

@@ -171,3 +171,60 @@ pub(crate) fn fresh_root(pipeline: &Path) -> Result<String, CliError> {
     }
     Ok(root)
 }
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// The run root (a local path, memory://NAME or s3://bucket/prefix).
+    pub run: String,
+}
+
+/// `evalflow status RUN`: each stage's state and rows, and the batches a batch-mode call
+/// left open (`--no-wait`): their ids, chunks, states and requests.
+pub async fn status(a: StatusArgs) -> Result<(), CliError> {
+    let store = RunStore::open(&a.run).map_err(|e| CliError::BadInput(e.to_string()))?;
+    let m = Manifest::load(&store)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| {
+            CliError::BadInput(format!("{}: no manifest.json: not a run root", a.run))
+        })?;
+    println!("run {} ({})", m.run_id, store.display());
+    for (name, r) in &m.stages {
+        let state = match r.status {
+            StageStatus::Running => "running",
+            StageStatus::Complete => "complete",
+            StageStatus::Failed => "failed",
+        };
+        println!("  {name:<10} {state:<9} {} rows", r.rows);
+    }
+    let open = m
+        .stages
+        .get("call")
+        .and_then(|r| r.details.get("open_batches"))
+        .and_then(serde_json::Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if !open.is_empty() {
+        println!(
+            "open batches ({}; `call` or `run` on this root collects them):",
+            open.len()
+        );
+        for b in &open {
+            let s = |k: &str| {
+                b.get(k)
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or("-")
+                    .to_string()
+            };
+            println!(
+                "  {} (chunk {}): {} requests, {}",
+                s("batch_id"),
+                s("chunk"),
+                b.get("requests")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0),
+                s("status")
+            );
+        }
+    }
+    Ok(())
+}

@@ -42,6 +42,9 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
+mod batch;
+pub use batch::{BatchConfig, BatchFault, parse_batch_fault};
+
 use crate::stages::call::http::{CALL_ID_HEADER, REQUEST_HASH_HEADER, SAMPLE_IDX_HEADER};
 use crate::stages::call::vader;
 
@@ -141,6 +144,8 @@ pub struct MockConfig {
 
 struct MockState {
     cfg: MockConfig,
+    batch_cfg: batch::BatchConfig,
+    batches: Mutex<batch::Store>,
     attempts: Mutex<HashMap<(String, i64), u32>>,
     log: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
     seq: AtomicU64,
@@ -160,6 +165,19 @@ impl MockServer {
     /// The bind error, or a request log that cannot be created, or fault rates summing
     /// to more than 1.
     pub async fn start(addr: SocketAddr, cfg: MockConfig) -> std::io::Result<MockServer> {
+        Self::start_with(addr, cfg, BatchConfig::default()).await
+    }
+
+    /// [`Self::start`] with the batch interfaces' time scale and faults.
+    ///
+    /// # Errors
+    /// As [`Self::start`], and batch fault rates outside [0, 1].
+    pub async fn start_with(
+        addr: SocketAddr,
+        cfg: MockConfig,
+        batch_cfg: BatchConfig,
+    ) -> std::io::Result<MockServer> {
+        batch_cfg.check()?;
         let total: f64 = cfg.faults.iter().map(|f| f.1).sum();
         if total > 1.0 + 1e-9 {
             return Err(std::io::Error::new(
@@ -181,6 +199,8 @@ impl MockServer {
         let addr = listener.local_addr()?;
         let state = Arc::new(MockState {
             cfg,
+            batch_cfg,
+            batches: Mutex::new(batch::Store::default()),
             attempts: Mutex::new(HashMap::new()),
             log,
             seq: AtomicU64::new(0),
@@ -190,6 +210,7 @@ impl MockServer {
             .route("/chat/completions", post(openai))
             .route("/v1/messages", post(anthropic))
             .route("/messages", post(anthropic))
+            .merge(batch::routes())
             .with_state(state.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(
@@ -368,13 +389,10 @@ impl MockState {
         headers: &HeaderMap,
         raw: &[u8],
     ) -> Result<Incoming, Box<Response>> {
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
         let body: Value = match serde_json::from_slice(raw) {
             Ok(v) => v,
             Err(e) => {
+                self.seq.fetch_add(1, Ordering::Relaxed);
                 return Err(Box::new(error(
                     StatusCode::BAD_REQUEST,
                     "invalid_request_error",
@@ -392,6 +410,24 @@ impl MockState {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
+        let call_id = headers.get(CALL_ID_HEADER).and_then(|v| v.to_str().ok());
+        Ok(self.receive_parsed(path, hash, sample, call_id, body))
+    }
+
+    /// [`Self::receive`] of a request already read: its hash, sample index, call id and
+    /// body (a batch line's, which has no headers). Draws the fault and logs the request.
+    fn receive_parsed(
+        &self,
+        path: &str,
+        hash: String,
+        sample: i64,
+        call_id: Option<&str>,
+        body: Value,
+    ) -> Incoming {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
         let attempt = {
             let mut m = self.attempts.lock().unwrap();
             let n = m.entry((hash.clone(), sample)).or_insert(0);
@@ -437,7 +473,7 @@ impl MockState {
                 "path": path,
                 "request_hash": inc.hash,
                 "sample_idx": inc.sample,
-                "call_id": headers.get(CALL_ID_HEADER).and_then(|v| v.to_str().ok()),
+                "call_id": call_id,
                 "attempt": inc.attempt,
                 "fault": inc.fault.map(Fault::name),
                 "model": inc.body.get("model"),
@@ -451,7 +487,7 @@ impl MockState {
             let _ = writeln!(w, "{line}");
             let _ = w.flush();
         }
-        Ok(inc)
+        inc
     }
 
     /// The answer text for a request, and the last user message it came from.
@@ -602,6 +638,12 @@ async fn openai(
     if let Some(r) = common_fault(&st, &inc, &conn).await {
         return r;
     }
+    axum::Json(openai_json(&st, &inc)).into_response()
+}
+
+/// The chat completion a request that drew no transport fault gets (an `empty_length` or
+/// `truncated` one included), as the synchronous endpoint and a batch line give it.
+fn openai_json(st: &MockState, inc: &Incoming) -> Value {
     let (prompt_tokens, completion, reasoning) = inc.usage().unwrap_or_default();
     let answer = &inc.answer;
     let (content, finish, reasoning_text) = match inc.fault {
@@ -623,7 +665,7 @@ async fn openai(
     if let Some(r) = reasoning_text {
         message["reasoning_content"] = json!(r);
     }
-    axum::Json(json!({
+    json!({
         "id": format!("chatcmpl-mock-{}-{}-{}", &inc.hash[..inc.hash.len().min(12)], inc.sample, inc.attempt),
         "object": "chat.completion",
         "created": 0,
@@ -636,8 +678,7 @@ async fn openai(
             "total_tokens": prompt_tokens + completion,
             "completion_tokens_details": {"reasoning_tokens": reasoning}
         }
-    }))
-    .into_response()
+    })
 }
 
 async fn anthropic(

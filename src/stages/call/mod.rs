@@ -10,6 +10,7 @@
 //! a new run root free.
 
 pub mod anthropic;
+pub mod batch;
 pub mod cache;
 pub mod deadline;
 pub mod http;
@@ -50,6 +51,9 @@ pub enum CallError {
     Query(#[from] crate::query::QueryError),
     #[error("model.provider: `{0}` cannot be built: {1}")]
     Provider(String, String),
+    /// Batch mode failed (stages/call/batch/).
+    #[error(transparent)]
+    Batch(#[from] batch::BatchError),
     /// The call journal could not be written or read.
     #[error("{path}: call journal: {source}")]
     Journal {
@@ -67,6 +71,7 @@ impl CallError {
             CallError::Provider(..) => true,
             CallError::Query(e) => e.is_bad_input(),
             CallError::Storage(e) => e.is_bad_input(),
+            CallError::Batch(e) => e.is_bad_input(),
             CallError::Journal { .. } => false,
         }
     }
@@ -457,6 +462,20 @@ pub struct CallStats {
     pub prompt_tokens: i64,
     pub completion_tokens: i64,
     pub reasoning_tokens: i64,
+    /// Batch mode: batches created in this session.
+    pub batches_created: u64,
+    /// Batch mode: batches whose results were committed in this session.
+    pub batches_collected: u64,
+    /// Batch mode: lines of this session's batches to be sent again in a later batch.
+    pub batch_retries: u64,
+    /// Batch mode: the batches not yet collected (`--no-wait`).
+    pub open_batches: Vec<batch::OpenBatch>,
+    /// Committed tokens of rows that came through a batch (billed at half price).
+    pub batch_prompt_tokens: i64,
+    pub batch_completion_tokens: i64,
+    /// The committed rows' cost in dollars under `[model] price`, with the batch discount,
+    /// and what it would have cost without it.
+    pub cost: Option<(f64, f64)>,
 }
 
 impl CallStats {
@@ -474,9 +493,41 @@ impl CallStats {
             ("prompt_tokens".into(), json!(self.prompt_tokens)),
             ("completion_tokens".into(), json!(self.completion_tokens)),
             ("reasoning_tokens".into(), json!(self.reasoning_tokens)),
+            ("batches_created".into(), json!(self.batches_created)),
+            ("batches_collected".into(), json!(self.batches_collected)),
+            ("batch_lines_to_resend".into(), json!(self.batch_retries)),
+            ("open_batches".into(), json!(self.open_batches)),
+            (
+                "batch_prompt_tokens".into(),
+                json!(self.batch_prompt_tokens),
+            ),
+            (
+                "batch_completion_tokens".into(),
+                json!(self.batch_completion_tokens),
+            ),
+            ("cost_usd".into(), json!(self.cost.map(|c| c.0))),
+            (
+                "cost_usd_without_batch_discount".into(),
+                json!(self.cost.map(|c| c.1)),
+            ),
         ])
     }
+
+    /// Prices the committed tokens under `[model] price`: batch rows at half price.
+    pub fn price(&mut self, model: &ModelConfig) {
+        self.cost = model.price.map(|p| {
+            let at = |inp: i64, out: i64| {
+                (inp as f64 * p.input_per_mtok + out as f64 * p.output_per_mtok) / 1e6
+            };
+            let full = at(self.prompt_tokens, self.completion_tokens);
+            let batch = at(self.batch_prompt_tokens, self.batch_completion_tokens);
+            (full - batch * BATCH_DISCOUNT, full)
+        });
+    }
 }
+
+/// The share of the price a batch request saves (OpenAI and Anthropic: half).
+pub const BATCH_DISCOUNT: f64 = 0.5;
 
 /// How often completed calls are committed, bounding the journal's length.
 const COMMIT_EVERY: Duration = Duration::from_secs(2);
@@ -543,6 +594,8 @@ async fn recover(
 async fn committed_totals(store: &RunStore, stats: &mut CallStats) -> Result<(), StorageError> {
     let mut s = store.read_table("calls", Table::Calls).await?;
     let (mut rows, mut errs, mut p, mut c, mut r) = (0u64, 0u64, 0i64, 0i64, 0i64);
+    stats.batch_prompt_tokens = 0;
+    stats.batch_completion_tokens = 0;
     let sum = |b: &RecordBatch, name: &str| -> i64 {
         b.column_by_name(name)
             .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
@@ -559,6 +612,25 @@ async fn committed_totals(store: &RunStore, stats: &mut CallStats) -> Result<(),
         p += sum(&b, "prompt_tokens");
         c += sum(&b, "completion_tokens");
         r += sum(&b, "reasoning_tokens");
+        // Rows that came through a batch carry its id (stages/call/batch/): their tokens
+        // are billed at the batch price.
+        if let Some(bid) = b.column_by_name("batch_id") {
+            let tok = |name: &str| {
+                b.column_by_name(name)
+                    .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+                    .cloned()
+            };
+            let (bp, bc) = (tok("prompt_tokens"), tok("completion_tokens"));
+            for i in (0..b.num_rows()).filter(|i| bid.is_valid(*i)) {
+                let v = |a: &Option<Int64Array>| {
+                    a.as_ref()
+                        .filter(|a| a.is_valid(i))
+                        .map_or(0, |a| a.value(i))
+                };
+                stats.batch_prompt_tokens += v(&bp);
+                stats.batch_completion_tokens += v(&bc);
+            }
+        }
     }
     stats.rows_total = rows;
     stats.error_rows = errs;
@@ -637,6 +709,16 @@ pub async fn run_with(
     stats.retried = retry::finish_pending(store).await?;
     if opts.retry_errors {
         retry::begin(store, &session).await?;
+    }
+    if model.batch {
+        let open = batch::run(store, model, opts, &session, &mut stats).await?;
+        stats.open_batches = open;
+        if opts.retry_errors && stats.open_batches.is_empty() {
+            stats.retried += retry::finish_pending(store).await?;
+        }
+        committed_totals(store, &mut stats).await?;
+        stats.price(model);
+        return Ok(stats);
     }
     // Every request of the suite, and those committed (an estimate of the work for the
     // progress bar; the exact count of skipped calls is known when the stream ends).
@@ -785,6 +867,7 @@ pub async fn run_with(
         stats.retried += retry::finish_pending(store).await?;
     }
     committed_totals(store, &mut stats).await?;
+    stats.price(model);
     Ok(stats)
 }
 

@@ -1,0 +1,593 @@
+//! Batch mode over real HTTP (loopback only) against the mock's Batch API: the same calls,
+//! validity and scores as synchronous calls; SIGKILL-style aborts at every step of a batch's
+//! life, then resume, with no request in two batches; expiry, per-line errors and failed
+//! batches as rows, within the retry budget; `--no-wait`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use evalflow::mock::{AnswerMode, BatchConfig, BatchFault, Fault, MockConfig, MockServer};
+use evalflow::runner::Runner;
+use serde_json::Value;
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// A pipeline with `n_items * 5` unique prompts, K samples, against `base_url`.
+fn pipeline(dir: &Path, name: &str, base_url: &str, n_items: usize, model_extra: &str) -> PathBuf {
+    let items: Vec<String> = (0..n_items).map(|i| format!("\"{i}\"")).collect();
+    let text = format!(
+        r#"[model]
+provider = "openai"
+base_url = "{base_url}"
+name = "mock-model"
+max_tokens = 16
+temperature = 0.0
+samples = 2
+batch_max_requests = 7
+{model_extra}
+
+[suite]
+name = "batchsuite"
+seed = 1
+max_cases_per_test = 100000
+
+[lexicons]
+n = [{items}]
+adj = ["good", "bad", "fine", "awful", "great"]
+
+[[test]]
+name = "items"
+capability = "Vocabulary"
+type = "MFT"
+templates = ["Item {{n}} is {{adj}}."]
+expected = "positive|negative|neutral"
+"#,
+        items = items.join(", ")
+    );
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn mock_cfg(faults: Vec<(Fault, f64)>, log: Option<PathBuf>) -> MockConfig {
+    MockConfig {
+        latency: Duration::ZERO,
+        faults,
+        seed: 7,
+        request_log: log,
+        answer: AnswerMode::Vader,
+        retry_after_secs: 0,
+    }
+}
+
+fn batch_cfg(secs: f64, faults: Vec<(BatchFault, f64)>) -> BatchConfig {
+    BatchConfig {
+        complete_after: Duration::from_secs_f64(secs),
+        faults,
+    }
+}
+
+/// The rows of a query over every Parquet file under `root/dir`, as text.
+async fn table(root: &Path, dir: &str, query: &str) -> String {
+    let ctx = SessionContext::new();
+    let path = root.join(dir);
+    ctx.register_parquet("t", path.to_str().unwrap(), ParquetReadOptions::default())
+        .await
+        .unwrap();
+    let b = ctx.sql(query).await.unwrap().collect().await.unwrap();
+    pretty_format_batches(&b).unwrap().to_string()
+}
+
+/// (call_id, error, attempts, batch_id) of every calls row.
+async fn call_rows(root: &Path) -> Vec<(String, Option<String>, i32, Option<String>)> {
+    let has_parts = std::fs::read_dir(root.join("calls")).is_ok_and(|d| {
+        d.filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy().ends_with(".parquet"))
+    });
+    if !has_parts {
+        return vec![];
+    }
+    let ctx = SessionContext::new();
+    ctx.register_parquet(
+        "t",
+        root.join("calls").to_str().unwrap(),
+        ParquetReadOptions::default(),
+    )
+    .await
+    .unwrap();
+    let b = ctx
+        .sql("SELECT call_id, error, attempts, batch_id FROM t ORDER BY call_id")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::compute::cast;
+    use datafusion::arrow::datatypes::{DataType, Int32Type};
+    let mut out = Vec::new();
+    for b in b {
+        let s = |i: usize| cast(b.column(i), &DataType::Utf8).unwrap();
+        let (ids, errs, bids) = (s(0), s(1), s(3));
+        let (ids, errs, bids) = (
+            ids.as_string::<i32>(),
+            errs.as_string::<i32>(),
+            bids.as_string::<i32>(),
+        );
+        let att = b.column(2).as_primitive::<Int32Type>();
+        for i in 0..b.num_rows() {
+            out.push((
+                ids.value(i).to_string(),
+                errs.is_valid(i).then(|| errs.value(i).to_string()),
+                att.value(i),
+                bids.is_valid(i).then(|| bids.value(i).to_string()),
+            ));
+        }
+    }
+    out
+}
+
+/// The mock's log: custom id -> the batches it went into, and custom id -> lines answered.
+fn batch_log(log: &Path) -> (HashMap<String, Vec<String>>, HashMap<String, u32>) {
+    let mut batches: HashMap<String, Vec<String>> = HashMap::new();
+    let mut answered: HashMap<String, u32> = HashMap::new();
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        match v["path"].as_str() {
+            Some("/v1/batches") => {
+                for id in v["custom_ids"].as_array().unwrap() {
+                    batches
+                        .entry(id.as_str().unwrap().to_string())
+                        .or_default()
+                        .push(v["batch_id"].as_str().unwrap().to_string());
+                }
+            }
+            Some("batch:/v1/chat/completions") => {
+                *answered
+                    .entry(v["call_id"].as_str().unwrap().to_string())
+                    .or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    (batches, answered)
+}
+
+async fn run_all(p: &Path, root: &Path, batch: bool) {
+    let mut r = Runner::open(p, Some(root.to_str().unwrap())).await.unwrap();
+    r.batch = batch;
+    r.run_all().await.unwrap();
+}
+
+/// The same suite synchronously and in batch mode: the same calls (ids, responses, tokens,
+/// finish reasons, statuses, attempts), validity and scores; batch rows name their batch and
+/// every request went into exactly one batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_and_synchronous_runs_give_the_same_calls_validity_and_scores() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let server = MockServer::start_with(
+        loopback(),
+        mock_cfg(vec![], Some(log.clone())),
+        batch_cfg(0.3, vec![]),
+    )
+    .await
+    .unwrap();
+    let price = "price = { input_per_mtok = 1.5, output_per_mtok = 6.0 }";
+    let p = pipeline(dir.path(), "p", &server.base_url(), 4, price);
+    let sync_root = dir.path().join("sync").join("run");
+    let batch_root = dir.path().join("batch").join("run");
+    run_all(&p, &sync_root, false).await;
+    run_all(&p, &batch_root, true).await;
+    let calls_q = "SELECT call_id, case_id, model, provider, sample_idx, request_hash, response, \
+                   response_hash, finish_reason, prompt_tokens, completion_tokens, http_status, \
+                   error, attempts, max_tokens, temperature FROM t ORDER BY call_id";
+    let sync_calls = table(&sync_root, "calls", calls_q).await;
+    assert_eq!(sync_calls.lines().count(), 4 + 40, "40 rows and the frame");
+    assert_eq!(sync_calls, table(&batch_root, "calls", calls_q).await);
+    let v_q =
+        "SELECT call_id, validity, validity_reason, language, answer_chars FROM t ORDER BY call_id";
+    assert_eq!(
+        table(&sync_root, "validity", v_q).await,
+        table(&batch_root, "validity", v_q).await
+    );
+    let s_q = "SELECT call_id, scorer, scoring_version, validity, score, passed FROM t ORDER BY call_id, scorer";
+    // One folder per scorer version.
+    let versions: Vec<String> = std::fs::read_dir(sync_root.join("scores"))
+        .unwrap()
+        .map(|e| format!("scores/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    assert!(!versions.is_empty());
+    for v in &versions {
+        let scores = table(&sync_root, v, s_q).await;
+        assert!(scores.contains("valid_answer"), "{scores}");
+        assert_eq!(scores, table(&batch_root, v, s_q).await, "{v}");
+    }
+
+    let rows = call_rows(&batch_root).await;
+    assert_eq!(rows.len(), 40);
+    let (batches, answered) = batch_log(&log);
+    for (id, err, attempts, bid) in &rows {
+        assert_eq!(err, &None);
+        assert_eq!(*attempts, 1);
+        let b = &batches[id];
+        assert_eq!(b.len(), 1, "{id} went into one batch");
+        assert_eq!(bid.as_deref(), Some(b[0].as_str()), "{id} names its batch");
+        assert_eq!(answered[id], 1);
+    }
+    // The manifest prices the tokens: the batch run at half the synchronous run's cost.
+    let cost = |root: &Path| {
+        let m: Value =
+            serde_json::from_slice(&std::fs::read(root.join("manifest.json")).unwrap()).unwrap();
+        let d = &m["stages"]["call"]["details"];
+        let (p, c) = (
+            d["prompt_tokens"].as_i64().unwrap(),
+            d["completion_tokens"].as_i64().unwrap(),
+        );
+        (
+            d["cost_usd"].as_f64().unwrap(),
+            d["cost_usd_without_batch_discount"].as_f64().unwrap(),
+            (p as f64 * 1.5 + c as f64 * 6.0) / 1e6,
+        )
+    };
+    let (sync_cost, sync_full, expected) = cost(&sync_root);
+    assert!(expected > 0.0);
+    assert_eq!((sync_cost, sync_full), (expected, expected));
+    let (batch_cost, batch_full, batch_expected) = cost(&batch_root);
+    assert_eq!(batch_expected, expected, "the same tokens");
+    assert_eq!(batch_full, expected);
+    assert!(
+        (batch_cost - expected / 2.0).abs() < 1e-12,
+        "{batch_cost} vs {expected}"
+    );
+    // 40 requests in batches of at most 7.
+    let mut distinct: Vec<&String> = batches.values().flatten().collect();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 6);
+}
+
+/// Expiry with half of each batch answered, within a budget of 2 retries: every call has
+/// one row; each row's attempts is the number of batches it went into; the calls that never
+/// got an answer are `batch_expired` errors after exactly 3 batches; validity marks them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_batches_are_sent_again_within_the_retry_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let server = MockServer::start_with(
+        loopback(),
+        mock_cfg(vec![], Some(log.clone())),
+        batch_cfg(0.2, vec![(BatchFault::Expire, 1.0)]),
+    )
+    .await
+    .unwrap();
+    let p = pipeline(dir.path(), "p", &server.base_url(), 4, "max_retries = 2");
+    let root = dir.path().join("run");
+    run_all(&p, &root, true).await;
+    let rows = call_rows(&root).await;
+    assert_eq!(rows.len(), 40, "one row per call");
+    let (batches, answered) = batch_log(&log);
+    let mut errors = 0;
+    for (id, err, attempts, _) in &rows {
+        let n = batches[id].len() as i32;
+        assert_eq!(*attempts, n, "{id}: attempts = batches it went into");
+        assert!(n <= 3, "{id}: within the budget");
+        match err {
+            Some(e) => {
+                errors += 1;
+                assert_eq!(n, 3, "{id}: an error only once the budget is spent");
+                assert!(e.contains("batch_expired"), "{e}");
+                assert!(!answered.contains_key(id), "{id} was never answered");
+            }
+            None => assert_eq!(answered[id], 1, "{id} answered once"),
+        }
+    }
+    // Half of each batch expires, three times over: some calls are left unanswered.
+    assert!(errors > 0 && errors < 40, "{errors}");
+    let v = table(
+        &root,
+        "validity",
+        "SELECT count(*) AS n FROM t WHERE validity = 'provider_error'",
+    )
+    .await;
+    assert_eq!(
+        v.lines()
+            .nth(3)
+            .unwrap()
+            .trim_matches(|c| c == '|' || c == ' '),
+        errors.to_string(),
+        "{v}"
+    );
+}
+
+/// Per-line errors: a 403 (out of credit) is a final error row at its first batch; a 429 is
+/// sent again in a later batch, up to 3 retries; answered calls are answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_line_errors_end_as_the_synchronous_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let server = MockServer::start_with(
+        loopback(),
+        mock_cfg(
+            vec![(Fault::RateLimit, 0.4), (Fault::OutOfCredit, 0.15)],
+            Some(log.clone()),
+        ),
+        batch_cfg(0.1, vec![]),
+    )
+    .await
+    .unwrap();
+    let p = pipeline(dir.path(), "p", &server.base_url(), 6, "max_retries = 3");
+    let root = dir.path().join("run");
+    run_all(&p, &root, true).await;
+    let rows = call_rows(&root).await;
+    assert_eq!(rows.len(), 60);
+    let (batches, answered) = batch_log(&log);
+    let (mut quota, mut limited, mut ok) = (0, 0, 0);
+    for (id, err, attempts, _) in &rows {
+        let n = batches[id].len() as i32;
+        assert_eq!(*attempts, n, "{id}");
+        assert_eq!(
+            answered[id] as i32, n,
+            "{id}: each batch answered its line once"
+        );
+        match err.as_deref() {
+            Some(e) if e.starts_with("HTTP 403") => quota += 1,
+            Some(e) if e.starts_with("HTTP 429") => {
+                assert_eq!(n, 4, "{id}: a rate limit is final after 1 + 3 batches");
+                limited += 1;
+            }
+            Some(e) => panic!("{id}: unexpected error {e}"),
+            None => ok += 1,
+        }
+    }
+    assert!(
+        quota > 0 && ok > 0,
+        "quota {quota} limited {limited} ok {ok}"
+    );
+    assert!(
+        rows.iter().any(|r| r.1.is_none() && r.2 > 1),
+        "some rate-limited call was answered by a later batch"
+    );
+}
+
+/// A batch that fails validation: every request is a final error row naming it, sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_ends_as_error_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let server = MockServer::start_with(
+        loopback(),
+        mock_cfg(vec![], Some(log.clone())),
+        batch_cfg(0.1, vec![(BatchFault::Invalid, 1.0)]),
+    )
+    .await
+    .unwrap();
+    let p = pipeline(dir.path(), "p", &server.base_url(), 2, "");
+    let root = dir.path().join("run");
+    run_all(&p, &root, true).await;
+    let rows = call_rows(&root).await;
+    assert_eq!(rows.len(), 20);
+    let (batches, answered) = batch_log(&log);
+    assert!(answered.is_empty(), "no line of a failed batch runs");
+    for (id, err, attempts, bid) in &rows {
+        let e = err.as_deref().unwrap();
+        assert!(
+            e.contains("failed validation") && e.contains("invalid_request"),
+            "{e}"
+        );
+        assert_eq!(*attempts, 1);
+        assert_eq!(batches[id], vec![bid.clone().unwrap()]);
+    }
+}
+
+/// Polls that answer 500 and result files cut short mid-line: every call is answered
+/// exactly once all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_errors_and_cut_results_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let server = MockServer::start_with(
+        loopback(),
+        mock_cfg(vec![], Some(log.clone())),
+        batch_cfg(
+            0.2,
+            vec![(BatchFault::PollError, 0.5), (BatchFault::CutResults, 1.0)],
+        ),
+    )
+    .await
+    .unwrap();
+    let p = pipeline(dir.path(), "p", &server.base_url(), 3, "");
+    let root = dir.path().join("run");
+    run_all(&p, &root, true).await;
+    let rows = call_rows(&root).await;
+    assert_eq!(rows.len(), 30);
+    let (batches, answered) = batch_log(&log);
+    for (id, err, attempts, _) in &rows {
+        assert_eq!((err.as_deref(), *attempts), (None, 1), "{id}");
+        assert_eq!(batches[id].len(), 1);
+        assert_eq!(answered[id], 1);
+    }
+}
+
+/// `evalflow ARGS` in a child process: this test binary re-run as [`child_evalflow`].
+fn child(args: &[&str], envs: &[(&str, &str)]) -> std::process::Output {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--exact",
+        "child_evalflow",
+        "--nocapture",
+        "--test-threads=1",
+        "-q",
+    ])
+    .env("EVALFLOW_CHILD_ARGS", serde_json::to_string(args).unwrap())
+    .env_remove("EVALFLOW_CRASH_AT");
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+/// Runs the CLI when started by [`child`]; a no-op test otherwise.
+#[test]
+fn child_evalflow() {
+    use clap::Parser;
+    let Ok(args) = std::env::var("EVALFLOW_CHILD_ARGS") else {
+        return;
+    };
+    let args: Vec<String> = serde_json::from_str(&args).unwrap();
+    let cli =
+        evalflow::cli::Cli::try_parse_from(std::iter::once("evalflow".to_string()).chain(args))
+            .unwrap_or_else(|e| {
+                eprintln!("{e}");
+                std::process::exit(2)
+            });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let code = match rt.block_on(evalflow::cli::run(cli)) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            e.exit_code() as i32
+        }
+    };
+    std::process::exit(code);
+}
+
+/// The crash matrix: the process dies (abort, no clean-up) before an upload, after it,
+/// after a create whose id was not recorded, while polling, and during the commit of a
+/// batch's results; a second process resumes. The mock's log shows no request in two
+/// batches and no line answered twice, and every call has its answer exactly once.
+#[test]
+fn a_crash_at_any_step_of_a_batch_never_sends_a_request_twice() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for point in [
+        "before_upload",
+        "after_upload",
+        "after_create",
+        "polling",
+        "during_commit",
+    ] {
+        let log = dir.path().join(format!("{point}.jsonl"));
+        let server = rt
+            .block_on(MockServer::start_with(
+                loopback(),
+                mock_cfg(vec![], Some(log.clone())),
+                batch_cfg(0.2, vec![]),
+            ))
+            .unwrap();
+        let p = pipeline(dir.path(), point, &server.base_url(), 3, "");
+        let root = dir.path().join(point).join("run");
+        let (p, root_s) = (p.to_str().unwrap(), root.to_str().unwrap());
+        let generated = child(&["generate", p, "--out", root_s], &[]);
+        assert!(
+            generated.status.success(),
+            "{}",
+            String::from_utf8_lossy(&generated.stderr)
+        );
+        let crashed = child(
+            &["call", p, "--out", root_s, "--batch"],
+            &[("EVALFLOW_CRASH_AT", point)],
+        );
+        assert!(!crashed.status.success(), "{point}: the process died");
+        let stderr = String::from_utf8_lossy(&crashed.stderr);
+        assert!(
+            stderr.contains(&format!("EVALFLOW_CRASH_AT={point}")),
+            "{point}: {stderr}"
+        );
+        let resumed = child(&["call", p, "--out", root_s, "--batch"], &[]);
+        let stderr = String::from_utf8_lossy(&resumed.stderr);
+        assert!(resumed.status.success(), "{point}: {stderr}");
+        if point == "after_create" {
+            assert!(stderr.contains("found by its metadata"), "{stderr}");
+        }
+        let rows = rt.block_on(call_rows(&root));
+        let (batches, answered) = batch_log(&log);
+        let mut per_id: BTreeMap<&str, usize> = BTreeMap::new();
+        for (id, err, attempts, bid) in &rows {
+            *per_id.entry(id).or_default() += 1;
+            assert_eq!((err.as_deref(), *attempts), (None, 1), "{point}: {id}");
+            assert_eq!(
+                batches[id],
+                vec![bid.clone().unwrap()],
+                "{point}: {id} in one batch"
+            );
+            assert_eq!(answered[id], 1, "{point}: {id} answered once");
+        }
+        assert_eq!(per_id.len(), 30, "{point}: every call");
+        assert!(per_id.values().all(|n| *n == 1), "{point}: one row each");
+        assert_eq!(batches.len(), 30, "{point}: no other request was sent");
+        assert!(
+            std::fs::read_dir(root.join("_journal").join("batches"))
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .all(|e| e.file_name() == "attempts.json"),
+            "{point}: no chunk left in the journal"
+        );
+    }
+}
+
+/// `--no-wait` submits and exits with the batches open in the manifest; the next `call`
+/// collects them.
+#[test]
+fn no_wait_submits_and_the_next_call_collects() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let server = rt
+        .block_on(MockServer::start_with(
+            loopback(),
+            mock_cfg(vec![], Some(log.clone())),
+            batch_cfg(1.5, vec![]),
+        ))
+        .unwrap();
+    let p = pipeline(dir.path(), "p", &server.base_url(), 2, "batch = true");
+    let root = dir.path().join("run");
+    let (p, root_s) = (p.to_str().unwrap(), root.to_str().unwrap());
+    assert!(
+        child(&["generate", p, "--out", root_s], &[])
+            .status
+            .success()
+    );
+    let sub = child(&["call", p, "--out", root_s, "--no-wait"], &[]);
+    let out = String::from_utf8_lossy(&sub.stdout);
+    assert!(
+        sub.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sub.stderr)
+    );
+    assert!(out.contains("3 batches open"), "{out}");
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(root.join("manifest.json")).unwrap()).unwrap();
+    let call = &m["stages"]["call"];
+    assert_eq!(call["status"], "running");
+    let open = call["details"]["open_batches"].as_array().unwrap();
+    assert_eq!(open.len(), 3);
+    assert!(
+        open.iter()
+            .all(|b| b["batch_id"].as_str().unwrap().starts_with("batch_"))
+    );
+    assert_eq!(rt.block_on(call_rows(&root)).len(), 0);
+    let col = child(&["call", p, "--out", root_s], &[]);
+    assert!(
+        col.status.success(),
+        "{}",
+        String::from_utf8_lossy(&col.stderr)
+    );
+    let rows = rt.block_on(call_rows(&root));
+    assert_eq!(rows.len(), 20);
+    let (batches, _) = batch_log(&log);
+    assert!(
+        rows.iter()
+            .all(|r| r.1.is_none() && batches[&r.0].len() == 1)
+    );
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(root.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["stages"]["call"]["status"], "complete");
+}
