@@ -35,8 +35,16 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Typ
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-use super::sink::ImportError;
 use crate::storage::{PartWriter, RunStore, StorageError};
+
+/// Errors of the numbering: storage, or a batch not of the shape the sink wrote.
+#[derive(Debug, thiserror::Error)]
+pub enum NumberingError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("numbering samples: {0}")]
+    Shape(String),
+}
 
 /// Buckets of case ids: a bucket's map holds about 1/16 of the (case, model) pairs.
 pub const BUCKETS: usize = 16;
@@ -79,9 +87,9 @@ fn bucket(case_id: &str) -> usize {
 
 /// A 96-bit hex digest (a case id or a fingerprint) as an integer: exact, and a fifth of a
 /// `String`'s memory in a map.
-fn digest(hex: &str) -> Result<u128, ImportError> {
+fn digest(hex: &str) -> Result<u128, NumberingError> {
     u128::from_str_radix(hex, 16)
-        .map_err(|_| ImportError::Writer(format!("numbering samples: `{hex}` is not a digest")))
+        .map_err(|_| NumberingError::Shape(format!("`{hex}` is not a digest")))
 }
 
 /// Writes the narrow keys of staged batches into their buckets.
@@ -104,12 +112,12 @@ impl NarrowWriter {
     }
 
     /// Splits a staging batch's keys by bucket, rows in order.
-    pub async fn write(&mut self, staged: &RecordBatch) -> Result<(), ImportError> {
-        let col = |n: &str| -> Result<ArrayRef, ImportError> {
+    pub async fn write(&mut self, staged: &RecordBatch) -> Result<(), NumberingError> {
+        let col = |n: &str| -> Result<ArrayRef, NumberingError> {
             staged
                 .column_by_name(n)
                 .cloned()
-                .ok_or_else(|| ImportError::Writer(format!("staging batch without `{n}`")))
+                .ok_or_else(|| NumberingError::Shape(format!("staging batch without `{n}`")))
         };
         let narrow = RecordBatch::try_new(
             narrow_schema(),
@@ -121,7 +129,7 @@ impl NarrowWriter {
                 col("file_idx")?,
             ],
         )
-        .map_err(|e| ImportError::Writer(format!("narrow keys: {e}")))?;
+        .map_err(|e| NumberingError::Shape(format!("narrow keys: {e}")))?;
         let cases = narrow.column(1).as_string::<i32>();
         let mut rows: Vec<Vec<u32>> = vec![Vec::new(); BUCKETS];
         for (i, c) in cases.iter().enumerate() {
@@ -135,13 +143,13 @@ impl NarrowWriter {
                 &narrow,
                 &datafusion::arrow::array::UInt32Array::from(r),
             )
-            .map_err(|e| ImportError::Writer(format!("narrow keys: {e}")))?;
+            .map_err(|e| NumberingError::Shape(format!("narrow keys: {e}")))?;
             self.writers[b].write(taken).await?;
         }
         Ok(())
     }
 
-    pub async fn finish(self) -> Result<(), ImportError> {
+    pub async fn finish(self) -> Result<(), NumberingError> {
         for w in self.writers {
             w.finish().await?;
         }
@@ -193,7 +201,7 @@ use futures::TryStreamExt;
 /// `drop_copies`, a record of a later file whose fingerprint an earlier file has as many
 /// times as this record's copy index gets no number (the caller checked that files come
 /// in order). Returns the records dropped.
-pub async fn number_buckets(store: &RunStore, drop_copies: bool) -> Result<u64, ImportError> {
+pub async fn number_buckets(store: &RunStore, drop_copies: bool) -> Result<u64, NumberingError> {
     let mut dropped = 0u64;
     for b in 0..BUCKETS {
         let mut next: HashMap<(u128, u32), i32> = HashMap::new();
@@ -246,7 +254,7 @@ pub async fn number_buckets(store: &RunStore, drop_copies: bool) -> Result<u64, 
                 numbered_schema(),
                 vec![Arc::new(seqs.finish()), Arc::new(samples.finish())],
             )
-            .map_err(|e| ImportError::Writer(format!("numbered samples: {e}")))?;
+            .map_err(|e| NumberingError::Shape(format!("numbered samples: {e}")))?;
             out.write(numbered).await?;
         }
         out.finish().await?;
@@ -265,7 +273,7 @@ pub struct SampleMerge {
 }
 
 impl SampleMerge {
-    pub async fn open(store: &RunStore) -> Result<Self, ImportError> {
+    pub async fn open(store: &RunStore) -> Result<Self, NumberingError> {
         let mut m = SampleMerge {
             streams: Vec::with_capacity(BUCKETS),
             heads: vec![None; BUCKETS],
@@ -280,7 +288,7 @@ impl SampleMerge {
 
     /// Loads bucket `b`'s next batch when its current one is used up, and puts its next
     /// `seq` on the heap.
-    async fn advance(&mut self, b: usize) -> Result<(), ImportError> {
+    async fn advance(&mut self, b: usize) -> Result<(), NumberingError> {
         let used_up = match &self.heads[b] {
             Some((batch, i)) => *i >= batch.num_rows(),
             None => true,
@@ -304,16 +312,16 @@ impl SampleMerge {
 
     /// The sample indices of the staging rows with these `seq`s (ascending, every staged
     /// record's once): NULL for a record dropped as a copy.
-    pub async fn take(&mut self, seqs: &[u64]) -> Result<Int32Array, ImportError> {
+    pub async fn take(&mut self, seqs: &[u64]) -> Result<Int32Array, NumberingError> {
         let mut out = Int32Builder::with_capacity(seqs.len());
         for &want in seqs {
             let Some(Reverse((seq, b))) = self.heap.pop() else {
-                return Err(ImportError::Writer(format!(
+                return Err(NumberingError::Shape(format!(
                     "numbering samples: no number for record {want}"
                 )));
             };
             if seq != want {
-                return Err(ImportError::Writer(format!(
+                return Err(NumberingError::Shape(format!(
                     "numbering samples: record {want} met the number of record {seq}"
                 )));
             }

@@ -72,6 +72,9 @@ pub enum ImportError {
     Query(#[from] QueryError),
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// Numbering the samples of records that name none.
+    #[error(transparent)]
+    Numbering(#[from] numbering::NumberingError),
     /// A record the sources reader could not read.
     #[error(transparent)]
     Source(#[from] super::ImportError),
@@ -118,7 +121,7 @@ impl ImportError {
             | ImportError::Duplicate { .. }
             | ImportError::ConflictingExpected { .. }
             | ImportError::NoCluster { .. } => true,
-            ImportError::Writer(_) => false,
+            ImportError::Writer(_) | ImportError::Numbering(_) => false,
         }
     }
 }
