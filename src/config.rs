@@ -122,3 +122,41 @@ pub struct JudgeQuestion {
     pub id: String,
     pub text: String,
 }
+
+/// `file:line`, or `file` when the line is not known (0): never "nope.toml:0".
+pub fn at(file: &str, line: usize) -> String {
+    if line == 0 {
+        file.to_string()
+    } else {
+        format!("{file}:{line}")
+    }
+}
+
+/// A scorer's identity: its name and a version that changes whenever its logic or cue
+/// lists change.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ScorerId {
+    pub name: String,
+    pub version: String,
+}
+
+impl ScorerId {
+    /// `<name>@<version>`.
+    pub fn tag(&self) -> String {
+        format!("{}@{}", self.name, self.version)
+    }
+
+    /// The folder under the run root: `scores/<name>@<version>`.
+    pub fn dir(&self) -> String {
+        format!("scores/{}", self.tag())
+    }
+
+    /// Parses `name@version`.
+    pub fn parse(tag: &str) -> Option<ScorerId> {
+        let (n, v) = tag.split_once('@')?;
+        Some(ScorerId {
+            name: n.to_string(),
+            version: v.to_string(),
+        })
+    }
+}

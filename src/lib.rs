@@ -21,5 +21,6 @@ pub mod stages;
 pub mod storage;
 pub mod udaf;
 pub mod vader;
+pub mod validity;
 
 pub use udaf::register_all;

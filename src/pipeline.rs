@@ -38,34 +38,8 @@ pub enum PipelineError {
     },
 }
 
-/// `file:line`, or `file` when the line is not known (0): never "nope.toml:0".
-pub(crate) fn at(file: &str, line: usize) -> String {
-    if line == 0 {
-        file.to_string()
-    } else {
-        format!("{file}:{line}")
-    }
-}
-
-/// A user scorer's [`DefError`](crate::stages::score::user::DefError) as a message that
-/// names only what is known: no `:0` line, no "scorer `?`" or "field `?`" (the scorer
-/// engine's own Display is part of its versioned logic, so the wording is made here).
-pub fn def_message(e: &crate::stages::score::user::DefError) -> String {
-    let named = |what: &str, name: &str| {
-        if name.is_empty() || name == "?" {
-            String::new()
-        } else {
-            format!("{what} `{name}`: ")
-        }
-    };
-    format!(
-        "{}: {}{}{}",
-        at(&e.file, e.line),
-        named("scorer", &e.scorer),
-        named("field", &e.field),
-        e.msg
-    )
-}
+pub(crate) use crate::config::at;
+pub use crate::stages::score::def_message;
 
 /// A parsed pipeline file.
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -23,9 +23,8 @@ use crate::storage::{RunStore, StorageError};
 use crate::udaf::dictionary_keys::DictionaryClusterKeys;
 use crate::udaf::single_phase::SinglePhaseClustered;
 
-/// The start of the message of a plan refused by `--cluster` (a table or function the
-/// cluster lacks): bad input, exit 2.
-pub const NOT_ON_CLUSTER: &str = "cannot run on the cluster";
+#[cfg(feature = "ballista")]
+pub use crate::cluster::NOT_ON_CLUSTER;
 
 /// Errors while registering or running queries.
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +71,10 @@ impl QueryError {
             QueryError::Storage(e) => e.is_bad_input(),
             QueryError::Memory { .. } => true,
             // A plan the cluster cannot run (a table or function it lacks) is the user's.
+            #[cfg(feature = "ballista")]
             QueryError::DataFusion { source, .. } => source.to_string().contains(NOT_ON_CLUSTER),
+            #[cfg(not(feature = "ballista"))]
+            QueryError::DataFusion { .. } => false,
         }
     }
 }
@@ -105,6 +107,11 @@ static RESOURCES: std::sync::RwLock<Option<Resources>> = std::sync::RwLock::new(
 pub fn resources() -> Resources {
     RESOURCES.read().ok().and_then(|r| *r).unwrap_or_default()
 }
+
+/// Whether the memory limit was given explicitly (`--memory-limit`, or the Python verbs'
+/// `memory_limit=`): it then wins over a pipeline's `[run] memory_limit`.
+pub static MEMORY_LIMIT_GIVEN: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// Sets the resources every later context gets (the CLI does, once, before any query).
 pub fn set_resources(r: Resources) {
@@ -534,7 +541,7 @@ pub async fn register_tables(
 pub async fn register_scores_of(
     ctx: &SessionContext,
     store: &RunStore,
-    scorers: &[&crate::stages::score::ScorerId],
+    scorers: &[&crate::config::ScorerId],
 ) -> Result<(), QueryError> {
     crate::storage::compact::finish_pending(store).await?;
     store.register_with(ctx);

@@ -88,7 +88,7 @@ impl Runner {
     pub async fn open(pipeline_path: &Path, out: Option<&str>) -> Result<Self, RunError> {
         let pipeline = Pipeline::load(pipeline_path)?;
         if let Ok(Some(limit)) = pipeline.run.memory_limit_bytes()
-            && !crate::cli::MEMORY_LIMIT_FLAG.load(std::sync::atomic::Ordering::Relaxed)
+            && !crate::query::MEMORY_LIMIT_GIVEN.load(std::sync::atomic::Ordering::Relaxed)
         {
             crate::query::set_resources(crate::query::Resources {
                 memory_limit: limit,

@@ -986,18 +986,17 @@ fn functions_reference_labels_the_cr2_example() {
     assert_eq!(vals[0], vals[1], "equal cluster sizes: CR2 = CR1 ({row})");
 }
 
-/// README documents a judge scorer's own `model = {...}` table, and the example parses into
-/// that model.
+/// docs/scorers.md documents a judge scorer's own `model = {...}` table, and the example parses
+/// into that model.
 #[test]
-fn readme_documents_the_judge_scorer_model_table() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let block = readme
-        .split("## Writing your own scorer")
+fn scorer_docs_document_the_judge_scorer_model_table() {
+    let doc = std::fs::read_to_string(repo().join("docs/scorers.md")).unwrap();
+    let block = doc
+        .split("```toml\n")
         .nth(1)
-        .and_then(|s| s.split("```toml\n").nth(1))
         .and_then(|b| b.split("```").next())
         .unwrap();
-    let defs = evalflow::stages::score::user::parse_text(block, "README.md").unwrap();
+    let defs = evalflow::stages::score::user::parse_text(block, "docs/scorers.md").unwrap();
     let judge = defs.iter().find(|d| d.kind.as_str() == "judge").unwrap();
     let model = judge
         .model

@@ -886,20 +886,16 @@ fn support_bot_scorer_file_loads() {
     }
 }
 
-/// README's examples ("Writing your own scorer") parse and compile, one per kind.
+/// The examples of docs/scorers.md parse and compile, one per kind.
 #[test]
-fn readme_examples_compile() {
-    let readme = include_str!("../README.md");
-    let section = readme
-        .split("## Writing your own scorer")
-        .nth(1)
-        .expect("README has the section");
-    let block = section
+fn scorer_docs_examples_compile() {
+    let doc = include_str!("../docs/scorers.md");
+    let block = doc
         .split("```toml\n")
         .nth(1)
         .and_then(|b| b.split("```").next())
         .unwrap();
-    let d = user::parse_text(block, "README.md").unwrap();
+    let d = user::parse_text(block, "docs/scorers.md").unwrap();
     let kinds: std::collections::BTreeSet<&str> = d.iter().map(|x| x.kind.as_str()).collect();
     assert_eq!(
         kinds.into_iter().collect::<Vec<_>>(),

@@ -1,6 +1,6 @@
 //! `evalflow scheduler` and `evalflow executor`: the processes of a Ballista cluster, from
 //! this binary so that every evalflow function is registered on them (the `ballista`
-//! feature; README, "Running on a cluster").
+//! feature; docs/cluster.md).
 
 use std::path::PathBuf;
 

@@ -97,7 +97,7 @@ impl Cli {
         let mut r = crate::query::resources();
         if let Some(m) = self.memory_limit {
             r.memory_limit = m;
-            MEMORY_LIMIT_FLAG.store(true, std::sync::atomic::Ordering::Relaxed);
+            crate::query::MEMORY_LIMIT_GIVEN.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         if let Some(t) = self.threads {
             r.threads = t as usize;
@@ -157,10 +157,6 @@ impl Cli {
         }
     }
 }
-
-/// Whether `--memory-limit` was given (it wins over a pipeline's `[run] memory_limit`).
-pub static MEMORY_LIMIT_FLAG: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
 
 #[derive(Debug, Subcommand)]
 pub enum Command {

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 
 use super::{CliError, internal};
 use crate::query::{open_run, text_rows};
+use crate::report::Prevalence;
 use crate::stages::aggregate::{self, render_table};
 use crate::stages::score::{self, ScorerId};
 use crate::storage::RunStore;
@@ -59,20 +60,6 @@ pub struct ReportArgs {
     pub judge_unit: Option<String>,
     #[command(flatten)]
     pub cluster: super::ClusterArg,
-}
-
-/// One class's raw and corrected prevalence.
-#[derive(Debug, Clone)]
-pub struct Prevalence {
-    pub class: String,
-    pub pos: u64,
-    pub n: u64,
-    pub tp: u64,
-    pub fn_: u64,
-    pub tn: u64,
-    pub fp: u64,
-    /// `[estimate, se, lo, hi]` from `rogan_gladen_ci`; None when sens + spec <= 1.
-    pub corrected: Option<[f64; 4]>,
 }
 
 /// Corrects each class's rate among the run's valid scored rows of `scorer` using the

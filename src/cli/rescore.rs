@@ -31,7 +31,7 @@ pub struct RescoreArgs {
     /// scorer, a `[[scorer]]` of the run's pipeline, or one of `--scorer-file`.
     #[arg(long, required_unless_present = "scorer_file")]
     pub scorer: Option<String>,
-    /// A scorer file (TOML `[[scorer]]` tables, see README "Writing your own scorer"); with
+    /// A scorer file (TOML `[[scorer]]` tables, see docs/scorers.md); with
     /// several scorers in it, `--scorer NAME` picks one.
     #[arg(long)]
     pub scorer_file: Option<PathBuf>,
@@ -50,7 +50,7 @@ pub struct RescoreArgs {
 fn from_file(a: &RescoreArgs, file: &std::path::Path) -> Result<user::ScorerDef, CliError> {
     let defs = user::parse_file(file)
         .and_then(|d| score::sql_check::check_defs(&d).map(|()| d))
-        .map_err(|e| CliError::BadInput(crate::pipeline::def_message(&e)))?;
+        .map_err(|e| CliError::BadInput(crate::stages::score::def_message(&e)))?;
     let names: Vec<&str> = defs.iter().map(|d| d.name.as_str()).collect();
     match &a.scorer {
         Some(spec) => {

@@ -61,7 +61,9 @@ impl ClusterError {
     }
 }
 
-pub use crate::query::NOT_ON_CLUSTER;
+/// The start of the message of a plan refused by `--cluster` (a table or function the
+/// cluster lacks): bad input, exit 2 ([`crate::query::QueryError::is_bad_input`]).
+pub const NOT_ON_CLUSTER: &str = "cannot run on the cluster";
 
 /// A scheduler address as given to `--cluster`: `df://HOST:PORT` (the port defaults to
 /// Ballista's 50050).

@@ -12,11 +12,25 @@
 pub mod html;
 pub mod plots;
 
-use crate::cli::report::Prevalence;
 use crate::query::{QueryError, new_context, register_run, text_rows};
 use crate::stages::aggregate::{ALL_VERDICTS, ResultRow};
 use crate::stages::score::{MetricKind, ScorerId};
 use crate::storage::{Manifest, RunStore, StageStatus, StorageError};
+
+/// One class's raw and corrected prevalence (the holdout section of the report and
+/// `evalflow report --holdout`).
+#[derive(Debug, Clone)]
+pub struct Prevalence {
+    pub class: String,
+    pub pos: u64,
+    pub n: u64,
+    pub tp: u64,
+    pub fn_: u64,
+    pub tn: u64,
+    pub fp: u64,
+    /// `[estimate, se, lo, hi]` from `rogan_gladen_ci`; None when sens + spec <= 1.
+    pub corrected: Option<[f64; 4]>,
+}
 
 /// Errors while building or writing a report.
 #[derive(Debug, thiserror::Error)]

@@ -26,11 +26,11 @@ use datafusion::arrow::datatypes::DataType;
 use crate::query::{Batches, QueryError, new_context, text_rows};
 use crate::schema::Table;
 use crate::stages::score::{JUDGE_VERDICTS, MetricKind, ScorerId};
-use crate::stages::validate::VERDICTS;
 use crate::storage::RunStore;
 use crate::udaf::cluster_interval::{IntervalSpec, summary_interval};
 use crate::udaf::cluster_summary::ClusterSummary;
 use crate::udaf::common::Moments;
+use crate::validity::VERDICTS;
 
 /// Every verdict a scores row can carry, in the order of the results columns: the
 /// validator's six, then the judge scorer's two.

@@ -43,238 +43,28 @@ use statrs::function::gamma::ln_gamma;
 use super::cluster_summary::ClusterSummary;
 use super::common::{Moments, finite, normal_z, two_sided_p};
 
-/// Which method to use when, with the coverage table of `benches/coverage.rs`; rendered
-/// under `clustered_mean_ci` in docs/functions.md.
-pub const METHOD_GUIDE: &str = r#"**Which method when**
+/// Which method to use when, one row per method, with the coverage of `benches/coverage.rs`;
+/// rendered under `clustered_mean_ci` in docs/functions.md. The derivations and every
+/// simulation table are in docs/intervals.md.
+pub const METHOD_GUIDE: &str = r#"**Which method when** (coverage of a nominal 95% interval and the
+widest mean width against the oracle's, from 20 templates or more: rare pass/fail rates near
+0.05 and paired pass/fail differences, 2,000 simulated evals per design; derivations and
+every table in [intervals.md](intervals.md))
 
-- `auto` (the default): `cr2_score` for pass/fail scores, `cr2` for any other score; for `paired_diff_clustered`, `cr2_score` when every a and b is 0 or 1 and `cr2_ri` otherwise (averaged samples, judge scores). Use it unless you must match another tool.
-- `cr2_score`: pass/fail rates. The clustered score interval: the CR2 variance V is split into the binomial part p (1 - p) / n and a between-template part B = V - p (1 - p) / n, and each bound is the outermost rate p0 on its side of p with (p - p0)^2 <= t^2 (p0 (1 - p0) / n + B max(r, r^1.25)), r = p0 (1 - p0) / (p (1 - p)), t the CR2 quantile. For the bound toward 1/2, B becomes B + |1 - 2p| max(0, B_anova - B), B_anova the one-way ANOVA (random-intercept) estimate of the between-template part, which weighs a template by its size n_g where CR2 weighs it by n_g^2: with unequal sizes a few large templates otherwise set both the rate and its variance, and a rate that came out low came with a variance that came out low. The weight |1 - 2p| follows the skewness of a rate's estimate: nothing at 1/2, nearly all of it for rare outcomes. Toward the nearer bound (r <= 1) it is the Wilson interval at the effective size n / deff, with the multiplier |1 - 2p| c + (1 - |1 - 2p|) t, c the quantile of a variance floored at its binomial part: a t quantile on a floored variance counts twice the chance that a few templates make the variance come out low. If the variance estimate is the truth V times U, U ~ chi^2_df / df (the model behind the t quantile), the floored statistic (p - p0) / sqrt(max(kappa V, V U)) has the quantile c of Z / sqrt(max(kappa, U)), with kappa = min(1, 1 / deff) the binomial share; c runs from the normal quantile (no template variance seen) to t (kappa near 0). A CR2 variance below the binomial part (deff < 1) counts on that side too, by the same skewness weight: the design effect there is 1 - |1 - 2p| (1 - max(deff, 1/2)), as a rate that came out far above the truth comes with a variance that came out high, so a variance below the binomial part is seen with rates near or below the truth, whose nearer bound is not the one at risk (floored at the binomial part, rare rates with weak template effects covered 96.2-96.7% from 20 templates; the floor at 1/2 only keeps a width when every template has the same rate). Toward 1/2 the floor does not lighten the tail, as a low rate comes with a low variance (the studentized rate is skewed), so that bound keeps t, and the lighter multiplier counts by the same skewness weight, nothing at 1/2. Toward 1/2 the template part grows faster than p0 (1 - p0), as it does when template effects act on the logit scale (there as about r^1.5 to r^2 in the simulated designs), which the Wilson interval missed for rare outcomes. A bound toward 1/2 whose B is not positive (template effects are not assumed to cancel noise there), or a rate of 0 or 1 (both bounds), gets Wilson at n, never a zero width.
-- `cr2_score` for paired differences of pass/fail pairs (the default of `paired_diff_clustered` for them): Tango's (1998) score interval for paired proportions, with the template variance carried by design effects. With n_pos pairs where d = +1 and n_neg where d = -1, V(d0) = (2 q + d0 (1 - d0)) / n is the variance of the mean difference if the truth were d0, q the share of d = -1 pairs at its maximum likelihood under d0 (closed form); each bound is the outermost d0 with (d - d0)^2 <= t^2 deff V(d0), t the CR2 quantile. V(d0) is smallest near d and grows on both sides, faster on one: the side where a difference that came out low (or high) came with a low variance, which is where the truth escapes. That side, judged by V one naive SE either side of d, takes the design effect of the `cr2_ri` variance (over V(d)), the other side that of the `cr2` variance: the same split as for rates, the size-weighted floor where a low estimate comes with a low variance. It fixes the paired intervals' misses on one side: for rare outcomes with strong template effects `cr2_ri` missed above 5-7% of the time against 2.5%. The test of d = 0 is the score test at 0, a clustered McNemar test: z = d / sqrt(deff (n_pos + n_neg) / n^2), the same rule as the interval, so the verdict and the p-value agree.
-- `cr2_ri`: paired differences of graded scores (the default of `paired_diff_clustered` when a pair is not 0/1): `cr2` with the variance at least the random-intercept model's, MSW / n + sigma_b^2 sum n_g^2 / n^2 from the one-way ANOVA, in the spirit of Morel, Bokossa and Neerchal's floor on the sandwich. It equals `cr2` for equal template sizes; with unequal sizes it keeps the few largest templates from setting the variance alone.
-- `cr2_wilson`: Wilson at the CR2 effective size, an earlier default: narrower for rare outcomes with strong template effects, where it covers only 92-93%.
-- `cr2`: means of graded scores (judge scores, averaged samples); the bias reduction and the degrees of freedom account for few and unequal templates.
-- `wild_bootstrap`: a cross-check of `cr2` (its p-value imposes the null); no better than `cr2` in the simulation, and it costs `reps` x G work per group.
-- `cr1_t`: to match statsmodels and Inspect AI standard errors, with the t(G-1) quantile they omit; it undercovers when template sizes differ.
-- `miller`: evalflow's original interval, kept for comparison; it undercovers below about 40 templates.
-
-**Where the defaults stand against the target** (issue 16: 94-96% from 20 templates, at least 93% at 10, mean width at most 1.15x the oracle's). The tables below have 2,000 replications per cell, so each coverage has a Monte Carlo SE of about 0.5 points, and among 24 cells a method at exactly 95% would show a range of about 94-96%; the figures in parentheses are from numpy re-simulations of the same designs with two fresh seeds: 20,000 replications for rates (`python3 scripts/coverage_sim.py 20000 2026`, then seed 9090; all three rate designs; Monte Carlo SE about 0.15 points), 10,000 for paired differences (`--paired`).
-
-- Pass/fail rates (`cr2_score`): from 20 templates 94.0% to 95.8% with the rate at 0.5 or exactly 0.05 and 94.0% to 96.3% with the rate drawn from [0.04, 0.06] (the 96.3% is 40 templates of 10 at ICC 0.05: 95.5% and 95.7% in numpy), at least 94.8% at 10 templates (all designs, numpy: 94.2% to 96.0% and 94.9%; seed 9090: 94.1% to 96.0% and 95.1%). Mean width at most 1.16x the oracle from 20 templates (numpy 1.17x, 1.15x), all in one design: rare failures with strong template effects and 20 templates of 1 to 50 cases, the only cells above 1.14x. The width ratio of a skewed estimate scatters by about 0.01 between runs of 20,000 replications (the oracle's SD is itself estimated); pooled over 240,000 replications that cell reads 1.150x (SE 0.002) at exactly 0.05 and 1.149x with the rate drawn, at 94.2% and 94.3% coverage (`python3 scripts/coverage_sim.py --pooled 40000 6`): it sits on both limits of the target at once, and meets them with no margin. 1.36x at 10 templates, where the interval has to reach up to cover a skewed estimate (the t(9) quantile alone is 1.15x the normal one).
-- Rare failures (rate near 0.05) with weak template effects (ICC 0.05): 95.0% to 96.0% from 20 templates in numpy (95.0% to 96.3% here). They covered 95.2% to 96.6% (96.3% and 96.8% in this table's previous run) while the bound away from 1/2 floored its variance at the binomial part: with 2 to 4 failures, each in its own template, no template variance is seen whether template effects are weak or strong, so the bound toward 1/2 cannot be narrowed there (with strong effects 12-60% of those samples have the truth above it), but the bound away from 1/2 was as wide as if templates added variance in samples whose CR2 variance said they did not. It now takes that variance as estimated (weighed in by |1 - 2p|, at least half the binomial part), which moved these cells down by up to 1.1 points and the strong-effect cells by at most 0.2. At exactly 0.05 with 20 templates of 10 even plain Wilson at n covers 96.7% of binomial counts (the lattice, `python3 scripts/lattice_coverage.py`): only an interval narrower than Wilson at n in some samples, as this one now is on the side away from 1/2, gets under 96% there.
-- Rare failures with strong template effects (latent ICC 0.3), sizes 1 to 50: 94.1% to 95.7% from 20 templates here (numpy 94.2% to 94.8%; seed 9090: 94.1% to 94.8%). The misses are on the upper side (3.3-3.9% against 2.5%): a low rate comes with a low variance estimate. The same cell at 20 templates is the widest (1.150x pooled); every variant tried that narrows it (growth exponent 1.2 or 1.15, the between part toward 1/2 shrunk by the ANOVA F statistic, a lighter multiplier toward 1/2) costs coverage about one for one: measured on 60,000 replications of it (two seeds), the exponent and the weight of the size-weighted term move along one line of about 0.1 point of coverage per 1-1.6% of width (exponent 1.2: 94.1-94.2% at 1.13x; 1.35: 94.4-94.5% at 1.18x; half the size-weighted term: 93.8-93.9% at 1.12x; 1.5 times it: 94.5-94.6% at 1.18x), and of the variants that could lift its coverage, r^2 growth, twice the size-weighted term and a kurtosis-based degrees of freedom cost more width than the target allows, an Edgeworth skewness correction and a logit-scale bound leave its coverage where it is, and a logit-normal profile-likelihood interval covers less (90-94% in the unequal-size cells) (`python3 scripts/coverage_variants.py`).
-- Outside these designs, larger templates with strong effects leave rare rates short: see *Rare failures that a few templates carry* below (issue 43's extended grid, both sides' misses): with latent ICC 0.05 every cell holds (94.8-95.8%, each side at most 3.5%), with ICC 0.3 or 0.5 from 20 to 100 templates of 50 to 200 cases it does not (83.7-94.5%, the truth above the interval 3.6-14.3% of the time). Not solved.
-- Paired differences of pass/fail pairs, now `cr2_score` by default: 94.2% to 96.3% from 20 templates and at least 94.8% at 10 (94.8% to 95.6% and 94.3%; seed 9090: 94.2% to 95.8% and 94.2%), where `cr2_ri`, the previous default, covers 93.5% to 96.2% and 93.2% (94.0% to 95.6% and 93.1%; 93.5% to 95.8% and 92.5%): `cr2_ri` missed on one side only, above the interval 4-7% of the time against 2.5% for rate 0.1 with strong template effects. The price is width: at most 1.14x the oracle from 20 templates in numpy (1.12x with seed 9090) against `cr2_ri`'s 1.12x (1.11x), and 1.33-1.34x at 10 templates against 1.24x; the width goes where the misses were. This table shows 1.19x for one cell (20 templates of 1 to 50, rate 0.1, ICC 0.3) whose 2,000 replications drew a narrow oracle: `cr2_ri` reads 1.14x there against 1.09x in numpy, and pooled over 240,000 replications `cr2_score` reads 1.137x (SE 0.002) at 94.7% coverage, its misses nearly all above (4.4%) (`--pooled`). `cr2_ri` stays the default for differences of graded scores (averaged samples, judge scores), where no score interval applies.
-
-**Rare failures that a few templates carry (issue 43).** `cr2_score` (what `auto` uses for pass/fail scores) on the extended grid: population rates 0.01, 0.02 and 0.05 (the mean over the template distribution), 20 and 100 templates of 50 or 200 cases, or of 20 to 180 drawn uniformly per template (mean 100), template effects normal on the logit scale at latent ICC 0.05, 0.3 (SD 1.187) and 0.5; 10,000 replications per cell, Monte Carlo SE in parentheses; "truth above" is the share of intervals whose upper bound is below the truth, the one-sided promise a gate "the failure rate is at most X" reads (2.5%). `python3 scripts/coverage_rare.py 10000 43` (numpy, the formulas of `scripts/coverage_sim.py`; about a minute). The issue's cells, 20 templates of 100 cases at ICC 0.3, read 91.6% at 0.02 (truth above 6.8%, below 1.6%, 1.06x) and 92.1% at 0.05 (above 6.2%, below 1.7%, 1.06x) in the same simulation (10,000 replications, seed 1).
-
-| rate | latent ICC | templates x cases | coverage | truth above | truth below | width / oracle |
-|---|---|---|---|---|---|---|
-| 0.01 | 0.05 | 20 x 50 | 95.5% (0.2) | 1.0% (0.1) | 3.5% (0.2) | 1.15x |
-| 0.01 | 0.05 | 20 x 200 | 95.3% (0.2) | 1.8% (0.1) | 2.9% (0.2) | 1.09x |
-| 0.01 | 0.05 | 20 x 20-180 | 95.7% (0.2) | 1.0% (0.1) | 3.3% (0.2) | 1.17x |
-| 0.01 | 0.05 | 100 x 50 | 95.1% (0.2) | 2.0% (0.1) | 3.0% (0.2) | 1.03x |
-| 0.01 | 0.05 | 100 x 200 | 95.0% (0.2) | 2.5% (0.2) | 2.5% (0.2) | 1.01x |
-| 0.01 | 0.05 | 100 x 20-180 | 94.8% (0.2) | 2.2% (0.1) | 3.0% (0.2) | 1.02x |
-| 0.01 | 0.3 | 20 x 50 | 93.9% (0.2) | 3.6% (0.2) | 2.5% (0.2) | 1.12x |
-| 0.01 | 0.3 | 20 x 200 | 90.9% (0.3) | 7.4% (0.3) | 1.8% (0.1) | 1.05x |
-| 0.01 | 0.3 | 20 x 20-180 | 93.3% (0.3) | 4.7% (0.2) | 2.0% (0.1) | 1.16x |
-| 0.01 | 0.3 | 100 x 50 | 93.9% (0.2) | 3.7% (0.2) | 2.4% (0.2) | 1.01x |
-| 0.01 | 0.3 | 100 x 200 | 93.5% (0.2) | 5.0% (0.2) | 1.5% (0.1) | 1.01x |
-| 0.01 | 0.3 | 100 x 20-180 | 94.3% (0.2) | 4.0% (0.2) | 1.7% (0.1) | 1.04x |
-| 0.01 | 0.5 | 20 x 50 | 88.2% (0.3) | 9.5% (0.3) | 2.3% (0.2) | 1.06x |
-| 0.01 | 0.5 | 20 x 200 | 83.7% (0.4) | 14.3% (0.4) | 2.0% (0.1) | 1.02x |
-| 0.01 | 0.5 | 20 x 20-180 | 87.3% (0.3) | 10.5% (0.3) | 2.2% (0.1) | 1.14x |
-| 0.01 | 0.5 | 100 x 50 | 91.3% (0.3) | 6.7% (0.3) | 1.9% (0.1) | 1.01x |
-| 0.01 | 0.5 | 100 x 200 | 89.7% (0.3) | 8.8% (0.3) | 1.6% (0.1) | 1.00x |
-| 0.01 | 0.5 | 100 x 20-180 | 91.1% (0.3) | 7.0% (0.3) | 1.9% (0.1) | 1.04x |
-| 0.02 | 0.05 | 20 x 50 | 95.8% (0.2) | 1.2% (0.1) | 3.0% (0.2) | 1.10x |
-| 0.02 | 0.05 | 20 x 200 | 95.2% (0.2) | 2.6% (0.2) | 2.3% (0.1) | 1.06x |
-| 0.02 | 0.05 | 20 x 20-180 | 95.5% (0.2) | 1.4% (0.1) | 3.1% (0.2) | 1.11x |
-| 0.02 | 0.05 | 100 x 50 | 95.2% (0.2) | 2.1% (0.1) | 2.7% (0.2) | 1.02x |
-| 0.02 | 0.05 | 100 x 200 | 95.1% (0.2) | 2.6% (0.2) | 2.3% (0.1) | 1.01x |
-| 0.02 | 0.05 | 100 x 20-180 | 95.5% (0.2) | 2.1% (0.1) | 2.5% (0.2) | 1.03x |
-| 0.02 | 0.3 | 20 x 50 | 92.8% (0.3) | 5.0% (0.2) | 2.1% (0.1) | 1.09x |
-| 0.02 | 0.3 | 20 x 200 | 91.2% (0.3) | 7.4% (0.3) | 1.4% (0.1) | 1.07x |
-| 0.02 | 0.3 | 20 x 20-180 | 93.0% (0.3) | 5.4% (0.2) | 1.6% (0.1) | 1.13x |
-| 0.02 | 0.3 | 100 x 50 | 93.6% (0.2) | 4.5% (0.2) | 1.9% (0.1) | 1.01x |
-| 0.02 | 0.3 | 100 x 200 | 93.8% (0.2) | 4.8% (0.2) | 1.5% (0.1) | 1.02x |
-| 0.02 | 0.3 | 100 x 20-180 | 94.2% (0.2) | 4.1% (0.2) | 1.7% (0.1) | 1.03x |
-| 0.02 | 0.5 | 20 x 50 | 87.5% (0.3) | 10.6% (0.3) | 2.0% (0.1) | 1.08x |
-| 0.02 | 0.5 | 20 x 200 | 85.2% (0.4) | 13.0% (0.3) | 1.8% (0.1) | 1.06x |
-| 0.02 | 0.5 | 20 x 20-180 | 87.6% (0.3) | 10.7% (0.3) | 1.7% (0.1) | 1.15x |
-| 0.02 | 0.5 | 100 x 50 | 91.8% (0.3) | 6.3% (0.2) | 1.9% (0.1) | 1.02x |
-| 0.02 | 0.5 | 100 x 200 | 90.6% (0.3) | 7.5% (0.3) | 1.8% (0.1) | 1.01x |
-| 0.02 | 0.5 | 100 x 20-180 | 91.8% (0.3) | 6.4% (0.2) | 1.8% (0.1) | 1.06x |
-| 0.05 | 0.05 | 20 x 50 | 95.1% (0.2) | 1.9% (0.1) | 3.0% (0.2) | 1.06x |
-| 0.05 | 0.05 | 20 x 200 | 94.9% (0.2) | 2.8% (0.2) | 2.2% (0.1) | 1.07x |
-| 0.05 | 0.05 | 20 x 20-180 | 95.2% (0.2) | 2.3% (0.2) | 2.5% (0.2) | 1.10x |
-| 0.05 | 0.05 | 100 x 50 | 95.2% (0.2) | 2.4% (0.2) | 2.3% (0.2) | 1.02x |
-| 0.05 | 0.05 | 100 x 200 | 94.9% (0.2) | 2.9% (0.2) | 2.1% (0.1) | 1.01x |
-| 0.05 | 0.05 | 100 x 20-180 | 95.4% (0.2) | 2.4% (0.2) | 2.2% (0.1) | 1.03x |
-| 0.05 | 0.3 | 20 x 50 | 92.7% (0.3) | 5.6% (0.2) | 1.8% (0.1) | 1.07x |
-| 0.05 | 0.3 | 20 x 200 | 92.1% (0.3) | 6.4% (0.2) | 1.6% (0.1) | 1.07x |
-| 0.05 | 0.3 | 20 x 20-180 | 92.6% (0.3) | 5.7% (0.2) | 1.6% (0.1) | 1.10x |
-| 0.05 | 0.3 | 100 x 50 | 94.5% (0.2) | 3.6% (0.2) | 2.0% (0.1) | 1.02x |
-| 0.05 | 0.3 | 100 x 200 | 93.9% (0.2) | 4.4% (0.2) | 1.7% (0.1) | 1.01x |
-| 0.05 | 0.3 | 100 x 20-180 | 94.3% (0.2) | 3.9% (0.2) | 1.8% (0.1) | 1.02x |
-| 0.05 | 0.5 | 20 x 50 | 89.0% (0.3) | 9.0% (0.3) | 2.0% (0.1) | 1.08x |
-| 0.05 | 0.5 | 20 x 200 | 88.7% (0.3) | 9.4% (0.3) | 1.9% (0.1) | 1.09x |
-| 0.05 | 0.5 | 20 x 20-180 | 90.8% (0.3) | 7.7% (0.3) | 1.5% (0.1) | 1.15x |
-| 0.05 | 0.5 | 100 x 50 | 93.9% (0.2) | 4.2% (0.2) | 1.9% (0.1) | 1.04x |
-| 0.05 | 0.5 | 100 x 200 | 93.7% (0.2) | 4.5% (0.2) | 1.8% (0.1) | 1.03x |
-| 0.05 | 0.5 | 100 x 20-180 | 93.8% (0.2) | 4.5% (0.2) | 1.7% (0.1) | 1.05x |
-
-- What holds: with weak template effects (ICC 0.05) every cell covers 94.8-95.8% with each side's miss at most 3.5% (the lower side reaches 3.5% at rate 0.01, 20 templates of 50), at 1.01-1.17x the oracle's width. The side away from 1/2 holds everywhere: the truth is below the interval at most 3.5% of the time in every cell.
-- What does not: with ICC 0.3 the cells cover 90.9-94.5% (truth above 3.6-7.4%), with ICC 0.5 83.7-93.9% (above 4.2-14.3%); 100 templates help but do not close it (93.5-94.5% at ICC 0.3, 89.7-93.9% at 0.5), and larger templates are worse than smaller ones (20 x 200 at ICC 0.5, rate 0.01: 83.7%). The widest cells are 1.17x (rate 0.01, ICC 0.05, 20 templates of 20-180) and 1.16x (rate 0.01, ICC 0.3, the same sizes); every cell is within 1.2x, so the shortfall is coverage, not width.
-- Why: the samples whose upper bound misses look homogeneous. At rate 0.02, ICC 0.3, 20 x 100, they have a mean rate of 0.0095 (half the truth) and a one-way ANOVA intra-template correlation of 0.0045 against a true 0.044 (the estimate's correlation with the rate is 0.65 across samples), with failures in 10.8 of 20 templates, about what a homogeneous rate gives (12.3). An interval that is a function of the per-template counts and sizes, a logit-normal or beta-binomial random-effects fit included, sees no template variance in exactly those samples; only a bound that assumes heterogeneity the sample does not show can cover them, and that bound widens every sample of a weak-effect eval the same way.
-- Tried, none meets the targets (coverage 94-96% with each side at most 3.5% and at most 1.2x the oracle's width in every cell): a faster growth of the between part toward 1/2, r^2 in place of r^1.25 (measured on the 200-case cells at rates 0.01 and 0.05, 10,000 replications), lifts ICC 0.3 by 1.3-2.5 points at 1.09-1.99x the width and leaves ICC 0.5 at 90.4-95.1%; r^3 covers 96.3-98.6% at up to 50x the width (rate 0.01). Adding, toward 1/2, the heterogeneity a homogeneous-looking sample cannot rule out (the one-way ANOVA's upper 95% confidence bound of the variance ratio by the F test, (1 / F_0.05(G-1, N-G) - 1) / n0, grown as r^2; `--candidates`, column `het_add`) brings 20 templates of 50 at ICC 0.3 to 96.8-97.9% but at 1.20-2.65x the width, over-covers ICC 0.05 (95.6-97.5%, the truth above 0.0-2.3%), and leaves 200-case templates at ICC 0.5 at 89.8-95.9%; the same bound taken as a multiple of the estimate (F quantile 0.3) reaches 3.5% above at 20 x 100, ICC 0.3, only at 1.29-1.34x (4,000 replications). `auto` is therefore unchanged.
-
-**Coverage on simulated evals.** `benches/coverage.rs` (2,000 replications per design, bootstrap B = 99, the seed varying by replication; `EVALFLOW_COVERAGE_REPS=2000 EVALFLOW_COVERAGE_BOOT=99 cargo bench --profile dev --bench coverage`, about 10 minutes): G templates of 10 cases or of 1 to 50 cases (drawn per replication), a template effect on the logit scale with intra-template correlation rho (latent scale), population pass rate 0.5, exactly 0.05, or drawn per replication from 201 evenly spaced rates in [0.04, 0.06] (`0.04-0.06`; known exactly in every case). Each cell is the coverage of the nominal 95% interval and, in parentheses, its mean width over the oracle width (2 x 1.96 x the true SD of the estimator's error across replications). `auto` equals `cr2_score` here, as every score is 0 or 1; `cr2_ri` is listed for the comparison, it is meant for differences of graded scores.
-
-Mean of a pass/fail score:
-
-| G, sizes, rho, mean | auto | miller | cr1_t | cr2 | cr2_wilson | cr2_score | wild_bootstrap | cr2_ri | oracle width |
-|---|---|---|---|---|---|---|---|---|---|
-| 5, 10, 0.05, 0.5 | 98.5% (1.31) | 85.3% (0.87) | 94.9% (1.36) | 94.9% (1.36) | 95.2% (1.22) | 98.5% (1.31) | 94.4% (1.50) | 94.9% (1.36) | 0.3189 |
-| 10, 10, 0.05, 0.5 | 97.2% (1.09) | 90.2% (0.91) | 95.0% (1.10) | 95.0% (1.10) | 95.3% (1.06) | 97.2% (1.09) | 94.0% (1.13) | 95.0% (1.10) | 0.2338 |
-| 20, 10, 0.05, 0.5 | 95.2% (1.02) | 91.5% (0.93) | 94.1% (1.02) | 94.1% (1.02) | 94.8% (1.00) | 95.2% (1.02) | 94.2% (1.04) | 94.1% (1.02) | 0.1677 |
-| 40, 10, 0.05, 0.5 | 94.8% (1.02) | 94.0% (0.98) | 94.5% (1.02) | 94.5% (1.02) | 94.7% (1.01) | 94.8% (1.02) | 95.2% (1.04) | 94.5% (1.02) | 0.1152 |
-| 100, 10, 0.05, 0.5 | 94.8% (0.99) | 94.5% (0.98) | 94.7% (0.99) | 94.7% (0.99) | 94.8% (0.99) | 94.8% (0.99) | 94.4% (1.02) | 94.7% (0.99) | 0.0736 |
-| 5, 10, 0.3, 0.5 | 96.5% (1.10) | 84.0% (0.85) | 94.2% (1.34) | 94.2% (1.34) | 95.5% (1.09) | 96.5% (1.10) | 94.2% (1.55) | 94.2% (1.34) | 0.4876 |
-| 10, 10, 0.3, 0.5 | 95.0% (1.01) | 89.5% (0.90) | 93.2% (1.09) | 93.2% (1.09) | 94.8% (1.01) | 95.0% (1.01) | 93.3% (1.13) | 93.2% (1.09) | 0.3498 |
-| 20, 10, 0.3, 0.5 | 95.8% (1.04) | 93.2% (0.99) | 95.5% (1.08) | 95.5% (1.08) | 95.8% (1.04) | 95.8% (1.04) | 95.3% (1.11) | 95.5% (1.08) | 0.2356 |
-| 40, 10, 0.3, 0.5 | 95.4% (1.01) | 93.8% (0.98) | 94.8% (1.03) | 94.8% (1.03) | 95.3% (1.01) | 95.4% (1.01) | 94.8% (1.05) | 94.8% (1.03) | 0.1698 |
-| 100, 10, 0.3, 0.5 | 95.0% (1.02) | 94.5% (1.01) | 95.0% (1.02) | 95.0% (1.02) | 95.0% (1.02) | 95.0% (1.02) | 94.8% (1.05) | 95.0% (1.02) | 0.1057 |
-| 5, 1-50, 0.05, 0.5 | 98.5% (1.43) | 80.2% (0.78) | 91.7% (1.22) | 94.3% (1.53) | 94.8% (1.36) | 98.5% (1.43) | 90.0% (1.57) | 95.2% (1.66) | 0.2651 |
-| 10, 1-50, 0.05, 0.5 | 96.4% (1.17) | 89.0% (0.90) | 93.3% (1.10) | 95.0% (1.19) | 95.2% (1.16) | 96.4% (1.17) | 94.5% (1.25) | 95.8% (1.24) | 0.1850 |
-| 20, 1-50, 0.05, 0.5 | 95.0% (1.06) | 91.8% (0.95) | 94.2% (1.04) | 94.7% (1.07) | 94.8% (1.06) | 95.0% (1.06) | 94.7% (1.11) | 95.7% (1.11) | 0.1321 |
-| 40, 1-50, 0.05, 0.5 | 94.8% (1.03) | 93.3% (0.98) | 94.3% (1.02) | 94.7% (1.04) | 94.8% (1.03) | 94.8% (1.03) | 94.5% (1.07) | 95.1% (1.06) | 0.0924 |
-| 100, 1-50, 0.05, 0.5 | 94.7% (1.00) | 93.8% (0.98) | 94.3% (0.99) | 94.5% (1.00) | 94.7% (1.00) | 94.7% (1.00) | 94.8% (1.02) | 94.9% (1.01) | 0.0597 |
-| 5, 1-50, 0.3, 0.5 | 96.8% (1.15) | 77.8% (0.76) | 89.7% (1.21) | 93.2% (1.52) | 94.5% (1.14) | 96.8% (1.15) | 90.3% (1.75) | 95.1% (1.64) | 0.4922 |
-| 10, 1-50, 0.3, 0.5 | 95.4% (1.06) | 86.7% (0.88) | 92.2% (1.07) | 93.7% (1.16) | 94.7% (1.06) | 95.4% (1.06) | 93.5% (1.28) | 94.8% (1.21) | 0.3557 |
-| 20, 1-50, 0.3, 0.5 | 94.2% (1.02) | 90.9% (0.93) | 93.0% (1.02) | 93.7% (1.06) | 94.0% (1.02) | 94.2% (1.02) | 93.4% (1.12) | 94.4% (1.08) | 0.2527 |
-| 40, 1-50, 0.3, 0.5 | 94.7% (1.00) | 92.9% (0.95) | 94.0% (1.00) | 94.4% (1.01) | 94.7% (1.00) | 94.7% (1.00) | 94.5% (1.05) | 94.8% (1.03) | 0.1800 |
-| 100, 1-50, 0.3, 0.5 | 94.0% (0.98) | 93.2% (0.96) | 93.8% (0.98) | 93.8% (0.98) | 94.0% (0.98) | 94.0% (0.98) | 94.2% (1.01) | 94.2% (0.99) | 0.1144 |
-| 5, 10, 0.05, 0.05 | 97.9% (1.73) | 89.3% (0.81) | 90.6% (1.26) | 90.6% (1.26) | 98.0% (1.59) | 97.9% (1.73) | 90.5% (1.61) | 90.6% (1.26) | 0.1250 |
-| 10, 10, 0.05, 0.05 | 95.2% (1.30) | 87.0% (0.92) | 96.0% (1.11) | 96.0% (1.11) | 96.4% (1.21) | 95.2% (1.30) | 90.9% (1.11) | 96.0% (1.11) | 0.0884 |
-| 20, 10, 0.05, 0.05 | 95.0% (1.12) | 91.6% (0.95) | 92.8% (1.04) | 92.8% (1.04) | 94.2% (1.08) | 95.0% (1.12) | 92.5% (1.05) | 92.8% (1.04) | 0.0625 |
-| 40, 10, 0.05, 0.05 | 95.3% (1.04) | 93.5% (0.96) | 94.0% (1.00) | 94.0% (1.00) | 95.2% (1.02) | 95.3% (1.04) | 93.5% (1.01) | 94.0% (1.00) | 0.0449 |
-| 100, 10, 0.05, 0.05 | 95.5% (1.03) | 94.0% (0.99) | 94.2% (1.01) | 94.2% (1.01) | 95.4% (1.02) | 95.5% (1.03) | 94.1% (1.03) | 94.2% (1.01) | 0.0279 |
-| 5, 10, 0.3, 0.05 | 97.8% (1.55) | 84.4% (0.73) | 85.5% (1.15) | 85.5% (1.15) | 98.3% (1.45) | 97.8% (1.55) | 85.5% (1.31) | 85.5% (1.15) | 0.1575 |
-| 10, 10, 0.3, 0.05 | 94.8% (1.21) | 80.8% (0.84) | 91.7% (1.02) | 91.7% (1.02) | 95.3% (1.14) | 94.8% (1.21) | 84.7% (0.96) | 91.7% (1.02) | 0.1152 |
-| 20, 10, 0.3, 0.05 | 95.1% (1.12) | 88.8% (0.93) | 91.8% (1.01) | 91.8% (1.01) | 93.2% (1.07) | 95.1% (1.12) | 89.5% (0.98) | 91.8% (1.01) | 0.0799 |
-| 40, 10, 0.3, 0.05 | 94.5% (1.08) | 92.0% (0.98) | 92.5% (1.02) | 92.5% (1.02) | 94.2% (1.05) | 94.5% (1.08) | 92.4% (1.01) | 92.5% (1.02) | 0.0555 |
-| 100, 10, 0.3, 0.05 | 94.9% (1.03) | 93.3% (0.99) | 93.8% (1.01) | 93.8% (1.01) | 94.8% (1.02) | 94.9% (1.03) | 93.4% (1.02) | 93.8% (1.01) | 0.0356 |
-| 5, 1-50, 0.05, 0.05 | 96.6% (2.25) | 80.2% (0.77) | 91.7% (1.21) | 94.0% (1.51) | 97.5% (1.76) | 96.6% (2.25) | 90.5% (1.58) | 94.2% (1.67) | 0.0879 |
-| 10, 1-50, 0.05, 0.05 | 96.2% (1.36) | 86.5% (0.87) | 91.5% (1.06) | 93.0% (1.15) | 95.3% (1.21) | 96.2% (1.36) | 92.3% (1.17) | 93.6% (1.22) | 0.0618 |
-| 20, 1-50, 0.05, 0.05 | 95.5% (1.13) | 91.0% (0.93) | 93.7% (1.01) | 94.2% (1.05) | 95.2% (1.07) | 95.5% (1.13) | 94.1% (1.07) | 94.8% (1.10) | 0.0433 |
-| 40, 1-50, 0.05, 0.05 | 95.5% (1.07) | 92.9% (0.97) | 94.1% (1.01) | 94.5% (1.02) | 95.0% (1.03) | 95.5% (1.07) | 94.3% (1.04) | 95.0% (1.07) | 0.0305 |
-| 100, 1-50, 0.05, 0.05 | 95.8% (1.03) | 94.1% (0.98) | 94.5% (1.00) | 94.5% (1.01) | 95.3% (1.01) | 95.8% (1.03) | 94.5% (1.02) | 95.2% (1.03) | 0.0192 |
-| 5, 1-50, 0.3, 0.05 | 97.8% (1.81) | 71.4% (0.64) | 83.0% (1.02) | 86.4% (1.26) | 98.0% (1.46) | 97.8% (1.81) | 84.2% (1.42) | 87.5% (1.39) | 0.1475 |
-| 10, 1-50, 0.3, 0.05 | 95.7% (1.30) | 80.8% (0.77) | 85.3% (0.94) | 86.8% (1.01) | 94.1% (1.09) | 95.7% (1.30) | 86.2% (0.99) | 88.6% (1.10) | 0.1075 |
-| 20, 1-50, 0.3, 0.05 | 95.7% (1.16) | 84.9% (0.88) | 87.2% (0.96) | 88.0% (1.00) | 93.5% (1.04) | 95.7% (1.16) | 87.5% (0.96) | 90.5% (1.06) | 0.0723 |
-| 40, 1-50, 0.3, 0.05 | 94.4% (1.09) | 89.7% (0.93) | 90.5% (0.98) | 90.7% (0.99) | 93.0% (1.01) | 94.4% (1.09) | 90.5% (0.97) | 91.8% (1.04) | 0.0513 |
-| 100, 1-50, 0.3, 0.05 | 94.1% (1.02) | 91.7% (0.95) | 92.3% (0.96) | 92.5% (0.97) | 92.8% (0.98) | 94.1% (1.02) | 91.8% (0.97) | 93.1% (1.00) | 0.0332 |
-| 5, 10, 0.05, 0.04-0.06 | 97.2% (1.76) | 85.3% (0.82) | 90.1% (1.28) | 90.1% (1.28) | 98.5% (1.61) | 97.2% (1.76) | 89.0% (1.61) | 90.1% (1.28) | 0.1232 |
-| 10, 10, 0.05, 0.04-0.06 | 96.2% (1.28) | 87.7% (0.90) | 91.0% (1.09) | 91.0% (1.09) | 97.2% (1.20) | 96.2% (1.28) | 90.2% (1.08) | 91.0% (1.09) | 0.0889 |
-| 20, 10, 0.05, 0.04-0.06 | 95.8% (1.12) | 91.0% (0.95) | 92.5% (1.04) | 92.5% (1.04) | 95.3% (1.08) | 95.8% (1.12) | 92.4% (1.04) | 92.5% (1.04) | 0.0626 |
-| 40, 10, 0.05, 0.04-0.06 | 96.3% (1.10) | 94.2% (1.01) | 95.1% (1.06) | 95.1% (1.06) | 95.7% (1.08) | 96.3% (1.10) | 94.8% (1.07) | 95.1% (1.06) | 0.0427 |
-| 100, 10, 0.05, 0.04-0.06 | 95.6% (1.03) | 94.7% (0.99) | 95.0% (1.01) | 95.0% (1.01) | 95.3% (1.02) | 95.6% (1.03) | 94.8% (1.03) | 95.0% (1.01) | 0.0279 |
-| 5, 10, 0.3, 0.04-0.06 | 97.2% (1.49) | 77.8% (0.71) | 84.0% (1.11) | 84.0% (1.11) | 98.4% (1.39) | 97.2% (1.49) | 83.3% (1.28) | 84.0% (1.11) | 0.1651 |
-| 10, 10, 0.3, 0.04-0.06 | 96.2% (1.22) | 82.5% (0.84) | 86.0% (1.02) | 86.0% (1.02) | 96.8% (1.14) | 96.2% (1.22) | 85.0% (0.96) | 86.0% (1.02) | 0.1111 |
-| 20, 10, 0.3, 0.04-0.06 | 94.8% (1.09) | 87.3% (0.91) | 89.3% (0.99) | 89.3% (0.99) | 94.0% (1.05) | 94.8% (1.09) | 89.0% (0.96) | 89.3% (0.99) | 0.0805 |
-| 40, 10, 0.3, 0.04-0.06 | 94.7% (1.04) | 91.1% (0.95) | 92.0% (0.99) | 92.0% (0.99) | 94.3% (1.01) | 94.7% (1.04) | 91.8% (0.98) | 92.0% (0.99) | 0.0573 |
-| 100, 10, 0.3, 0.04-0.06 | 94.4% (1.02) | 93.8% (0.98) | 94.5% (1.00) | 94.5% (1.00) | 94.5% (1.01) | 94.4% (1.02) | 93.9% (1.00) | 94.5% (1.00) | 0.0359 |
-| 5, 1-50, 0.05, 0.04-0.06 | 96.3% (2.17) | 79.0% (0.74) | 90.4% (1.17) | 93.5% (1.47) | 97.3% (1.69) | 96.3% (2.17) | 90.2% (1.47) | 93.7% (1.63) | 0.0901 |
-| 10, 1-50, 0.05, 0.04-0.06 | 95.5% (1.34) | 85.5% (0.87) | 91.5% (1.05) | 93.0% (1.14) | 95.8% (1.19) | 95.5% (1.34) | 92.0% (1.15) | 93.8% (1.21) | 0.0615 |
-| 20, 1-50, 0.05, 0.04-0.06 | 95.3% (1.12) | 90.1% (0.91) | 92.8% (1.00) | 93.2% (1.03) | 94.4% (1.05) | 95.3% (1.12) | 93.4% (1.05) | 94.2% (1.09) | 0.0440 |
-| 40, 1-50, 0.05, 0.04-0.06 | 95.2% (1.06) | 92.8% (0.96) | 93.7% (1.01) | 93.9% (1.02) | 94.7% (1.03) | 95.2% (1.06) | 94.2% (1.04) | 94.8% (1.06) | 0.0304 |
-| 100, 1-50, 0.05, 0.04-0.06 | 95.3% (1.01) | 93.4% (0.97) | 93.8% (0.99) | 94.0% (0.99) | 95.0% (1.00) | 95.3% (1.01) | 93.7% (1.01) | 94.7% (1.02) | 0.0195 |
-| 5, 1-50, 0.3, 0.04-0.06 | 97.3% (1.80) | 70.6% (0.63) | 82.2% (1.00) | 85.6% (1.26) | 97.3% (1.45) | 97.3% (1.80) | 83.1% (1.42) | 86.8% (1.40) | 0.1542 |
-| 10, 1-50, 0.3, 0.04-0.06 | 95.8% (1.34) | 80.2% (0.79) | 84.9% (0.97) | 86.2% (1.05) | 93.0% (1.13) | 95.8% (1.34) | 85.8% (1.03) | 87.5% (1.12) | 0.1006 |
-| 20, 1-50, 0.3, 0.04-0.06 | 94.1% (1.14) | 84.8% (0.87) | 86.8% (0.95) | 87.4% (0.98) | 92.0% (1.03) | 94.1% (1.14) | 87.6% (0.95) | 89.1% (1.04) | 0.0724 |
-| 40, 1-50, 0.3, 0.04-0.06 | 94.5% (1.06) | 89.5% (0.91) | 91.0% (0.95) | 91.4% (0.97) | 93.0% (0.99) | 94.5% (1.06) | 90.9% (0.95) | 92.3% (1.01) | 0.0527 |
-| 100, 1-50, 0.3, 0.04-0.06 | 94.8% (1.03) | 91.5% (0.96) | 92.2% (0.98) | 92.3% (0.98) | 93.8% (0.99) | 94.8% (1.03) | 92.0% (0.99) | 93.6% (1.01) | 0.0330 |
-
-Summary with the rare rate at exactly 0.05:
-
-| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 20 | worst width / oracle, G = 10 |
+| method | when to use it | rate near 0.05 | paired pass/fail | width / oracle |
 |---|---|---|---|---|
-| auto | 94.0% to 95.8% | 94.8% | 1.16 | 1.36 |
-| miller | 84.9% to 94.5% | 80.8% | 1.01 | 0.92 |
-| cr1_t | 87.2% to 95.5% | 85.3% | 1.08 | 1.11 |
-| cr2 | 88.0% to 95.5% | 86.8% | 1.08 | 1.19 |
-| cr2_wilson | 92.8% to 95.8% | 94.1% | 1.08 | 1.21 |
-| cr2_score | 94.0% to 95.8% | 94.8% | 1.16 | 1.36 |
-| wild_bootstrap | 87.5% to 95.3% | 84.7% | 1.12 | 1.28 |
-| cr2_ri | 90.5% to 95.7% | 88.6% | 1.11 | 1.24 |
+| `auto` | the default: `cr2_score` for 0/1 scores, `cr2` for other means, `cr2_ri` for paired graded scores | 94.0-95.8% | 94.2-96.3% | 1.16, 1.19 |
+| `cr2_score` | pass/fail rates and paired pass/fail pairs (a clustered score interval; Tango's for pairs) | 94.0-95.8% | 94.2-96.3% | 1.16, 1.19 |
+| `cr2_ri` | paired differences of graded scores (`cr2` floored at the random-intercept variance) | 90.5-95.7% | 93.5-96.2% | 1.11, 1.16 |
+| `cr2` | means of graded scores (judge scores, averaged samples) | 88.0-95.5% | 93.5-95.8% | 1.08, 1.11 |
+| `cr2_wilson` | an earlier default: Wilson at the CR2 effective size | 92.8-95.8% | | 1.08 |
+| `wild_bootstrap` | a cross-check of `cr2`; costs `reps` x G work per group | 87.5-95.3% | 93.2-95.9% | 1.12, 1.13 |
+| `cr1_t` | to match statsmodels and Inspect AI (with the t(G-1) quantile they omit) | 87.2-95.5% | 93.2-95.5% | 1.08, 1.10 |
+| `miller` | Miller's clustered SE with a normal quantile, for comparison | 84.9-94.5% | 90.8-95.0% | 1.01, 1.02 |
 
-Summary with the rare rate drawn from [0.04, 0.06]:
-
-| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 20 | worst width / oracle, G = 10 |
-|---|---|---|---|---|
-| auto | 94.0% to 96.3% | 95.0% | 1.14 | 1.34 |
-| miller | 84.8% to 94.7% | 80.2% | 1.01 | 0.91 |
-| cr1_t | 86.8% to 95.5% | 84.9% | 1.08 | 1.10 |
-| cr2 | 87.4% to 95.5% | 86.0% | 1.08 | 1.19 |
-| cr2_wilson | 92.0% to 95.8% | 93.0% | 1.08 | 1.20 |
-| cr2_score | 94.0% to 96.3% | 95.0% | 1.14 | 1.34 |
-| wild_bootstrap | 87.6% to 95.3% | 85.0% | 1.12 | 1.28 |
-| cr2_ri | 89.1% to 95.7% | 86.0% | 1.11 | 1.24 |
-
-Paired difference d = b - a of pass/fail pairs (B's logit shifted by 0.5 plus a template-specific shift, A's rate near the given mean); `auto` is `cr2_score` here, as every pair is 0/1:
-
-| G, sizes, rho, mean A | auto = cr2_score | miller | cr1_t | cr2 | wild_bootstrap | cr2_ri | oracle width |
-|---|---|---|---|---|---|---|---|
-| 5, 10, 0.05, 0.5 | 95.8% (1.43) | 85.5% (0.85) | 95.2% (1.32) | 95.2% (1.32) | 94.6% (1.46) | 95.2% (1.32) | 0.3072 |
-| 10, 10, 0.05, 0.5 | 94.9% (1.17) | 91.5% (0.94) | 94.5% (1.13) | 94.5% (1.13) | 95.0% (1.16) | 94.5% (1.13) | 0.2138 |
-| 20, 10, 0.05, 0.5 | 95.3% (1.06) | 92.8% (0.95) | 95.2% (1.04) | 95.2% (1.04) | 94.9% (1.06) | 95.2% (1.04) | 0.1547 |
-| 40, 10, 0.05, 0.5 | 94.2% (1.00) | 92.8% (0.95) | 94.0% (0.99) | 94.0% (0.99) | 93.9% (1.01) | 94.0% (0.99) | 0.1122 |
-| 100, 10, 0.05, 0.5 | 94.3% (1.01) | 94.0% (0.99) | 94.2% (1.01) | 94.2% (1.01) | 94.5% (1.03) | 94.2% (1.01) | 0.0685 |
-| 5, 10, 0.3, 0.5 | 95.5% (1.46) | 84.1% (0.83) | 94.8% (1.30) | 94.8% (1.30) | 94.2% (1.41) | 94.8% (1.30) | 0.3451 |
-| 10, 10, 0.3, 0.5 | 96.6% (1.19) | 91.0% (0.92) | 96.0% (1.12) | 96.0% (1.12) | 95.5% (1.14) | 96.0% (1.12) | 0.2394 |
-| 20, 10, 0.3, 0.5 | 94.7% (1.05) | 92.7% (0.94) | 94.7% (1.02) | 94.7% (1.02) | 94.2% (1.04) | 94.7% (1.02) | 0.1729 |
-| 40, 10, 0.3, 0.5 | 94.5% (1.04) | 93.7% (0.99) | 94.4% (1.03) | 94.4% (1.03) | 94.9% (1.05) | 94.4% (1.03) | 0.1184 |
-| 100, 10, 0.3, 0.5 | 95.3% (1.04) | 95.0% (1.02) | 95.3% (1.04) | 95.3% (1.04) | 94.8% (1.06) | 95.3% (1.04) | 0.0734 |
-| 5, 1-50, 0.05, 0.5 | 96.3% (1.71) | 81.1% (0.79) | 93.2% (1.24) | 96.1% (1.55) | 91.5% (1.51) | 96.5% (1.69) | 0.2137 |
-| 10, 1-50, 0.05, 0.5 | 95.4% (1.23) | 88.4% (0.89) | 93.2% (1.08) | 95.0% (1.16) | 94.2% (1.19) | 95.7% (1.23) | 0.1492 |
-| 20, 1-50, 0.05, 0.5 | 94.5% (1.10) | 91.2% (0.95) | 93.5% (1.04) | 94.2% (1.07) | 94.2% (1.10) | 94.8% (1.11) | 0.1047 |
-| 40, 1-50, 0.05, 0.5 | 96.2% (1.07) | 94.2% (0.99) | 95.5% (1.04) | 95.8% (1.05) | 95.9% (1.08) | 96.2% (1.08) | 0.0726 |
-| 100, 1-50, 0.05, 0.5 | 95.7% (1.02) | 95.0% (0.99) | 95.3% (1.01) | 95.5% (1.01) | 95.4% (1.03) | 95.9% (1.03) | 0.0465 |
-| 5, 1-50, 0.3, 0.5 | 96.0% (1.74) | 80.1% (0.75) | 92.2% (1.19) | 95.4% (1.50) | 90.2% (1.55) | 96.2% (1.64) | 0.2915 |
-| 10, 1-50, 0.3, 0.5 | 94.9% (1.25) | 87.5% (0.88) | 92.3% (1.07) | 94.2% (1.16) | 93.7% (1.21) | 95.4% (1.22) | 0.2047 |
-| 20, 1-50, 0.3, 0.5 | 95.8% (1.11) | 92.5% (0.94) | 94.2% (1.03) | 94.8% (1.06) | 95.2% (1.10) | 96.0% (1.10) | 0.1442 |
-| 40, 1-50, 0.3, 0.5 | 95.7% (1.09) | 94.3% (1.00) | 95.1% (1.05) | 95.4% (1.07) | 95.3% (1.09) | 95.8% (1.09) | 0.0987 |
-| 100, 1-50, 0.3, 0.5 | 95.5% (1.04) | 94.9% (1.00) | 95.1% (1.02) | 95.2% (1.03) | 95.1% (1.05) | 95.7% (1.04) | 0.0635 |
-| 5, 10, 0.05, 0.1 | 96.3% (1.73) | 88.9% (0.85) | 95.0% (1.33) | 95.0% (1.33) | 92.3% (1.45) | 95.0% (1.33) | 0.2109 |
-| 10, 10, 0.05, 0.1 | 95.3% (1.27) | 90.0% (0.93) | 94.8% (1.13) | 94.8% (1.13) | 94.2% (1.14) | 94.8% (1.13) | 0.1477 |
-| 20, 10, 0.05, 0.1 | 95.8% (1.16) | 93.9% (1.00) | 95.5% (1.10) | 95.5% (1.10) | 95.7% (1.11) | 95.5% (1.10) | 0.1007 |
-| 40, 10, 0.05, 0.1 | 94.5% (1.05) | 93.1% (0.98) | 94.2% (1.02) | 94.2% (1.02) | 94.2% (1.04) | 94.2% (1.02) | 0.0745 |
-| 100, 10, 0.05, 0.1 | 95.0% (1.02) | 94.5% (0.99) | 94.7% (1.01) | 94.7% (1.01) | 95.0% (1.03) | 94.7% (1.01) | 0.0472 |
-| 5, 10, 0.3, 0.1 | 95.9% (1.74) | 85.2% (0.81) | 92.2% (1.27) | 92.2% (1.27) | 88.8% (1.33) | 92.2% (1.27) | 0.2412 |
-| 10, 10, 0.3, 0.1 | 95.2% (1.30) | 89.0% (0.91) | 93.2% (1.10) | 93.2% (1.10) | 92.0% (1.09) | 93.2% (1.10) | 0.1687 |
-| 20, 10, 0.3, 0.1 | 94.5% (1.12) | 91.5% (0.95) | 93.5% (1.04) | 93.5% (1.04) | 93.2% (1.04) | 93.5% (1.04) | 0.1209 |
-| 40, 10, 0.3, 0.1 | 94.3% (1.03) | 92.8% (0.95) | 93.6% (0.99) | 93.6% (0.99) | 93.2% (1.00) | 93.6% (0.99) | 0.0874 |
-| 100, 10, 0.3, 0.1 | 94.2% (0.99) | 93.4% (0.96) | 93.9% (0.97) | 93.9% (0.97) | 94.0% (0.99) | 93.9% (0.97) | 0.0558 |
-| 5, 1-50, 0.05, 0.1 | 96.5% (2.03) | 80.9% (0.78) | 93.2% (1.23) | 95.7% (1.54) | 91.2% (1.54) | 96.2% (1.69) | 0.1467 |
-| 10, 1-50, 0.05, 0.1 | 95.2% (1.29) | 88.5% (0.88) | 93.0% (1.07) | 94.5% (1.15) | 93.7% (1.17) | 95.5% (1.23) | 0.1033 |
-| 20, 1-50, 0.05, 0.1 | 96.3% (1.17) | 93.0% (0.98) | 94.8% (1.07) | 95.6% (1.11) | 95.5% (1.13) | 96.1% (1.16) | 0.0690 |
-| 40, 1-50, 0.05, 0.1 | 95.3% (1.06) | 93.8% (0.97) | 94.8% (1.01) | 95.0% (1.03) | 94.8% (1.05) | 95.6% (1.06) | 0.0504 |
-| 100, 1-50, 0.05, 0.1 | 94.7% (1.00) | 93.8% (0.96) | 94.3% (0.98) | 94.4% (0.98) | 94.7% (1.00) | 94.8% (1.00) | 0.0328 |
-| 5, 1-50, 0.3, 0.1 | 94.9% (2.02) | 75.8% (0.71) | 88.8% (1.13) | 92.2% (1.42) | 87.5% (1.45) | 93.2% (1.57) | 0.2095 |
-| 10, 1-50, 0.3, 0.1 | 94.8% (1.33) | 86.5% (0.84) | 91.2% (1.03) | 92.3% (1.11) | 90.6% (1.11) | 93.8% (1.18) | 0.1479 |
-| 20, 1-50, 0.3, 0.1 | 96.0% (1.19) | 90.8% (0.96) | 93.2% (1.05) | 93.8% (1.09) | 93.5% (1.09) | 95.1% (1.14) | 0.1004 |
-| 40, 1-50, 0.3, 0.1 | 94.5% (1.08) | 92.2% (0.97) | 93.2% (1.01) | 93.5% (1.03) | 93.8% (1.04) | 94.2% (1.06) | 0.0720 |
-| 100, 1-50, 0.3, 0.1 | 94.7% (1.03) | 93.5% (0.99) | 93.8% (1.00) | 94.0% (1.01) | 94.3% (1.03) | 94.5% (1.03) | 0.0462 |
-
-| method | coverage range, G >= 20 | worst coverage, G = 10 | worst width / oracle, G >= 20 | worst width / oracle, G = 10 |
-|---|---|---|---|---|
-| auto = cr2_score | 94.2% to 96.3% | 94.8% | 1.19 | 1.33 |
-| miller | 90.8% to 95.0% | 86.5% | 1.02 | 0.94 |
-| cr1_t | 93.2% to 95.5% | 91.2% | 1.10 | 1.13 |
-| cr2 | 93.5% to 95.8% | 92.3% | 1.11 | 1.16 |
-| wild_bootstrap | 93.2% to 95.9% | 90.6% | 1.13 | 1.21 |
-| cr2_ri | 93.5% to 96.2% | 93.2% | 1.16 | 1.23 |
+Rare rates that a few large templates carry with strong template effects (latent ICC 0.3 or
+more) can still fall short of 95%: see [intervals.md](intervals.md), "Rare failures that a few
+templates carry".
 "#;
 
 /// An interval method for a clustered mean.

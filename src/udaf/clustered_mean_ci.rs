@@ -81,42 +81,15 @@ impl AggSpec for ClusteredMeanCi {
     const DOC: FunctionDoc = FunctionDoc {
         name: "clustered_mean_ci",
         syntax: "clustered_mean_ci(x, cluster [, level [, method [, reps [, seed]]]])",
-        returns: "Struct{n: Int64, n_clusters: Int64, mean: Float64, se: Float64, lo: Float64, hi: Float64, method: Utf8, df: Float64}",
-        summary: "The mean of `x` with a clustered interval at `level` (default 0.95). `method` \
-                  is one of: `'auto'` (the default): `'cr2_score'` when every `x` is 0 or 1 (a \
-                  pass/fail score), `'cr2'` otherwise, the choices whose coverage holds best in \
-                  the simulation below; `'miller'`: Miller's clustered SE (as \
-                  `clustered_se`) and a normal quantile, evalflow's original interval; `'cr1_t'`: \
-                  the CR1 SE (as `clustered_se_cr1`) and a t(G-1) quantile; `'cr2'`: the \
-                  Bell-McCaffrey bias-reduced SE (as `clustered_se_cr2`) and a t quantile at the \
-                  Satterthwaite degrees of freedom 1 / (sum p_g^2 (1 - 2 p_g) / (1 - p_g)^2 + \
-                  (sum p_g^2 / (1 - p_g))^2), p_g = n_g / n (G - 1 for equal clusters); \
-                  `'cr2_wilson'`: for proportions (x in [0, 1]), a Wilson score interval at the \
-                  effective size mean (1 - mean) / se_cr2^2 with the same t quantile, which stays \
-                  in [0, 1] and widens towards 0.5 when the rate is near 0 or 1; \
-                  `'cr2_score'`: for proportions, the clustered score interval: the p0 with \
-                  (mean - p0)^2 <= t^2 V(p0), V(p0) = p0 (1 - p0) / n + B max(r, r^1.25), \
-                  r = p0 (1 - p0) / (mean (1 - mean)), B = se_cr2^2 - mean (1 - mean) / n the \
-                  between-template part (design effect at least 1 on that side), so the \
-                  template variance grows toward 0.5 as it does for rare outcomes; for the bound \
-                  toward 0.5, B \
-                  becomes B + |1 - 2 mean| max(0, B_anova - B), B_anova the one-way ANOVA \
-                  (random-intercept) estimate, which weighs templates by size n_g rather than \
-                  n_g^2; towards the nearer bound it is \
-                  the Wilson interval at the effective size, with the multiplier |1 - 2 mean| c + \
-                  (1 - |1 - 2 mean|) t, c the quantile of a variance floored at its binomial share \
-                  (between the normal and the t quantile), and a design effect below 1 counts \
-                  there too, as 1 - |1 - 2 mean| (1 - max(deff, 0.5)); at a rate of 0 or 1 \
-                  Wilson at n; \
-                  `'cr2_ri'`: as `'cr2'` with the variance at least the random-intercept \
-                  model's, MSW / n + sigma_b^2 sum n_g^2 / n^2 from the one-way ANOVA (the \
-                  default of `paired_diff_clustered` for graded scores); \
-                  `'wild_bootstrap'`: the symmetric wild cluster bootstrap-t interval studentized \
-                  by the CR2 SE, with `reps` replications (default 999) drawn from `seed` \
-                  (default 20160101): Rademacher weights, Webb's six-point weights below 12 \
-                  clusters. `df` is the t degrees of freedom used (NULL for the normal and \
-                  bootstrap methods); `se` is the method's SE (CR2 for `cr2_wilson`, `cr2_score` and \
-                  `wild_bootstrap`).",
+        returns: "Struct{n: Int64, n_clusters: Int64, mean: Float64, se: Float64, lo: Float64, \
+                  hi: Float64, method: Utf8, df: Float64}",
+        summary: "The mean of `x` with an interval at `level` (default 0.95) that accounts for rows \
+                  sharing a `cluster` (a template). The default `method` `'auto'` is `'cr2_score'` \
+                  (a clustered score interval) when every `x` is 0 or 1 and `'cr2'` (the \
+                  bias-reduced CR2 SE with a Satterthwaite t quantile) otherwise; the table below \
+                  says when another method fits. `se` is the method's SE (CR2 for `cr2_wilson`, \
+                  `cr2_score` and `wild_bootstrap`), `df` its t degrees of freedom (NULL for the \
+                  normal and bootstrap methods). What each method computes: docs/intervals.md.",
         behavior: "Rows where `x` or `cluster` is NULL, or `x` is NaN, are ignored. The struct is never \
                    NULL: `n` and `n_clusters` count what was used; `mean` is NULL when n = 0; `se`, \
                    `lo`, `hi`, `df` are NULL with fewer than two rows or two clusters, and `lo`, `hi` \
@@ -132,7 +105,9 @@ impl AggSpec for ClusteredMeanCi {
             ("level", "Optional constant confidence level, default 0.95."),
             (
                 "method",
-                "Optional constant string: 'auto' (default), 'miller', 'cr1_t', 'cr2', 'cr2_wilson', 'cr2_score', 'cr2_ri' or 'wild_bootstrap'. The result's `method` field names the method used ('auto' resolved).",
+                "Optional constant string: 'auto' (default), 'miller', 'cr1_t', 'cr2', \
+                 'cr2_wilson', 'cr2_score', 'cr2_ri' or 'wild_bootstrap'. The result's `method` \
+                 field names the method used ('auto' resolved).",
             ),
             (
                 "reps",
@@ -147,7 +122,8 @@ impl AggSpec for ClusteredMeanCi {
                   SELECT unnest([clustered_mean_ci(x, c), clustered_mean_ci(x, c, 0.95, 'miller'), \
                   clustered_mean_ci(x, c, 0.95, 'cr2_wilson'), clustered_mean_ci(x, c, 0.95, 'cr2_score'), \
                   clustered_mean_ci(x, c, 0.95, 'wild_bootstrap')]) AS ci \
-                  FROM (VALUES (1.0, 'a'), (1.0, 'a'), (0.0, 'b'), (0.0, 'b'), (1.0, 'c'), (0.0, 'c'), (1.0, 'd'), (1.0, 'd'), (1.0, 'd')) AS t(x, c))",
+                  FROM (VALUES (1.0, 'a'), (1.0, 'a'), (0.0, 'b'), (0.0, 'b'), (1.0, 'c'), \
+                  (0.0, 'c'), (1.0, 'd'), (1.0, 'd'), (1.0, 'd')) AS t(x, c))",
     };
 
     fn coerce(&self, t: &[DataType]) -> Result<Vec<DataType>> {

@@ -40,6 +40,7 @@ pub mod rogan_gladen;
 pub mod rogan_gladen_ci;
 pub mod sample_size;
 pub mod self_consistency;
+pub mod validity_verdict;
 pub mod variance_components;
 
 use std::fmt::Write;
@@ -77,7 +78,7 @@ pub fn scalars() -> Vec<ScalarUDF> {
         mde::udf(),
         rogan_gladen::udf(),
         rogan_gladen_ci::udf(),
-        crate::stages::validate::validity_udf(),
+        validity_verdict::validity_udf(),
     ]
 }
 
@@ -100,7 +101,7 @@ pub fn docs() -> Vec<FunctionDoc> {
         rogan_gladen_ci::RoganGladenCi::DOC,
         conformal_quantile::ConformalQuantile::DOC,
         self_consistency::SelfConsistency::DOC,
-        crate::stages::validate::ValidityVerdict::DOC,
+        validity_verdict::ValidityVerdict::DOC,
     ]
 }
 

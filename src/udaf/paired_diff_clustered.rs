@@ -82,29 +82,17 @@ impl AggSpec for PairedDiffClustered {
     const DOC: FunctionDoc = FunctionDoc {
         name: "paired_diff_clustered",
         syntax: "paired_diff_clustered(a, b, cluster [, level [, method [, reps [, seed]]]])",
-        returns: "Struct{n: Int64, mean_diff: Float64, se: Float64, z: Float64, p_value: Float64, lo: Float64, hi: Float64, method: Utf8, df: Float64}",
-        summary: "As `paired_diff`, but for cases that share a template: the interval and the test \
-                  of mean(d) = 0, d = a - b, are clustered by `method`: `'auto'` (the default) is \
-                  `'cr2_score'` when every a and b is 0 or 1 (pass/fail pairs) and `'cr2_ri'` \
-                  otherwise. `'cr2_score'` is Tango's score interval for paired proportions with \
-                  the template variance carried by design effects: a difference d0 is inside \
-                  when (mean_diff - d0)^2 <= t^2 deff V(d0), V(d0) the variance of d when the \
-                  true difference is d0 (the share of d = -1 pairs at its restricted maximum \
-                  likelihood), deff = V_cr2_ri / V(mean_diff) on the side where V grows faster \
-                  (judged one naive SE either side) and V_cr2 / V(mean_diff) on the other, t at \
-                  the CR2 Satterthwaite df; its `z` \
-                  and `p_value` are the clustered McNemar test, mean_diff / sqrt(deff V(0)), \
-                  V(0) = (n_pos + n_neg) / n^2, and `se` is the `'cr2_ri'` SE. The other \
-                  methods: `'miller'` (Miller's SE, normal quantile and p-value), `'cr1_t'` \
-                  (CR1 SE, t(G-1)), `'cr2'` (bias-reduced CR2 SE, t at the Satterthwaite df), \
-                  `'cr2_ri'` (as `'cr2'` with the variance at least the random-intercept \
-                  model's, MSW / n + sigma_b^2 sum n_g^2 / n^2 from the one-way ANOVA, which \
-                  keeps unequal template sizes from leaving the interval short) and \
-                  `'wild_bootstrap'` (symmetric wild cluster bootstrap-t interval; the p-value is \
-                  the restricted wild bootstrap's, with the null d = 0 imposed), as in \
-                  `clustered_mean_ci`. `z` is mean_diff / se for the others (a t statistic for \
-                  the t methods); `df` is the t degrees of freedom used (NULL for the normal and \
-                  bootstrap methods).",
+        returns: "Struct{n: Int64, mean_diff: Float64, se: Float64, z: Float64, p_value: Float64, \
+                  lo: Float64, hi: Float64, method: Utf8, df: Float64}",
+        summary: "As `paired_diff`, but for cases that share a template: the interval and the test of \
+                  mean(d) = 0, d = a - b, account for the pairs' `cluster`. The default `method` \
+                  `'auto'` is `'cr2_score'` (Tango's score interval for paired proportions with \
+                  the template variance carried by design effects; `z` and `p_value` are the \
+                  clustered McNemar test and `se` the `'cr2_ri'` SE) when every a and b is 0 or \
+                  1, and `'cr2_ri'` (CR2 with the variance at least the random-intercept \
+                  model's) otherwise; the other methods are those of `clustered_mean_ci` \
+                  (see its table). `z` is mean_diff / se for the others; `df` is the t degrees of \
+                  freedom used. What each method computes: docs/intervals.md.",
         behavior: "Only rows where `a`, `b` and `cluster` are non-NULL (and d is not NaN) are used. The \
                    struct is never NULL: `n` counts the pairs; `mean_diff` is NULL when n = 0; `se`, \
                    `lo`, `hi` are NULL with fewer than two rows or two clusters; `z` and `p_value` \
@@ -125,7 +113,9 @@ impl AggSpec for PairedDiffClustered {
             ("level", "Optional constant confidence level, default 0.95."),
             (
                 "method",
-                "Optional constant string: 'auto' (default: 'cr2_score' for 0/1 pairs, else 'cr2_ri'), 'cr2_score', 'cr2_ri', 'cr2', 'miller', 'cr1_t' or 'wild_bootstrap'. The result's `method` field names the method used.",
+                "Optional constant string: 'auto' (default: 'cr2_score' for 0/1 pairs, else \
+                 'cr2_ri'), 'cr2_score', 'cr2_ri', 'cr2', 'miller', 'cr1_t' or 'wild_bootstrap'. \
+                 The result's `method` field names the method used.",
             ),
             (
                 "reps",

@@ -6,8 +6,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::CallRequest;
-use super::http::Parsed;
+use super::{CallRequest, Parsed};
 use crate::config::ModelConfig;
 
 /// The path under `base_url`.

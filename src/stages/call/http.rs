@@ -29,16 +29,7 @@ pub const SAMPLE_IDX_HEADER: &str = "x-evalflow-sample-idx";
 /// Header carrying the call id (one per case x model x sample).
 pub const CALL_ID_HEADER: &str = "x-evalflow-call-id";
 
-/// What a 2xx body says, in provider-neutral terms.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Parsed {
-    pub content: String,
-    pub finish_reason: Option<String>,
-    pub prompt_tokens: Option<i64>,
-    pub completion_tokens: Option<i64>,
-    pub reasoning_tokens: Option<i64>,
-    pub reasoning_chars: Option<i64>,
-}
+pub use super::Parsed;
 
 /// Which wire format a provider speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

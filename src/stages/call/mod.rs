@@ -77,6 +77,18 @@ impl CallError {
     }
 }
 
+/// What a 2xx body says, in provider-neutral terms (shared by the
+/// provider modules, `openai.rs` and `anthropic.rs`, and the HTTP client that calls them).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Parsed {
+    pub content: String,
+    pub finish_reason: Option<String>,
+    pub prompt_tokens: Option<i64>,
+    pub completion_tokens: Option<i64>,
+    pub reasoning_tokens: Option<i64>,
+    pub reasoning_chars: Option<i64>,
+}
+
 /// One request to a model: what the provider needs to answer a case once.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CallRequest {

@@ -70,7 +70,7 @@ impl LabelCoverage {
              their expected labels and {:.1}% contain one inside longer text, so the exact \
              label match may be unable to succeed on these answers (free text scored against \
              labels). Score them with the cue scorer or a user-written scorer (a `[[scorer]]` of \
-             kind `contains`, `regex` or `sql`; see README \"Writing your own scorer\"), e.g. \
+             kind `contains`, `regex` or `sql`; see docs/scorers.md), e.g. \
              `evalflow rescore RUN --scorer-file scorers.toml`.",
             id.tag(),
             self.failed,

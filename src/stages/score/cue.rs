@@ -179,7 +179,7 @@ mod tests {
 
     fn p(text: &str, entity: &str) -> &'static str {
         let s = CueScorer::default();
-        let lang = crate::stages::validate::language(text);
+        let lang = crate::validity::language(text);
         polarity(text, entity, &s.cues_for(&lang)).0
     }
 

@@ -18,11 +18,11 @@ use sha2::{Digest, Sha256};
 use super::{
     BaseAnswer, CaseParts, Outcome, ScoreInput, Scorer, ScorerId, part_stream, source_logic,
 };
-use crate::pipeline::{JudgeChecklist, ModelConfig};
+use crate::config::{JudgeChecklist, ModelConfig};
 use crate::query::{QueryError, new_context};
 use crate::schema::Table;
+use crate::schema::{Case, cases_batch};
 use crate::stages::call::{self, CallError};
-use crate::stages::generate::{self, Case};
 use crate::storage::RunStore;
 
 /// The judge's reply to one judged call.
@@ -238,8 +238,7 @@ async fn write_prompts(
             let mut w = sub.part_writer("cases", Table::Cases.schema(), &stem);
             while let Some(b) = s.next().await {
                 let b = crate::schema::plain_strings(b.map_err(QueryError::df("judge prompts"))?);
-                w.write(generate::to_batch(&prompt_cases(checklist, &b)))
-                    .await?;
+                w.write(cases_batch(&prompt_cases(checklist, &b))).await?;
             }
             w.finish().await?;
             Ok::<_, QueryError>(())
@@ -508,11 +507,11 @@ mod tests {
     fn unparseable_is_invalid_never_no() {
         let cl = JudgeChecklist {
             questions: vec![
-                crate::pipeline::JudgeQuestion {
+                crate::config::JudgeQuestion {
                     id: "a".into(),
                     text: "A?".into(),
                 },
-                crate::pipeline::JudgeQuestion {
+                crate::config::JudgeQuestion {
                     id: "b".into(),
                     text: "B?".into(),
                 },

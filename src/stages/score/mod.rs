@@ -27,34 +27,7 @@ use crate::schema::Table;
 use crate::storage::{PipelinedEncoder, RunStore, StorageError};
 use checklist::{Answer, normalise_label};
 
-/// A scorer's identity: its name and a version that changes whenever its logic or cue
-/// lists change.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ScorerId {
-    pub name: String,
-    pub version: String,
-}
-
-impl ScorerId {
-    /// `<name>@<version>`.
-    pub fn tag(&self) -> String {
-        format!("{}@{}", self.name, self.version)
-    }
-
-    /// The folder under the run root: `scores/<name>@<version>`.
-    pub fn dir(&self) -> String {
-        format!("scores/{}", self.tag())
-    }
-
-    /// Parses `name@version`.
-    pub fn parse(tag: &str) -> Option<ScorerId> {
-        let (n, v) = tag.split_once('@')?;
-        Some(ScorerId {
-            name: n.to_string(),
-            version: v.to_string(),
-        })
-    }
-}
+pub use crate::config::ScorerId;
 
 /// What a scorer's scores measure, and so what `aggregate` reports of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,6 +230,26 @@ pub fn source_logic(src: &str) -> String {
     src.split("#[cfg(test)]").next().unwrap_or(src).to_string()
 }
 
+/// A user scorer's [`DefError`](user::DefError) as a message that
+/// names only what is known: no `:0` line, no "scorer `?`" or "field `?`" (the scorer
+/// engine's own Display is part of its versioned logic, so the wording is made here).
+pub fn def_message(e: &user::DefError) -> String {
+    let named = |what: &str, name: &str| {
+        if name.is_empty() || name == "?" {
+            String::new()
+        } else {
+            format!("{what} `{name}`: ")
+        }
+    };
+    format!(
+        "{}: {}{}{}",
+        crate::config::at(&e.file, e.line),
+        named("scorer", &e.scorer),
+        named("field", &e.field),
+        e.msg
+    )
+}
+
 /// Errors choosing or configuring a scorer.
 #[derive(Debug, thiserror::Error)]
 pub enum ScorerError {
@@ -271,7 +264,7 @@ pub enum ScorerError {
     #[error("scorer `{spec}`: {msg}")]
     Judge { spec: String, msg: String },
     /// A user scorer's definition is bad (names file, line and field).
-    #[error("{}", crate::pipeline::def_message(.0))]
+    #[error("{}", def_message(.0))]
     Definition(Box<user::DefError>),
     /// The judge's own calls failed while preparing its answers: bad input only when the
     /// cause is (its model cannot be built, a query over the memory limit).

@@ -30,7 +30,7 @@ use toml::Spanned;
 use super::checklist::normalise_label;
 use super::judge::JudgeScorer;
 use super::{BaseAnswer, MetricKind, Outcome, ScoreInput, Scorer, ScorerError, ScorerId};
-use crate::pipeline::{JudgeChecklist, JudgeQuestion, ModelConfig};
+use crate::config::{JudgeChecklist, JudgeQuestion, ModelConfig};
 use crate::storage::RunStore;
 
 /// The version of the engine that runs user scorers, hashed into every user scorer's
