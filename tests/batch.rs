@@ -21,10 +21,22 @@ fn loopback() -> SocketAddr {
 
 /// A pipeline with `n_items * 5` unique prompts, K samples, against `base_url`.
 fn pipeline(dir: &Path, name: &str, base_url: &str, n_items: usize, model_extra: &str) -> PathBuf {
+    pipeline_for("openai", dir, name, base_url, n_items, model_extra)
+}
+
+/// [`pipeline`] for a provider (`openai` or `anthropic`).
+fn pipeline_for(
+    provider: &str,
+    dir: &Path,
+    name: &str,
+    base_url: &str,
+    n_items: usize,
+    model_extra: &str,
+) -> PathBuf {
     let items: Vec<String> = (0..n_items).map(|i| format!("\"{i}\"")).collect();
     let text = format!(
         r#"[model]
-provider = "openai"
+provider = "{provider}"
 base_url = "{base_url}"
 name = "mock-model"
 max_tokens = 16
@@ -141,7 +153,7 @@ fn batch_log(log: &Path) -> (HashMap<String, Vec<String>>, HashMap<String, u32>)
     for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
         let v: Value = serde_json::from_str(line).unwrap();
         match v["path"].as_str() {
-            Some("/v1/batches") => {
+            Some("/v1/batches" | "/v1/messages/batches") => {
                 for id in v["custom_ids"].as_array().unwrap() {
                     batches
                         .entry(id.as_str().unwrap().to_string())
@@ -149,7 +161,7 @@ fn batch_log(log: &Path) -> (HashMap<String, Vec<String>>, HashMap<String, u32>)
                         .push(v["batch_id"].as_str().unwrap().to_string());
                 }
             }
-            Some("batch:/v1/chat/completions") => {
+            Some("batch:/v1/chat/completions" | "batch:/v1/messages") => {
                 *answered
                     .entry(v["call_id"].as_str().unwrap().to_string())
                     .or_default() += 1;
@@ -169,8 +181,7 @@ async fn run_all(p: &Path, root: &Path, batch: bool) {
 /// The same suite synchronously and in batch mode: the same calls (ids, responses, tokens,
 /// finish reasons, statuses, attempts), validity and scores; batch rows name their batch and
 /// every request went into exactly one batch.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batch_and_synchronous_runs_give_the_same_calls_validity_and_scores() {
+async fn same_as_synchronous(provider: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
     let server = MockServer::start_with(
@@ -181,7 +192,7 @@ async fn batch_and_synchronous_runs_give_the_same_calls_validity_and_scores() {
     .await
     .unwrap();
     let price = "price = { input_per_mtok = 1.5, output_per_mtok = 6.0 }";
-    let p = pipeline(dir.path(), "p", &server.base_url(), 4, price);
+    let p = pipeline_for(provider, dir.path(), "p", &server.base_url(), 4, price);
     let sync_root = dir.path().join("sync").join("run");
     let batch_root = dir.path().join("batch").join("run");
     run_all(&p, &sync_root, false).await;
@@ -254,11 +265,21 @@ async fn batch_and_synchronous_runs_give_the_same_calls_validity_and_scores() {
     assert_eq!(distinct.len(), 6);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_and_synchronous_runs_give_the_same_calls_validity_and_scores() {
+    same_as_synchronous("openai").await;
+}
+
+/// The same for Anthropic's Message Batches against the synchronous Messages API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_batch_and_synchronous_runs_give_the_same_calls_validity_and_scores() {
+    same_as_synchronous("anthropic").await;
+}
+
 /// Expiry with half of each batch answered, within a budget of 2 retries: every call has
 /// one row; each row's attempts is the number of batches it went into; the calls that never
 /// got an answer are `batch_expired` errors after exactly 3 batches; validity marks them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expired_batches_are_sent_again_within_the_retry_budget() {
+async fn expiry(provider: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
     let server = MockServer::start_with(
@@ -268,7 +289,14 @@ async fn expired_batches_are_sent_again_within_the_retry_budget() {
     )
     .await
     .unwrap();
-    let p = pipeline(dir.path(), "p", &server.base_url(), 4, "max_retries = 2");
+    let p = pipeline_for(
+        provider,
+        dir.path(),
+        "p",
+        &server.base_url(),
+        4,
+        "max_retries = 2",
+    );
     let root = dir.path().join("run");
     run_all(&p, &root, true).await;
     let rows = call_rows(&root).await;
@@ -283,7 +311,7 @@ async fn expired_batches_are_sent_again_within_the_retry_budget() {
             Some(e) => {
                 errors += 1;
                 assert_eq!(n, 3, "{id}: an error only once the budget is spent");
-                assert!(e.contains("batch_expired"), "{e}");
+                assert!(e.contains("expired"), "{e}");
                 assert!(!answered.contains_key(id), "{id} was never answered");
             }
             None => assert_eq!(answered[id], 1, "{id} answered once"),
@@ -307,10 +335,20 @@ async fn expired_batches_are_sent_again_within_the_retry_budget() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_batches_are_sent_again_within_the_retry_budget() {
+    expiry("openai").await;
+}
+
+/// The same for Anthropic: the second half of each batch `expired`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_expired_requests_are_sent_again_within_the_retry_budget() {
+    expiry("anthropic").await;
+}
+
 /// Per-line errors: a 403 (out of credit) is a final error row at its first batch; a 429 is
 /// sent again in a later batch, up to 3 retries; answered calls are answered once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn per_line_errors_end_as_the_synchronous_rows() {
+async fn per_line_errors(provider: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
     let server = MockServer::start_with(
@@ -323,7 +361,14 @@ async fn per_line_errors_end_as_the_synchronous_rows() {
     )
     .await
     .unwrap();
-    let p = pipeline(dir.path(), "p", &server.base_url(), 6, "max_retries = 3");
+    let p = pipeline_for(
+        provider,
+        dir.path(),
+        "p",
+        &server.base_url(),
+        6,
+        "max_retries = 3",
+    );
     let root = dir.path().join("run");
     run_all(&p, &root, true).await;
     let rows = call_rows(&root).await;
@@ -357,9 +402,19 @@ async fn per_line_errors_end_as_the_synchronous_rows() {
     );
 }
 
-/// A batch that fails validation: every request is a final error row naming it, sent once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_batch_ends_as_error_rows() {
+async fn per_line_errors_end_as_the_synchronous_rows() {
+    per_line_errors("openai").await;
+}
+
+/// The same for Anthropic's `errored` results (`permission_error`, `rate_limit_error`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_errored_results_end_as_the_synchronous_rows() {
+    per_line_errors("anthropic").await;
+}
+
+/// A batch that fails validation: every request is a final error row naming it, sent once.
+async fn failed_batch(provider: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
     let server = MockServer::start_with(
@@ -369,7 +424,7 @@ async fn a_failed_batch_ends_as_error_rows() {
     )
     .await
     .unwrap();
-    let p = pipeline(dir.path(), "p", &server.base_url(), 2, "");
+    let p = pipeline_for(provider, dir.path(), "p", &server.base_url(), 2, "");
     let root = dir.path().join("run");
     run_all(&p, &root, true).await;
     let rows = call_rows(&root).await;
@@ -387,10 +442,20 @@ async fn a_failed_batch_ends_as_error_rows() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_ends_as_error_rows() {
+    failed_batch("openai").await;
+}
+
+/// The same for Anthropic, whose requests each error with `invalid_request_error` (400).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_requests_that_fail_validation_end_as_error_rows() {
+    failed_batch("anthropic").await;
+}
+
 /// Polls that answer 500 and result files cut short mid-line: every call is answered
 /// exactly once all the same.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poll_errors_and_cut_results_lose_nothing() {
+async fn poll_errors_and_cut_results(provider: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
     let server = MockServer::start_with(
@@ -403,7 +468,7 @@ async fn poll_errors_and_cut_results_lose_nothing() {
     )
     .await
     .unwrap();
-    let p = pipeline(dir.path(), "p", &server.base_url(), 3, "");
+    let p = pipeline_for(provider, dir.path(), "p", &server.base_url(), 3, "");
     let root = dir.path().join("run");
     run_all(&p, &root, true).await;
     let rows = call_rows(&root).await;
@@ -414,6 +479,17 @@ async fn poll_errors_and_cut_results_lose_nothing() {
         assert_eq!(batches[id].len(), 1);
         assert_eq!(answered[id], 1);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_errors_and_cut_results_lose_nothing() {
+    poll_errors_and_cut_results("openai").await;
+}
+
+/// The same for Anthropic's retrieve and results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_poll_errors_and_cut_results_lose_nothing() {
+    poll_errors_and_cut_results("anthropic").await;
 }
 
 /// `evalflow ARGS` in a child process: this test binary re-run as [`child_evalflow`].
@@ -463,17 +539,10 @@ fn child_evalflow() {
 /// after a create whose id was not recorded, while polling, and during the commit of a
 /// batch's results; a second process resumes. The mock's log shows no request in two
 /// batches and no line answered twice, and every call has its answer exactly once.
-#[test]
-fn a_crash_at_any_step_of_a_batch_never_sends_a_request_twice() {
+fn crash_matrix(provider: &str, points: &[&str]) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    for point in [
-        "before_upload",
-        "after_upload",
-        "after_create",
-        "polling",
-        "during_commit",
-    ] {
+    for &point in points {
         let log = dir.path().join(format!("{point}.jsonl"));
         let server = rt
             .block_on(MockServer::start_with(
@@ -482,7 +551,7 @@ fn a_crash_at_any_step_of_a_batch_never_sends_a_request_twice() {
                 batch_cfg(0.2, vec![]),
             ))
             .unwrap();
-        let p = pipeline(dir.path(), point, &server.base_url(), 3, "");
+        let p = pipeline_for(provider, dir.path(), point, &server.base_url(), 3, "");
         let root = dir.path().join(point).join("run");
         let (p, root_s) = (p.to_str().unwrap(), root.to_str().unwrap());
         let generated = child(&["generate", p, "--out", root_s], &[]);
@@ -505,7 +574,12 @@ fn a_crash_at_any_step_of_a_batch_never_sends_a_request_twice() {
         let stderr = String::from_utf8_lossy(&resumed.stderr);
         assert!(resumed.status.success(), "{point}: {stderr}");
         if point == "after_create" {
-            assert!(stderr.contains("found by its metadata"), "{stderr}");
+            let how = if provider == "openai" {
+                "found by its metadata"
+            } else {
+                "found by its creation time and size"
+            };
+            assert!(stderr.contains(how), "{stderr}");
         }
         let rows = rt.block_on(call_rows(&root));
         let (batches, answered) = batch_log(&log);
@@ -527,10 +601,110 @@ fn a_crash_at_any_step_of_a_batch_never_sends_a_request_twice() {
             std::fs::read_dir(root.join("_journal").join("batches"))
                 .unwrap()
                 .filter_map(|e| e.ok())
-                .all(|e| e.file_name() == "attempts.json"),
+                .all(|e| e.file_name() == "attempts.json" || e.file_name() == "known-batches.txt"),
             "{point}: no chunk left in the journal"
         );
     }
+}
+
+#[test]
+fn a_crash_at_any_step_of_a_batch_never_sends_a_request_twice() {
+    crash_matrix(
+        "openai",
+        &[
+            "before_upload",
+            "after_upload",
+            "after_create",
+            "polling",
+            "during_commit",
+        ],
+    );
+}
+
+/// The same for Anthropic, whose batches carry no metadata: a batch created but not
+/// recorded is found by its creation time and size.
+#[test]
+fn anthropic_a_crash_at_any_step_of_a_batch_never_sends_a_request_twice() {
+    crash_matrix(
+        "anthropic",
+        &["before_create", "after_create", "polling", "during_commit"],
+    );
+}
+
+/// Anthropic: killed after the create was marked but before it was sent, and meanwhile
+/// someone else created a batch of the same size on the same key. The resumed run adopts it
+/// by time and size, finds other calls in its results, marks it known and creates its own:
+/// every call is answered exactly once, and the other batch's rows are not committed.
+#[test]
+fn anthropic_a_batch_of_other_calls_is_not_taken_for_ours() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let server = rt
+        .block_on(MockServer::start_with(
+            loopback(),
+            mock_cfg(vec![], Some(log.clone())),
+            batch_cfg(0.2, vec![]),
+        ))
+        .unwrap();
+    let p = pipeline_for("anthropic", dir.path(), "p", &server.base_url(), 3, "");
+    let root = dir.path().join("run");
+    let (p, root_s) = (p.to_str().unwrap(), root.to_str().unwrap());
+    assert!(
+        child(&["generate", p, "--out", root_s], &[])
+            .status
+            .success()
+    );
+    let crashed = child(
+        &["call", p, "--out", root_s, "--batch"],
+        &[("EVALFLOW_CRASH_AT", "before_create")],
+    );
+    assert!(!crashed.status.success());
+    // Another client's batch: 7 requests, like the first chunk.
+    let requests: Vec<Value> = (0..7)
+        .map(|i| {
+            serde_json::json!({"custom_id": format!("other-{i}"), "params": {
+                "model": "mock-model", "max_tokens": 16,
+                "messages": [{"role": "user", "content": format!("other {i}")}]}})
+        })
+        .collect();
+    let created: Value = rt.block_on(async {
+        reqwest::Client::new()
+            .post(format!("{}/messages/batches", server.base_url()))
+            .header("anthropic-version", "2023-06-01")
+            .json(&serde_json::json!({ "requests": requests }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    });
+    let other = created["id"].as_str().unwrap().to_string();
+    let resumed = child(&["call", p, "--out", root_s, "--batch"], &[]);
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "batch {other}: found by its creation time and size"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("batch {other}: holds calls of no chunk")),
+        "{stderr}"
+    );
+    let rows = rt.block_on(call_rows(&root));
+    assert_eq!(rows.len(), 30);
+    let (batches, answered) = batch_log(&log);
+    for (id, err, attempts, bid) in &rows {
+        assert_eq!((err.as_deref(), *attempts), (None, 1), "{id}");
+        assert_ne!(bid.as_deref(), Some(other.as_str()));
+        assert_eq!(batches[id], vec![bid.clone().unwrap()], "{id} in one batch");
+        assert_eq!(answered[id], 1, "{id} answered once");
+    }
+    let known = std::fs::read_to_string(root.join("_journal/batches/known-batches.txt")).unwrap();
+    assert!(known.lines().any(|l| l == other), "{known}");
 }
 
 /// `--no-wait` submits and exits with the batches open in the manifest; the next `call`

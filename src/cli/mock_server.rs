@@ -40,11 +40,13 @@ pub struct MockServerArgs {
     pub retry_after: u64,
     /// Batch API time scale: seconds from a batch's creation until it is final (the real
     /// APIs take up to 24 hours). OpenAI's files and batches (`/v1/files`, `/v1/batches`)
-    /// answer each line as the synchronous endpoint would, with the same `--fault` draws.
+    /// and Anthropic's Message Batches (`/v1/messages/batches`) answer each request as the
+    /// synchronous endpoint would, with the same `--fault` draws.
     #[arg(long, default_value_t = 1.0)]
     pub batch_secs: f64,
     /// Inject a batch fault at a rate, e.g. `expire=0.5` (repeatable). Kinds: invalid (the
-    /// batch fails validation), expire (it expires with half of its lines answered),
+    /// batch fails validation; Anthropic: every request errors with invalid_request_error),
+    /// expire (it expires with half of its lines answered),
     /// poll_error (a retrieve answers 500), cut_results (the first download of a result
     /// file stops mid-line).
     #[arg(long = "batch-fault", value_name = "KIND=RATE", value_parser = parse_batch_fault)]

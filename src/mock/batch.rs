@@ -125,7 +125,7 @@ impl BatchConfig {
         }
     }
 
-    fn rate(&self, f: BatchFault) -> f64 {
+    pub(super) fn rate(&self, f: BatchFault) -> f64 {
         self.faults
             .iter()
             .filter(|(k, _)| *k == f)
@@ -204,6 +204,8 @@ pub(super) fn routes() -> Router<Arc<MockState>> {
         .route("/v1/batches", post(create).get(list))
         .route("/v1/batches/{id}", get(retrieve))
         .route("/v1/batches/{id}/cancel", post(cancel))
+        // Input files of up to 200 MB (axum's default limit is 2 MB).
+        .layer(axum::extract::DefaultBodyLimit::max(210 * 1024 * 1024))
 }
 
 fn bad(msg: &str) -> Response {
@@ -399,7 +401,7 @@ fn validate(content: &[u8], endpoint: &str) -> (usize, Vec<Value>) {
     (n, errors)
 }
 
-fn log_line(st: &MockState, v: Value) {
+pub(super) fn log_line(st: &MockState, v: Value) {
     if let Some(log) = &st.log {
         let mut w = log.lock().unwrap();
         let _ = writeln!(w, "{v}");

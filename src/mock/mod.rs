@@ -43,6 +43,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
 mod batch;
+mod message_batches;
 pub use batch::{BatchConfig, BatchFault, parse_batch_fault};
 
 use crate::stages::call::http::{CALL_ID_HEADER, REQUEST_HASH_HEADER, SAMPLE_IDX_HEADER};
@@ -146,6 +147,7 @@ struct MockState {
     cfg: MockConfig,
     batch_cfg: batch::BatchConfig,
     batches: Mutex<batch::Store>,
+    msg_batches: Mutex<message_batches::Store>,
     attempts: Mutex<HashMap<(String, i64), u32>>,
     log: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
     seq: AtomicU64,
@@ -201,6 +203,7 @@ impl MockServer {
             cfg,
             batch_cfg,
             batches: Mutex::new(batch::Store::default()),
+            msg_batches: Mutex::new(message_batches::Store::default()),
             attempts: Mutex::new(HashMap::new()),
             log,
             seq: AtomicU64::new(0),
@@ -211,6 +214,7 @@ impl MockServer {
             .route("/v1/messages", post(anthropic))
             .route("/messages", post(anthropic))
             .merge(batch::routes())
+            .merge(message_batches::routes())
             .with_state(state.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(
@@ -480,7 +484,7 @@ impl MockState {
                 "usage": inc.usage().map(|(p, c, r)| json!({
                     "prompt_tokens": p,
                     "completion_tokens": c,
-                    "reasoning_tokens": (path != "/v1/messages").then_some(r),
+                    "reasoning_tokens": (!path.ends_with("/v1/messages")).then_some(r),
                 })),
             });
             let mut w = log.lock().unwrap();
@@ -695,6 +699,12 @@ async fn anthropic(
     if let Some(r) = common_fault(&st, &inc, &conn).await {
         return r;
     }
+    axum::Json(anthropic_json(&inc)).into_response()
+}
+
+/// The message a request that drew no transport fault gets, as the synchronous endpoint
+/// and a message batch's `succeeded` result give it.
+fn anthropic_json(inc: &Incoming) -> Value {
     let (input, output, _) = inc.usage().unwrap_or_default();
     let answer = &inc.answer;
     let (content, stop) = match inc.fault {
@@ -711,7 +721,7 @@ async fn anthropic(
         }
         _ => (json!([{"type": "text", "text": answer}]), "end_turn"),
     };
-    axum::Json(json!({
+    json!({
         "id": format!("msg_mock_{}_{}_{}", &inc.hash[..inc.hash.len().min(12)], inc.sample, inc.attempt),
         "type": "message",
         "role": "assistant",
@@ -720,8 +730,7 @@ async fn anthropic(
         "stop_reason": stop,
         "stop_sequence": null,
         "usage": {"input_tokens": input, "output_tokens": output}
-    }))
-    .into_response()
+    })
 }
 
 #[cfg(test)]

@@ -56,6 +56,14 @@ pub fn finish_reason(stop_reason: &str) -> String {
 /// `malformed JSON: ...` when the body is not JSON or has no `content` array.
 pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
     let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("malformed JSON: {e}"))?;
+    parse_value(&v)
+}
+
+/// [`parse`] of a message already read (a message batch's `succeeded` result).
+///
+/// # Errors
+/// As [`parse`].
+pub fn parse_value(v: &Value) -> Result<Parsed, String> {
     let blocks = v
         .get("content")
         .and_then(Value::as_array)

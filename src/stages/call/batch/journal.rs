@@ -11,6 +11,8 @@
 //! state that says what happened last. A chunk's files are deleted once its rows are
 //! committed. `attempts.json` holds the batch attempts spent on calls that are to be sent
 //! again, and the chunks whose attempts it counts, so a collection done twice counts once.
+//! `known-batches.txt` lists every batch id a chunk recorded (and those found to belong to
+//! no chunk), so a batch looked for by its creation time and size is never one of them.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::{BufRead, Write};
@@ -35,6 +37,10 @@ pub struct ChunkState {
     pub status: Option<String>,
     /// When the chunk was written, microseconds since the epoch (the rows' `started_at`).
     pub written_at_us: i64,
+    /// When a create of its batch was last sent (Anthropic: no metadata names the chunk, so
+    /// a batch created after this time is looked for when the create's answer was lost).
+    #[serde(default)]
+    pub creating_at_us: Option<i64>,
 }
 
 /// The retry attempts spent in earlier batches on calls not yet committed.
@@ -145,6 +151,7 @@ impl BatchJournal {
             batch_id: None,
             status: None,
             written_at_us: chrono::Utc::now().timestamp_micros(),
+            creating_at_us: None,
         };
         self.save(&st)?;
         Ok(st)
@@ -212,6 +219,30 @@ impl BatchJournal {
         }
         sync_dir(&self.dir);
         Ok(())
+    }
+
+    fn known_path(&self) -> PathBuf {
+        self.dir.join("known-batches.txt")
+    }
+
+    /// Records a batch id as known to this root (ours, or found not to be), fsynced: a batch
+    /// id in this file is never adopted for an unrecorded chunk.
+    pub fn record_known(&self, batch_id: &str) -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.known_path())?;
+        writeln!(f, "{batch_id}")?;
+        f.sync_all()
+    }
+
+    /// Every batch id recorded by [`Self::record_known`].
+    pub fn known(&self) -> std::io::Result<HashSet<String>> {
+        match std::fs::read_to_string(self.known_path()) {
+            Ok(s) => Ok(s.lines().map(String::from).collect()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashSet::new()),
+            Err(e) => Err(e),
+        }
     }
 
     fn attempts_path(&self) -> PathBuf {

@@ -19,9 +19,20 @@
 //!   a row. Other line errors and a batch that failed validation are error rows at once.
 //! - `--no-wait`: polls each open batch once, collects the finished ones, submits what is
 //!   left to send, and returns the open batches (recorded in the manifest).
-//! - `EVALFLOW_CRASH_AT=before_upload|after_upload|after_create|polling|during_commit`
-//!   aborts the process at that point (the crash tests' hook).
+//! - Anthropic's Message Batches carry no metadata: chunks are created one at a time
+//!   (journal, mark the create as sent, create, record), so at most one chunk is ever
+//!   created but unrecorded; a session adopts for it the oldest listed batch created after
+//!   the mark (less a minute of clock skew), of its size, that no chunk recorded and that
+//!   is not in `known-batches.txt`. When its results arrive their custom ids are checked:
+//!   a batch holding another call is marked known and the chunk is created again.
+//! - A create that fails in a way a retry can fix is looked for (as after a crash) before
+//!   it is sent again, so a lost answer never makes two batches.
+//! - `EVALFLOW_CRASH_AT=before_upload|after_upload` (OpenAI), `before_create` (Anthropic),
+//!   `after_create|polling|during_commit` aborts the process at that point (the crash tests'
+//!   hook).
 
+pub mod anthropic;
+pub mod api;
 pub mod journal;
 pub mod openai;
 
@@ -48,7 +59,7 @@ pub enum BatchError {
     #[error("model: {0}")]
     Config(String),
     /// The provider does not offer a batch interface evalflow speaks.
-    #[error("model.batch: provider `{0}` has no batch interface (openai does)")]
+    #[error("model.batch: provider `{0}` has no batch interface (openai and anthropic do)")]
     Unsupported(String),
     /// A memory:// root: no journal can outlive a crash, and batches outlive the process.
     #[error(
@@ -90,10 +101,14 @@ pub struct OpenBatch {
     pub requests: u64,
 }
 
-/// Most requests in one batch (OpenAI's limit).
+/// Most requests in one batch (OpenAI's limit; Anthropic's is [`anthropic::MAX_REQUESTS`]).
 pub const MAX_REQUESTS: u64 = 50_000;
-/// Most bytes in one batch input file (OpenAI's limit).
+/// Most bytes in one batch input file (OpenAI's limit; Anthropic's is
+/// [`anthropic::MAX_BYTES`] for a create's body).
 pub const MAX_BYTES: u64 = 200 * 1024 * 1024;
+/// How much earlier than the local mark of its create a server may date a batch (clock
+/// skew), when an unrecorded Anthropic batch is looked for.
+const SKEW_US: i64 = 60_000_000;
 /// Names the point where the process aborts (crash tests).
 pub const CRASH_ENV: &str = "EVALFLOW_CRASH_AT";
 /// The metadata key naming the chunk.
@@ -125,17 +140,64 @@ fn with_batch_id(b: RecordBatch, batch_id: &str) -> RecordBatch {
     RecordBatch::try_new(calls_schema(), cols).expect("calls columns and batch_id")
 }
 
+/// The batch interface of the model's provider.
+enum Client {
+    OpenAi(openai::Client),
+    Anthropic(anthropic::Client),
+}
+
+/// A batch as its API describes it.
+#[derive(Debug, Clone)]
+enum Remote {
+    OpenAi(openai::Batch),
+    Anthropic(anthropic::Batch),
+}
+
+impl Remote {
+    fn id(&self) -> &str {
+        match self {
+            Remote::OpenAi(b) => &b.id,
+            Remote::Anthropic(b) => &b.id,
+        }
+    }
+
+    fn status(&self) -> &str {
+        match self {
+            Remote::OpenAi(b) => &b.status,
+            Remote::Anthropic(b) => &b.processing_status,
+        }
+    }
+
+    fn is_final(&self) -> bool {
+        match self {
+            Remote::OpenAi(b) => b.is_final(),
+            Remote::Anthropic(b) => b.is_final(),
+        }
+    }
+
+    /// Requests that ended.
+    fn done(&self) -> u64 {
+        match self {
+            Remote::OpenAi(b) => b.request_counts.map_or(0, |c| c.completed + c.failed),
+            Remote::Anthropic(b) => b.done(),
+        }
+    }
+}
+
 struct Ctx<'a> {
     store: &'a RunStore,
     model: &'a ModelConfig,
     opts: Options,
-    client: openai::Client,
+    client: Client,
     journal: BatchJournal,
     session: String,
     seq: u32,
     run_name: String,
     max_requests: u64,
+    max_bytes: u64,
     wait: bool,
+    /// The batch ids the open chunks recorded.
+    taken: std::sync::Mutex<HashSet<String>>,
 }
 
 fn jerr(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> CallError + '_ {
@@ -159,9 +221,20 @@ pub async fn run(
     session: &str,
     stats: &mut CallStats,
 ) -> Result<Vec<OpenBatch>, CallError> {
-    if model.provider != "openai" {
-        return Err(BatchError::Unsupported(model.provider.clone()).into());
-    }
+    let (client, limit, max_bytes) = match model.provider.as_str() {
+        "openai" => (
+            Client::OpenAi(openai::Client::build(model)?),
+            MAX_REQUESTS,
+            MAX_BYTES,
+        ),
+        // The create's body wraps the lines: `{"requests":[`, commas, `]}`.
+        "anthropic" => (
+            Client::Anthropic(anthropic::Client::build(model)?),
+            anthropic::MAX_REQUESTS,
+            anthropic::MAX_BYTES - 64,
+        ),
+        other => return Err(BatchError::Unsupported(other.to_string()).into()),
+    };
     let dir = super::journal::dir_for(store)
         .and_then(|d| d.parent().map(|p| p.join("batches")))
         .ok_or_else(|| BatchError::NoLocalState(store.display().to_string()))?;
@@ -169,7 +242,7 @@ pub async fn run(
     let max_requests = model
         .batch_max_requests
         .filter(|n| *n > 0)
-        .map_or(MAX_REQUESTS, |n| n.min(MAX_REQUESTS));
+        .map_or(limit, |n| n.min(limit));
     let run_name = store
         .display()
         .trim_end_matches('/')
@@ -183,16 +256,22 @@ pub async fn run(
         store,
         model,
         opts,
-        client: openai::Client::build(model)?,
+        client,
         journal,
         session: session.to_string(),
         seq: 0,
         run_name,
         max_requests,
+        max_bytes,
         wait: !model.batch_no_wait,
+        taken: std::sync::Mutex::new(HashSet::new()),
     };
     stats.skipped = store.table_rows("calls").await?;
     let mut chunks = cx.journal.chunks().map_err(jerr(&dir))?;
+    cx.taken
+        .lock()
+        .expect("not poisoned")
+        .extend(chunks.iter().filter_map(|c| c.batch_id.clone()));
     cx.resolve(&mut chunks).await?;
     for c in chunks.iter_mut().filter(|c| c.batch_id.is_none()) {
         cx.submit(c, stats).await?;
@@ -227,63 +306,171 @@ impl Ctx<'_> {
         jerr(self.journal.dir())
     }
 
+    /// Whether a chunk's create may have been sent without its answer being recorded.
+    fn maybe_created(&self, c: &ChunkState) -> bool {
+        c.batch_id.is_none()
+            && match self.client {
+                Client::OpenAi(_) => c.file_id.is_some(),
+                Client::Anthropic(_) => c.creating_at_us.is_some(),
+            }
+    }
+
+    /// Records the batch a chunk's create made (or the list endpoint found).
+    fn record(&self, c: &mut ChunkState, b: &Remote) -> Result<(), CallError> {
+        c.batch_id = Some(b.id().to_string());
+        c.status = Some(b.status().to_string());
+        self.journal.save(c).map_err(self.jerr())?;
+        self.taken
+            .lock()
+            .expect("not poisoned")
+            .insert(b.id().to_string());
+        Ok(())
+    }
+
     /// Finds the batches of chunks whose create may have happened without its answer
-    /// being recorded (uploaded, no batch id), by their metadata.
+    /// being recorded (OpenAI: by their metadata; Anthropic: by time and size).
     async fn resolve(&self, chunks: &mut [ChunkState]) -> Result<(), CallError> {
         let wanted: HashSet<String> = chunks
             .iter()
-            .filter(|c| c.file_id.is_some() && c.batch_id.is_none())
+            .filter(|c| self.maybe_created(c))
             .map(|c| c.key.clone())
             .collect();
         if wanted.is_empty() {
             return Ok(());
         }
-        let found = self.client.find(CHUNK_KEY, &wanted, 100_000).await?;
-        for (key, b) in found {
-            if let Some(c) = chunks
-                .iter_mut()
-                .find(|c| c.key == key && c.batch_id.is_none())
-            {
-                eprintln!("batch {}: found by its metadata (chunk {key})", b.id);
-                c.batch_id = Some(b.id);
-                c.status = Some(b.status);
-                self.journal.save(c).map_err(self.jerr())?;
+        if let Client::OpenAi(client) = &self.client {
+            let found = client.find(CHUNK_KEY, &wanted, 100_000).await?;
+            for (key, b) in found {
+                if let Some(c) = chunks
+                    .iter_mut()
+                    .find(|c| c.key == key && c.batch_id.is_none())
+                {
+                    eprintln!("batch {}: found by its metadata (chunk {key})", b.id);
+                    self.record(c, &Remote::OpenAi(b))?;
+                }
+            }
+            return Ok(());
+        }
+        for c in chunks.iter_mut().filter(|c| wanted.contains(&c.key)) {
+            if let Some(b) = self.find_created(c).await? {
+                eprintln!(
+                    "batch {}: found by its creation time and size (chunk {})",
+                    b.id(),
+                    c.key
+                );
+                self.record(c, &b)?;
             }
         }
         Ok(())
     }
 
-    /// Uploads (unless uploaded) and creates a chunk's batch, recording each step.
-    async fn submit(&self, c: &mut ChunkState, stats: &mut CallStats) -> Result<(), CallError> {
-        if c.file_id.is_none() {
-            crash_at("before_upload");
-            let path = self.journal.input_path(&c.key);
-            let content = tokio::fs::read(&path).await.map_err(jerr(&path))?;
-            let id = self
-                .client
-                .upload(&format!("evalflow-{}.jsonl", c.key), &content)
-                .await?;
-            c.file_id = Some(id);
-            self.journal.save(c).map_err(self.jerr())?;
-            crash_at("after_upload");
+    /// The batch a chunk's create made, if the API lists one.
+    async fn find_created(&self, c: &ChunkState) -> Result<Option<Remote>, CallError> {
+        match &self.client {
+            Client::OpenAi(client) => {
+                let wanted = HashSet::from([c.key.clone()]);
+                let found = client.find(CHUNK_KEY, &wanted, 100_000).await?;
+                Ok(found.into_iter().next().map(|(_, b)| Remote::OpenAi(b)))
+            }
+            Client::Anthropic(client) => {
+                let Some(mark) = c.creating_at_us else {
+                    return Ok(None);
+                };
+                let since = mark - SKEW_US;
+                let mut known = self.journal.known().map_err(self.jerr())?;
+                known.extend(self.taken.lock().expect("not poisoned").iter().cloned());
+                let mut oldest = None;
+                client
+                    .list(self.model, |b| {
+                        let Some(at) = b.created_at_us() else {
+                            return true;
+                        };
+                        if at < since {
+                            return false;
+                        }
+                        if !known.contains(&b.id) && b.total() == c.requests {
+                            oldest = Some(b.clone());
+                        }
+                        true
+                    })
+                    .await?;
+                Ok(oldest.map(Remote::Anthropic))
+            }
         }
+    }
+
+    /// Uploads (OpenAI, unless uploaded) and creates a chunk's batch, recording each step.
+    async fn submit(&self, c: &mut ChunkState, stats: &mut CallStats) -> Result<(), CallError> {
+        let path = self.journal.input_path(&c.key);
+        let body = match &self.client {
+            Client::OpenAi(client) => {
+                if c.file_id.is_none() {
+                    crash_at("before_upload");
+                    let content = tokio::fs::read(&path).await.map_err(jerr(&path))?;
+                    let id = client
+                        .upload(&format!("evalflow-{}.jsonl", c.key), &content)
+                        .await?;
+                    c.file_id = Some(id);
+                    self.journal.save(c).map_err(self.jerr())?;
+                    crash_at("after_upload");
+                }
+                None
+            }
+            Client::Anthropic(_) => {
+                let lines = tokio::fs::read(&path).await.map_err(jerr(&path))?;
+                c.creating_at_us = Some(chrono::Utc::now().timestamp_micros());
+                self.journal.save(c).map_err(self.jerr())?;
+                crash_at("before_create");
+                Some(bytes::Bytes::from(anthropic::create_body(&lines)))
+            }
+        };
         let metadata = json!({
             "evalflow_run": self.run_name,
             "evalflow_chunk": c.key,
             "evalflow_requests": c.requests.to_string(),
         });
-        let b = self
-            .client
-            .create(c.file_id.as_deref().unwrap_or_default(), &metadata)
-            .await?;
+        let mut tries = 0u32;
+        let b = loop {
+            let made = match &self.client {
+                Client::OpenAi(client) => client
+                    .create(c.file_id.as_deref().unwrap_or_default(), &metadata)
+                    .await
+                    .map(Remote::OpenAi),
+                Client::Anthropic(client) => client
+                    .create(self.model, body.clone().unwrap_or_default())
+                    .await
+                    .map(Remote::Anthropic),
+            };
+            match made {
+                Ok(b) => break b,
+                Err((e, retry)) => {
+                    if !retry || tries >= 8 {
+                        return Err(e.into());
+                    }
+                    tries += 1;
+                    eprintln!(
+                        "batch create (chunk {}): {e}; looking for it, then again",
+                        c.key
+                    );
+                    tokio::time::sleep(
+                        super::limits::backoff(tries, None).min(Duration::from_secs(30)),
+                    )
+                    .await;
+                    if let Some(b) = self.find_created(c).await? {
+                        break b;
+                    }
+                }
+            }
+        };
         crash_at("after_create");
         eprintln!(
             "batch {} (chunk {}): {} requests, {}",
-            b.id, c.key, c.requests, b.status
+            b.id(),
+            c.key,
+            c.requests,
+            b.status()
         );
-        c.batch_id = Some(b.id);
-        c.status = Some(b.status);
-        self.journal.save(c).map_err(self.jerr())?;
+        self.record(c, &b)?;
         stats.batches_created += 1;
         Ok(())
     }
@@ -305,10 +492,13 @@ impl Ctx<'_> {
                 if exclude.contains(&req.call_id) {
                     continue;
                 }
-                let line = openai::line(self.model, &req);
+                let line = match self.client {
+                    Client::OpenAi(_) => openai::line(self.model, &req),
+                    Client::Anthropic(_) => anthropic::line(self.model, &req),
+                };
                 if let Some(cw) = &w
                     && (cw.requests + 1 > self.max_requests
-                        || cw.bytes + line.len() as u64 + 1 > MAX_BYTES)
+                        || cw.bytes + line.len() as u64 + 1 > self.max_bytes)
                 {
                     let cw = w.take().expect("checked");
                     chunks.push(self.seal_and_submit(cw, stats).await?);
@@ -362,22 +552,29 @@ impl Ctx<'_> {
                     .batch_id
                     .clone()
                     .expect("submitted chunks have a batch");
-                let b = self.client.retrieve(&id).await?;
-                if chunks[i].status.as_deref() != Some(b.status.as_str()) {
-                    let c = b.request_counts.unwrap_or_default();
+                let b = match &self.client {
+                    Client::OpenAi(client) => Remote::OpenAi(client.retrieve(&id).await?),
+                    Client::Anthropic(client) => {
+                        Remote::Anthropic(client.retrieve(self.model, &id).await?)
+                    }
+                };
+                if chunks[i].status.as_deref() != Some(b.status()) {
                     eprintln!(
                         "batch {id} (chunk {}): {} {}/{}",
                         chunks[i].key,
-                        b.status,
-                        c.completed + c.failed,
+                        b.status(),
+                        b.done(),
                         chunks[i].requests
                     );
-                    chunks[i].status = Some(b.status.clone());
+                    chunks[i].status = Some(b.status().to_string());
                     self.journal.save(&chunks[i]).map_err(self.jerr())?;
                 }
                 if b.is_final() {
                     let c = chunks.remove(i);
-                    self.collect(&c, &b, stats).await?;
+                    if let Some(mut again) = self.collect(c, &b, stats).await? {
+                        self.submit(&mut again, stats).await?;
+                        chunks.push(again);
+                    }
                     continue;
                 }
                 // Backoff: a tenth of the time waited so far, 0.2 s to 30 s.
@@ -394,21 +591,32 @@ impl Ctx<'_> {
         }
     }
 
-    /// A result file's lines, downloaded again (up to 4 times) while it holds fewer
-    /// complete lines than the batch's counts say (a download cut short).
+    /// A result file's lines (OpenAI: the file `file_id`; Anthropic: the batch's results),
+    /// downloaded again (up to 4 times) while it holds fewer complete lines than the
+    /// batch's counts say (a download cut short).
     async fn lines(
         &self,
-        batch_id: &str,
-        file_id: &str,
+        b: &Remote,
+        file_id: Option<&str>,
         expected: u64,
     ) -> Result<Vec<(String, CallResult, bool)>, CallError> {
+        let batch_id = b.id();
         let mut best = Vec::new();
         for attempt in 0..4 {
-            let bytes = self.client.content(file_id).await?;
+            let bytes = match (&self.client, b) {
+                (Client::OpenAi(client), _) => client.content(file_id.unwrap_or_default()).await?,
+                (Client::Anthropic(client), Remote::Anthropic(ab)) => {
+                    client.results(self.model, ab).await?
+                }
+                (Client::Anthropic(_), Remote::OpenAi(_)) => unreachable!("one provider a run"),
+            };
             let parsed: Vec<_> = bytes
                 .split(|&b| b == b'\n')
                 .filter(|l| !l.is_empty())
-                .filter_map(|l| openai::parse_line(batch_id, l))
+                .filter_map(|l| match self.client {
+                    Client::OpenAi(_) => openai::parse_line(batch_id, l),
+                    Client::Anthropic(_) => anthropic::parse_line(batch_id, l),
+                })
                 .collect();
             let complete = parsed.len() as u64 >= expected;
             if parsed.len() > best.len() {
@@ -418,7 +626,7 @@ impl Ctx<'_> {
                 break;
             }
             eprintln!(
-                "batch {batch_id}: file {file_id} has {} of {expected} lines; downloading it again",
+                "batch {batch_id}: results hold {} of {expected} lines; downloading them again",
                 best.len()
             );
             tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
@@ -426,34 +634,59 @@ impl Ctx<'_> {
         Ok(best)
     }
 
-    /// Commits a final batch's results and drops its chunk.
+    /// Commits a final batch's results and drops its chunk; the chunk back, to be created
+    /// again, when the batch turns out to hold other calls (an Anthropic batch adopted by
+    /// its time and size).
     async fn collect(
         &self,
-        c: &ChunkState,
-        b: &openai::Batch,
+        mut c: ChunkState,
+        b: &Remote,
         stats: &mut CallStats,
-    ) -> Result<(), CallError> {
-        let batch_id = b.id.clone();
+    ) -> Result<Option<ChunkState>, CallError> {
+        let batch_id = b.id().to_string();
         let reqs = self.journal.requests(&c.key).map_err(self.jerr())?;
         let mut results: HashMap<String, (CallResult, bool)> = HashMap::new();
-        if b.status == "failed" {
-            let msg = format!("batch {batch_id} failed validation: {}", b.error_text());
-            for r in &reqs {
-                results.insert(
-                    r.call_id.clone(),
-                    (openai::failed(None, msg.clone()), false),
-                );
+        match b {
+            Remote::OpenAi(ob) if ob.status == "failed" => {
+                let msg = format!("batch {batch_id} failed validation: {}", ob.error_text());
+                for r in &reqs {
+                    results.insert(
+                        r.call_id.clone(),
+                        (openai::failed(None, msg.clone()), false),
+                    );
+                }
             }
-        } else {
-            let counts = b.request_counts.unwrap_or_default();
-            for (file, expected) in [
-                (&b.output_file_id, counts.completed),
-                (&b.error_file_id, counts.failed),
-            ] {
-                if let Some(f) = file {
-                    for (id, res, retry) in self.lines(&batch_id, f, expected).await? {
-                        results.insert(id, (res, retry));
+            Remote::OpenAi(ob) => {
+                let counts = ob.request_counts.unwrap_or_default();
+                for (file, expected) in [
+                    (&ob.output_file_id, counts.completed),
+                    (&ob.error_file_id, counts.failed),
+                ] {
+                    if let Some(f) = file {
+                        for (id, res, retry) in self.lines(b, Some(f), expected).await? {
+                            results.insert(id, (res, retry));
+                        }
                     }
+                }
+            }
+            Remote::Anthropic(ab) => {
+                for (id, res, retry) in self.lines(b, None, ab.done()).await? {
+                    results.insert(id, (res, retry));
+                }
+                let ours: HashSet<&str> = reqs.iter().map(|r| r.call_id.as_str()).collect();
+                if ab.total() != c.requests || results.keys().any(|k| !ours.contains(k.as_str())) {
+                    eprintln!(
+                        "batch {batch_id}: holds calls of no chunk of this run; chunk {} is \
+                         created again",
+                        c.key
+                    );
+                    self.journal.record_known(&batch_id).map_err(self.jerr())?;
+                    self.taken.lock().expect("not poisoned").remove(&batch_id);
+                    c.batch_id = None;
+                    c.status = None;
+                    c.creating_at_us = None;
+                    self.journal.save(&c).map_err(self.jerr())?;
+                    return Ok(Some(c));
                 }
             }
         }
@@ -473,7 +706,7 @@ impl Ctx<'_> {
                         None,
                         format!(
                             "batch {batch_id} ({}): no result line for this request",
-                            b.status
+                            b.status()
                         ),
                     ),
                     true,
@@ -514,6 +747,8 @@ impl Ctx<'_> {
             w.finish().await?;
         }
         crash_at("during_commit");
+        // Known before its chunk goes: never adopted for another chunk.
+        self.journal.record_known(&batch_id).map_err(self.jerr())?;
         if !applied {
             for (id, spent) in &retry_ids {
                 attempts.spent.insert(id.clone(), *spent);
@@ -527,6 +762,7 @@ impl Ctx<'_> {
         self.journal.remove(&c.key).map_err(self.jerr())?;
         attempts.applied.remove(&c.key);
         self.journal.save_attempts(&attempts).map_err(self.jerr())?;
+        self.taken.lock().expect("not poisoned").remove(&batch_id);
         stats.batches_collected += 1;
         stats.batch_retries += retry_ids.len() as u64;
         eprintln!(
@@ -535,6 +771,6 @@ impl Ctx<'_> {
             rows.len(),
             retry_ids.len()
         );
-        Ok(())
+        Ok(None)
     }
 }

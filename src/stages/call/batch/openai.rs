@@ -1,22 +1,20 @@
 //! OpenAI's Batch API: files, batches, and the result lines as call results.
 //!
 //! # Behavior
-//! - Each API call is retried on transport errors, 408, 409, 429 and 5xx (a poll that
-//!   answers 500 is only a late poll), with the synchronous client's backoff, up to 8 times.
+//! - Each API call but the create is retried as [`Api::send`] says; a create is sent once
+//!   (the caller looks for its batch before sending it again).
 //! - A result line becomes exactly the [`CallResult`] the synchronous call would give: a 200
 //!   body is parsed by the chat completions parser; another status is `HTTP {status}: ...`,
 //!   retryable as the synchronous one is; `batch_expired` / `batch_cancelled` lines are
 //!   retryable, other line errors are final.
 
-use std::time::Duration;
-
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::HeaderValue;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::BatchError;
+use super::api::Api;
 use crate::config::ModelConfig;
-use crate::stages::call::limits::{backoff, parse_retry_after};
 use crate::stages::call::{CallRequest, CallResult, openai};
 
 /// The endpoint every line goes to.
@@ -95,116 +93,22 @@ struct Page {
 
 /// A client of the Batch API at the model's `base_url`.
 pub struct Client {
-    http: reqwest::Client,
-    base: String,
-    secret: Option<String>,
+    api: Api,
 }
 
 impl Client {
     /// # Errors
     /// [`BatchError::Config`] for a missing base URL or key variable, a bad header.
     pub fn build(model: &ModelConfig) -> Result<Self, BatchError> {
-        let cfg = |m: String| BatchError::Config(m);
-        let base = model
-            .base_url
-            .as_deref()
-            .ok_or_else(|| cfg("model.base_url is required for batch mode".into()))?
-            .trim_end_matches('/')
-            .to_string();
-        let secret = match &model.api_key_env {
-            Some(var) => match std::env::var(var) {
-                Ok(v) if !v.is_empty() => Some(v),
-                _ => {
-                    return Err(cfg(format!(
-                        "model.api_key_env: environment variable {var} is not set"
-                    )));
-                }
-            },
-            None => None,
-        };
-        let mut headers = HeaderMap::new();
-        if let Some(k) = &secret {
-            let mut v = HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
-                cfg("model.api_key_env: the key is not a valid header value".into())
+        let api = Api::build(model, |key, headers| {
+            let mut v = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                BatchError::Config("model.api_key_env: the key is not a valid header value".into())
             })?;
             v.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, v);
-        }
-        for (k, v) in &model.headers {
-            let name = HeaderName::from_bytes(k.as_bytes())
-                .map_err(|e| cfg(format!("model.headers.{k}: {e}")))?;
-            let value =
-                HeaderValue::from_str(v).map_err(|e| cfg(format!("model.headers.{k}: {e}")))?;
-            headers.insert(name, value);
-        }
-        let http = reqwest::Client::builder()
-            .default_headers(headers)
-            .connect_timeout(Duration::from_secs(30))
-            .timeout(Duration::from_secs(600))
-            .build()
-            .map_err(|e| cfg(format!("cannot build the HTTP client: {e}")))?;
-        Ok(Self { http, base, secret })
-    }
-
-    fn scrub(&self, s: String) -> String {
-        match &self.secret {
-            Some(k) if s.contains(k.as_str()) => s.replace(k.as_str(), "[redacted]"),
-            _ => s,
-        }
-    }
-
-    /// Sends a request built by `make`, retrying what a retry can fix; the 2xx body.
-    async fn send(
-        &self,
-        what: &str,
-        make: impl Fn() -> reqwest::RequestBuilder,
-    ) -> Result<bytes::Bytes, BatchError> {
-        let mut retries = 0u32;
-        loop {
-            let (retry, retry_after, status, msg) = match make().send().await {
-                Ok(r) => {
-                    let status = r.status().as_u16();
-                    let ra = r
-                        .headers()
-                        .get(reqwest::header::RETRY_AFTER)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(parse_retry_after);
-                    match r.bytes().await {
-                        Ok(b) if (200..300).contains(&status) => return Ok(b),
-                        Ok(b) => {
-                            let text: String =
-                                String::from_utf8_lossy(&b).chars().take(300).collect();
-                            let retry = matches!(status, 408 | 409 | 429) || status >= 500;
-                            (
-                                retry,
-                                ra,
-                                Some(status),
-                                format!("HTTP {status}: {}", text.trim()),
-                            )
-                        }
-                        Err(e) => (true, None, Some(status), format!("reading the body: {e}")),
-                    }
-                }
-                Err(e) => (true, None, None, format!("transport error: {e}")),
-            };
-            if !retry || retries >= 8 {
-                return Err(BatchError::Api {
-                    what: what.to_string(),
-                    status,
-                    msg: self.scrub(msg),
-                });
-            }
-            retries += 1;
-            tokio::time::sleep(backoff(retries, retry_after).min(Duration::from_secs(30))).await;
-        }
-    }
-
-    fn json<T: serde::de::DeserializeOwned>(what: &str, b: &[u8]) -> Result<T, BatchError> {
-        serde_json::from_slice(b).map_err(|e| BatchError::Api {
-            what: what.to_string(),
-            status: None,
-            msg: format!("unexpected answer: {e}"),
-        })
+            Ok(())
+        })?;
+        Ok(Self { api })
     }
 
     /// Uploads a batch input file (purpose `batch`); its file id.
@@ -222,10 +126,12 @@ impl Client {
         body.extend_from_slice(content);
         body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
         let body = bytes::Bytes::from(body);
-        let url = format!("{}/files", self.base);
+        let url = format!("{}/files", self.api.base);
         let b = self
+            .api
             .send("POST /files", || {
-                self.http
+                self.api
+                    .http
                     .post(&url)
                     .header(
                         reqwest::header::CONTENT_TYPE,
@@ -234,7 +140,7 @@ impl Client {
                     .body(body.clone())
             })
             .await?;
-        let v: Value = Self::json("POST /files", &b)?;
+        let v: Value = Api::json("POST /files", &b)?;
         v.get("id")
             .and_then(Value::as_str)
             .map(String::from)
@@ -245,22 +151,28 @@ impl Client {
             })
     }
 
-    /// Creates a batch over an uploaded file.
-    pub async fn create(&self, file_id: &str, metadata: &Value) -> Result<Batch, BatchError> {
-        let url = format!("{}/batches", self.base);
+    /// Creates a batch over an uploaded file, once; a failure says whether a retry could
+    /// fix it.
+    pub async fn create(
+        &self,
+        file_id: &str,
+        metadata: &Value,
+    ) -> Result<Batch, (BatchError, bool)> {
+        let url = format!("{}/batches", self.api.base);
         let body = json!({"input_file_id": file_id, "endpoint": ENDPOINT,
                           "completion_window": "24h", "metadata": metadata});
         let b = self
-            .send("POST /batches", || self.http.post(&url).json(&body))
+            .api
+            .send_once("POST /batches", self.api.http.post(&url).json(&body))
             .await?;
-        Self::json("POST /batches", &b)
+        Api::json("POST /batches", &b).map_err(|e| (e, false))
     }
 
     pub async fn retrieve(&self, id: &str) -> Result<Batch, BatchError> {
-        let url = format!("{}/batches/{id}", self.base);
+        let url = format!("{}/batches/{id}", self.api.base);
         let what = format!("GET /batches/{id}");
-        let b = self.send(&what, || self.http.get(&url)).await?;
-        Self::json(&what, &b)
+        let b = self.api.send(&what, || self.api.http.get(&url)).await?;
+        Api::json(&what, &b)
     }
 
     /// The first batch, newest first, whose metadata has `key` = `value`, looking at the
@@ -275,12 +187,15 @@ impl Client {
         let mut after: Option<String> = None;
         let mut seen = 0;
         loop {
-            let mut url = format!("{}/batches?limit=100", self.base);
+            let mut url = format!("{}/batches?limit=100", self.api.base);
             if let Some(a) = &after {
                 url.push_str(&format!("&after={a}"));
             }
-            let b = self.send("GET /batches", || self.http.get(&url)).await?;
-            let page: Page = Self::json("GET /batches", &b)?;
+            let b = self
+                .api
+                .send("GET /batches", || self.api.http.get(&url))
+                .await?;
+            let page: Page = Api::json("GET /batches", &b)?;
             seen += page.data.len();
             for batch in page.data {
                 let v = batch
@@ -305,11 +220,12 @@ impl Client {
 
     /// A file's content.
     pub async fn content(&self, file_id: &str) -> Result<bytes::Bytes, BatchError> {
-        let url = format!("{}/files/{file_id}/content", self.base);
-        self.send(&format!("GET /files/{file_id}/content"), || {
-            self.http.get(&url)
-        })
-        .await
+        let url = format!("{}/files/{file_id}/content", self.api.base);
+        self.api
+            .send(&format!("GET /files/{file_id}/content"), || {
+                self.api.http.get(&url)
+            })
+            .await
     }
 }
 
