@@ -904,3 +904,110 @@ fn a_judge_in_batch_mode_rescores_to_the_same_scores() {
     assert_eq!(end.get("/v1/batches"), Some(&4), "one batch of 40");
     compare("helpful@");
 }
+
+/// Rewrites every calls part under `root` as an older evalflow wrote it: without `batch_id`.
+fn strip_batch_id(root: &Path) {
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    for e in std::fs::read_dir(root.join("calls")).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_none_or(|x| x != "parquet") {
+            continue;
+        }
+        let r = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path).unwrap())
+            .unwrap()
+            .build()
+            .unwrap();
+        let batches: Vec<_> = r.map(|b| b.unwrap()).collect();
+        let keep: Vec<usize> = (0..batches[0].num_columns())
+            .filter(|&i| batches[0].schema().field(i).name() != "batch_id")
+            .collect();
+        let old: Vec<_> = batches.iter().map(|b| b.project(&keep).unwrap()).collect();
+        let mut w =
+            ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), old[0].schema(), None)
+                .unwrap();
+        for b in &old {
+            w.write(b).unwrap();
+        }
+        w.close().unwrap();
+    }
+}
+
+/// `batch_id` is a declared, optional column of `calls`: a run written before it (no such
+/// column) is checked, resumed and scored as before, and SQL over a mix of its parts and
+/// batch parts sees NULL for the old rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_written_before_batch_id_stay_readable() {
+    let declared = evalflow::schema::Table::Calls.schema();
+    let f = declared.field_with_name("batch_id").unwrap();
+    assert!(f.is_nullable());
+    let dir = tempfile::tempdir().unwrap();
+    let server = MockServer::start_with(loopback(), mock_cfg(vec![], None), batch_cfg(0.1, vec![]))
+        .await
+        .unwrap();
+    let p = pipeline(dir.path(), "p", &server.base_url(), 2, "");
+    let (old, new) = (dir.path().join("old/run"), dir.path().join("new/run"));
+    run_all(&p, &old, false).await;
+    run_all(&p, &new, true).await;
+    strip_batch_id(&old);
+    let part = std::fs::read_dir(old.join("calls"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .unwrap();
+    let meta = datafusion::parquet::file::reader::FileReader::metadata(
+        &datafusion::parquet::file::serialized_reader::SerializedFileReader::new(
+            std::fs::File::open(&part).unwrap(),
+        )
+        .unwrap(),
+    )
+    .file_metadata()
+    .schema_descr()
+    .columns()
+    .iter()
+    .map(|c| c.name().to_string())
+    .collect::<Vec<_>>();
+    assert!(!meta.contains(&"batch_id".to_string()), "{meta:?}");
+    let store = evalflow::storage::RunStore::open(old.to_str().unwrap()).unwrap();
+    evalflow::query::check_tables(&store).await.unwrap();
+    // The old run resumes (nothing left to send) and scores as before.
+    let scores_q = "SELECT call_id, scorer, score FROM t ORDER BY call_id, scorer";
+    let scored = |root: PathBuf| async move {
+        let d = std::fs::read_dir(root.join("scores"))
+            .unwrap()
+            .map(|e| format!("scores/{}", e.unwrap().file_name().to_string_lossy()))
+            .next()
+            .unwrap();
+        table(&root, &d, scores_q).await
+    };
+    let before = scored(old.clone()).await;
+    std::fs::remove_dir_all(old.join("scores")).unwrap();
+    run_all(&p, &old, false).await;
+    assert_eq!(scored(old.clone()).await, before);
+    // Old parts beside batch parts: one table, batch_id NULL where it was never written.
+    for e in std::fs::read_dir(new.join("calls")).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_some_and(|x| x == "parquet") {
+            std::fs::copy(&path, old.join("calls").join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    evalflow::query::check_tables(&store).await.unwrap();
+    let ctx = evalflow::query::new_context();
+    evalflow::query::register_run(&ctx, &store, "")
+        .await
+        .unwrap();
+    let rows = evalflow::query::text_rows(
+        &ctx,
+        "SELECT count(*), count(batch_id), count(DISTINCT call_id), \
+         sum(CASE WHEN batch_id LIKE 'batch_%' THEN 1 ELSE 0 END) FROM calls",
+    )
+    .await
+    .unwrap();
+    let got: Vec<Option<String>> = rows[0].clone();
+    assert_eq!(
+        got,
+        ["40", "20", "20", "20"]
+            .map(|s| Some(s.to_string()))
+            .to_vec()
+    );
+}
