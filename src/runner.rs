@@ -356,6 +356,8 @@ impl Runner {
         // `--retry-errors` reaches the judges: their failed calls are sent again too.
         let retry = |m: &crate::config::ModelConfig| crate::config::ModelConfig {
             retry_errors: self.retry_errors,
+            // `--batch` too: the judges' calls go through their batch interface.
+            batch: m.batch || self.batch,
             ..m.clone()
         };
         let run_judge = self.pipeline.judge.as_ref().map(retry);

@@ -88,6 +88,10 @@ struct FieldDecl {
     #[serde(rename = "type")]
     ty: String,
     nullable: bool,
+    /// Declared after parts were written without it: a part may lack it (it reads as
+    /// NULL). Only a nullable column can be optional.
+    #[serde(default)]
+    optional: bool,
 }
 
 /// Maps the type names used in `schemas/*.json` to Arrow types.
@@ -114,6 +118,12 @@ fn parse_schema(table: &str, src: &str) -> Result<Schema, SchemaError> {
         .fields
         .into_iter()
         .map(|f| {
+            if f.optional && !f.nullable {
+                return Err(decl(format!(
+                    "`{}`: an optional column must be nullable",
+                    f.name
+                )));
+            }
             let dt = parse_type(&f.ty).ok_or_else(|| decl(format!("unknown type `{}`", f.ty)))?;
             Ok(Field::new(f.name, dt, f.nullable))
         })
@@ -121,8 +131,32 @@ fn parse_schema(table: &str, src: &str) -> Result<Schema, SchemaError> {
     Ok(Schema::new(fields))
 }
 
+/// The columns of `schemas/<table>.json` marked `optional`: declared after parts were
+/// written without them, so a part may lack them.
+fn optional_columns(table: Table) -> &'static [String] {
+    static CACHE: OnceLock<Vec<Vec<String>>> = OnceLock::new();
+    let all = CACHE.get_or_init(|| {
+        Table::ALL
+            .iter()
+            .map(|t| {
+                serde_json::from_str::<SchemaFile>(t.source())
+                    .map(|f| {
+                        f.fields
+                            .into_iter()
+                            .filter(|f| f.optional)
+                            .map(|f| f.name)
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect()
+    });
+    &all[Table::ALL.iter().position(|t| *t == table).unwrap()]
+}
+
 /// Checks that `actual` (read from `file`) has every column of `table` with the declared
-/// type. Extra columns are allowed: DESIGN.md lets tables grow.
+/// type, but for `optional` columns it may lack (a part written before they were declared).
+/// Extra columns are allowed: DESIGN.md lets tables grow.
 ///
 /// # Errors
 /// [`SchemaError::Mismatch`] naming the file and the first column that does not fit.
@@ -133,9 +167,15 @@ pub fn check_compatible(table: Table, actual: &Schema, file: &str) -> Result<(),
             field: want.name().clone(),
             msg,
         };
-        let got = actual
-            .field_with_name(want.name())
-            .map_err(|_| mismatch(format!("missing (the {} table requires it)", table.name())))?;
+        let Ok(got) = actual.field_with_name(want.name()) else {
+            if optional_columns(table).contains(want.name()) {
+                continue;
+            }
+            return Err(mismatch(format!(
+                "missing (the {} table requires it)",
+                table.name()
+            )));
+        };
         if !types_compatible(want.data_type(), got.data_type()) {
             return Err(mismatch(format!(
                 "has type {}, expected {}",

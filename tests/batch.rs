@@ -765,3 +765,249 @@ fn no_wait_submits_and_the_next_call_collects() {
         serde_json::from_slice(&std::fs::read(root.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(m["stages"]["call"]["status"], "complete");
 }
+
+/// Lines of the mock's log by path, counted.
+fn log_paths(log: &Path) -> HashMap<String, usize> {
+    let mut n = HashMap::new();
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        *n.entry(v["path"].as_str().unwrap_or("").to_string())
+            .or_default() += 1;
+    }
+    n
+}
+
+/// A judge in batch mode re-scores an archived run to the same scores as synchronously:
+/// `rescore --scorer judge --batch` (the built-in judge and `[judge]`), and a
+/// `kind = "judge"` scorer whose `model` has `batch = true`, against the same judge scored
+/// synchronously; the judge's calls went through batches, none synchronously.
+#[test]
+fn a_judge_in_batch_mode_rescores_to_the_same_scores() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("judge.jsonl");
+    let model = rt
+        .block_on(MockServer::start(loopback(), mock_cfg(vec![], None)))
+        .unwrap();
+    let judge = rt
+        .block_on(MockServer::start_with(
+            loopback(),
+            MockConfig {
+                answer: AnswerMode::Checklist,
+                ..mock_cfg(vec![], Some(log.clone()))
+            },
+            batch_cfg(0.2, vec![]),
+        ))
+        .unwrap();
+    let judged = |name: &str, scorers: &str| {
+        let p = pipeline(dir.path(), name, &model.base_url(), 4, "");
+        let text = std::fs::read_to_string(&p).unwrap().replace(
+            "[suite]",
+            &format!(
+                "[judge]\nprovider = \"openai\"\nbase_url = \"{}\"\nname = \"judge-model\"\n\
+                 temperature = 0.0\nbatch_max_requests = 15\n\n[score]\nscorers = [{scorers}]\n\n\
+                 [[score.judge.questions]]\nid = \"label\"\ntext = \"Is the answer a sentiment label?\"\n\n\
+                 [[score.judge.questions]]\nid = \"short\"\ntext = \"Is the answer one word?\"\n\n\
+                 [[score.judge.questions]]\nid = \"polite\"\ntext = \"Is the answer polite?\"\n\n[suite]",
+                judge.base_url()
+            ),
+        );
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    // The synchronous judge, scored by `run`; and an archived run without it.
+    let sync_root = dir.path().join("a").join("run");
+    let archived = dir.path().join("c").join("run");
+    rt.block_on(run_all(&judged("sync", "\"judge\""), &sync_root, false));
+    rt.block_on(run_all(
+        &judged("archived", "\"checklist\""),
+        &archived,
+        false,
+    ));
+    let before = log_paths(&log);
+    assert_eq!(before.get("/v1/chat/completions"), Some(&40), "{before:?}");
+    assert_eq!(before.get("/v1/batches"), None);
+    let rescore = |root: &Path, extra: &[&str]| {
+        let mut args = vec!["rescore", root.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let o = child(&args, &[("EVALFLOW_CACHE_DIR", "off")]);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    rescore(&archived, &["--scorer", "judge", "--batch"]);
+    let after = log_paths(&log);
+    assert_eq!(
+        after.get("/v1/chat/completions"),
+        Some(&40),
+        "no synchronous judge call"
+    );
+    assert_eq!(
+        after.get("/v1/batches"),
+        Some(&3),
+        "40 judge calls, 15 a batch"
+    );
+    assert_eq!(after.get("batch:/v1/chat/completions"), Some(&40));
+    let dirs = |root: &Path, prefix: &str| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(root.join("scores"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|n| n.starts_with(prefix))
+            .collect();
+        v.sort();
+        v
+    };
+    let q = "SELECT call_id, scorer, scoring_version, validity, score, passed, \
+             array_to_string(answers, ',') AS answers FROM t ORDER BY call_id";
+    let compare = |prefix: &str| {
+        let (a, c) = (dirs(&sync_root, prefix), dirs(&archived, prefix));
+        assert_eq!(a.len(), 1, "{a:?}");
+        assert_eq!(a, c, "the same version");
+        let d = format!("scores/{}", a[0]);
+        let (sa, sc) = rt.block_on(async {
+            (
+                table(&sync_root, &d, q).await,
+                table(&archived, &d, q).await,
+            )
+        });
+        assert_eq!(sa.lines().count(), 4 + 40, "{sa}");
+        assert!(sa.contains("valid_answer") && sa.contains("true"), "{sa}");
+        assert_eq!(sa, sc, "{prefix}");
+    };
+    compare("judge@");
+    // A judge scorer of a file, its model in batch mode (batch does not change its version).
+    let file = |name: &str, batch: bool| {
+        let p = dir.path().join(name);
+        std::fs::write(
+            &p,
+            format!(
+                "[[scorer]]\nname = \"helpful\"\nkind = \"judge\"\nmetric = \"numeric\"\n\
+                 model = {{ provider = \"openai\", base_url = \"{}\", name = \"judge-model\", temperature = 0.0, batch = {batch} }}\n\
+                 questions = [{{ id = \"label\", text = \"Is the answer a sentiment label?\" }}, {{ id = \"short\", text = \"Is it one word?\" }}]\n",
+                judge.base_url()
+            ),
+        )
+        .unwrap();
+        p
+    };
+    let (sync_file, batch_file) = (file("sync.toml", false), file("batch.toml", true));
+    rescore(&sync_root, &["--scorer-file", sync_file.to_str().unwrap()]);
+    let mid = log_paths(&log);
+    rescore(&archived, &["--scorer-file", batch_file.to_str().unwrap()]);
+    let end = log_paths(&log);
+    assert_eq!(
+        end.get("/v1/chat/completions"),
+        mid.get("/v1/chat/completions")
+    );
+    assert_eq!(end.get("/v1/batches"), Some(&4), "one batch of 40");
+    compare("helpful@");
+}
+
+/// Rewrites every calls part under `root` as an older evalflow wrote it: without `batch_id`.
+fn strip_batch_id(root: &Path) {
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    for e in std::fs::read_dir(root.join("calls")).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_none_or(|x| x != "parquet") {
+            continue;
+        }
+        let r = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path).unwrap())
+            .unwrap()
+            .build()
+            .unwrap();
+        let batches: Vec<_> = r.map(|b| b.unwrap()).collect();
+        let keep: Vec<usize> = (0..batches[0].num_columns())
+            .filter(|&i| batches[0].schema().field(i).name() != "batch_id")
+            .collect();
+        let old: Vec<_> = batches.iter().map(|b| b.project(&keep).unwrap()).collect();
+        let mut w =
+            ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), old[0].schema(), None)
+                .unwrap();
+        for b in &old {
+            w.write(b).unwrap();
+        }
+        w.close().unwrap();
+    }
+}
+
+/// `batch_id` is a declared, optional column of `calls`: a run written before it (no such
+/// column) is checked, resumed and scored as before, and SQL over a mix of its parts and
+/// batch parts sees NULL for the old rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_written_before_batch_id_stay_readable() {
+    let declared = evalflow::schema::Table::Calls.schema();
+    let f = declared.field_with_name("batch_id").unwrap();
+    assert!(f.is_nullable());
+    let dir = tempfile::tempdir().unwrap();
+    let server = MockServer::start_with(loopback(), mock_cfg(vec![], None), batch_cfg(0.1, vec![]))
+        .await
+        .unwrap();
+    let p = pipeline(dir.path(), "p", &server.base_url(), 2, "");
+    let (old, new) = (dir.path().join("old/run"), dir.path().join("new/run"));
+    run_all(&p, &old, false).await;
+    run_all(&p, &new, true).await;
+    strip_batch_id(&old);
+    let part = std::fs::read_dir(old.join("calls"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .unwrap();
+    let meta = datafusion::parquet::file::reader::FileReader::metadata(
+        &datafusion::parquet::file::serialized_reader::SerializedFileReader::new(
+            std::fs::File::open(&part).unwrap(),
+        )
+        .unwrap(),
+    )
+    .file_metadata()
+    .schema_descr()
+    .columns()
+    .iter()
+    .map(|c| c.name().to_string())
+    .collect::<Vec<_>>();
+    assert!(!meta.contains(&"batch_id".to_string()), "{meta:?}");
+    let store = evalflow::storage::RunStore::open(old.to_str().unwrap()).unwrap();
+    evalflow::query::check_tables(&store).await.unwrap();
+    // The old run resumes (nothing left to send) and scores as before.
+    let scores_q = "SELECT call_id, scorer, score FROM t ORDER BY call_id, scorer";
+    let scored = |root: PathBuf| async move {
+        let d = std::fs::read_dir(root.join("scores"))
+            .unwrap()
+            .map(|e| format!("scores/{}", e.unwrap().file_name().to_string_lossy()))
+            .next()
+            .unwrap();
+        table(&root, &d, scores_q).await
+    };
+    let before = scored(old.clone()).await;
+    std::fs::remove_dir_all(old.join("scores")).unwrap();
+    run_all(&p, &old, false).await;
+    assert_eq!(scored(old.clone()).await, before);
+    // Old parts beside batch parts: one table, batch_id NULL where it was never written.
+    for e in std::fs::read_dir(new.join("calls")).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_some_and(|x| x == "parquet") {
+            std::fs::copy(&path, old.join("calls").join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    evalflow::query::check_tables(&store).await.unwrap();
+    let ctx = evalflow::query::new_context();
+    evalflow::query::register_run(&ctx, &store, "")
+        .await
+        .unwrap();
+    let rows = evalflow::query::text_rows(
+        &ctx,
+        "SELECT count(*), count(batch_id), count(DISTINCT call_id), \
+         sum(CASE WHEN batch_id LIKE 'batch_%' THEN 1 ELSE 0 END) FROM calls",
+    )
+    .await
+    .unwrap();
+    let got: Vec<Option<String>> = rows[0].clone();
+    assert_eq!(
+        got,
+        ["40", "20", "20", "20"]
+            .map(|s| Some(s.to_string()))
+            .to_vec()
+    );
+}

@@ -42,8 +42,32 @@ pub struct RescoreArgs {
     /// none when it has no earlier version).
     #[arg(long)]
     pub against: Option<String>,
+    /// Send a judge scorer's calls through its provider's batch interface, at half the
+    /// price (docs/batch.md); the scores are the same as synchronously.
+    #[arg(long)]
+    pub batch: bool,
     #[command(flatten)]
     pub cluster: super::ClusterArg,
+}
+
+/// The run's pipeline with every judge model (`[judge]`, a `[[scorer]]`'s `model`) in batch
+/// mode (`--batch`).
+fn batch_pipeline(pipeline: &serde_json::Value) -> serde_json::Value {
+    let mut p = pipeline.clone();
+    if let Some(j) = p.get_mut("judge").and_then(|j| j.as_object_mut()) {
+        j.insert("batch".into(), json!(true));
+    }
+    for s in p
+        .get_mut("scorer")
+        .and_then(|s| s.as_array_mut())
+        .into_iter()
+        .flatten()
+    {
+        if let Some(m) = s.get_mut("model").and_then(|m| m.as_object_mut()) {
+            m.insert("batch".into(), json!(true));
+        }
+    }
+    p
 }
 
 /// The user scorer of `--scorer-file` that `--scorer` names (or the file's only one).
@@ -91,7 +115,10 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
     let mut file_def = None;
     let scorer: Box<dyn Scorer> = match &a.scorer_file {
         Some(file) => {
-            let def = from_file(&a, file)?;
+            let mut def = from_file(&a, file)?;
+            if let Some(m) = def.model.as_mut() {
+                m.batch |= a.batch;
+            }
             file_def = Some(def.clone());
             // Checked in full (and its version known) before a judge is asked anything.
             let version = def.version();
@@ -120,14 +147,23 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
                 .pipeline
                 .get("judge")
                 .filter(|v| !v.is_null())
-                .and_then(|v| serde_json::from_value(v.clone()).ok());
+                .and_then(|v| serde_json::from_value(v.clone()).ok())
+                .map(|mut j: crate::pipeline::ModelConfig| {
+                    j.batch |= a.batch;
+                    j
+                });
             user::prepare(&def, &store, judge.as_ref())
                 .await
                 .map_err(scorer_err)?
         }
         None => {
             let spec = a.scorer.as_deref().unwrap_or_default();
-            score::build_for_run(spec, a.cues.as_deref(), &store, &manifest.pipeline)
+            let pipeline = if a.batch {
+                batch_pipeline(&manifest.pipeline)
+            } else {
+                manifest.pipeline.clone()
+            };
+            score::build_for_run(spec, a.cues.as_deref(), &store, &pipeline)
                 .await
                 .map_err(scorer_err)?
         }

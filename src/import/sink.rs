@@ -1332,8 +1332,8 @@ impl ImportSink {
              CAST(NULL AS DOUBLE) AS response_score, response_hash, finish_reason, \
              prompt_tokens, completion_tokens, reasoning_tokens, reasoning_chars, http_status, \
              error, attempts, latency_ms, max_tokens, temperature, started_at, \
-             CAST(NULL AS BOOLEAN) AS retried_for_budget, source_format, source_file, \
-             source_id, seq, fp FROM ({source})"
+             CAST(NULL AS BOOLEAN) AS retried_for_budget, CAST(NULL AS VARCHAR) AS batch_id, \
+             source_format, source_file, source_id, seq, fp FROM ({source})"
         )
     }
 

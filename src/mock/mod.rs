@@ -500,13 +500,25 @@ impl MockState {
             AnswerMode::Vader => vader::label(vader::compound(last_user)).to_string(),
             AnswerMode::Checklist => {
                 let seed = self.cfg.seed.to_be_bytes();
+                let model = inc
+                    .body
+                    .get("model")
+                    .map(Value::to_string)
+                    .unwrap_or_default();
                 last_user
                     .lines()
                     .filter_map(|l| {
                         let rest = l.trim().strip_prefix('Q')?;
                         let k: String = rest.chars().take_while(char::is_ascii_digit).collect();
                         rest[k.len()..].starts_with(':').then(|| {
-                            let yes = uniform(&[&seed, inc.hash.as_bytes(), l.as_bytes()]) < 0.5;
+                            // Keyed by what was asked (not the request hash, which a batch
+                            // line lacks): a batch judge answers as a synchronous one.
+                            let yes = uniform(&[
+                                &seed,
+                                model.as_bytes(),
+                                last_user.as_bytes(),
+                                l.as_bytes(),
+                            ]) < 0.5;
                             format!("Q{k}: {}", if yes { "YES" } else { "NO" })
                         })
                     })

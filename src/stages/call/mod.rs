@@ -412,6 +412,11 @@ pub fn to_batch(model: &ModelConfig, rows: &[CallRow]) -> RecordBatch {
                 .map(|r| r.res.retried_for_budget)
                 .collect::<BooleanArray>(),
         ),
+        // `batch_id`: set by the batch path (stages/call/batch/).
+        datafusion::arrow::array::new_null_array(
+            &datafusion::arrow::datatypes::DataType::Utf8,
+            rows.len(),
+        ),
     ];
     RecordBatch::try_new(Table::Calls.schema(), cols)
         .expect("calls batch matches schemas/calls.json")

@@ -40,8 +40,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::array::{RecordBatch, StringArray};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -121,23 +120,19 @@ fn crash_at(point: &str) {
     }
 }
 
-/// The `calls` schema of rows that came through a batch: the declared columns, then
-/// `batch_id` (readers accept extra columns; a synchronous part simply lacks it).
-pub fn calls_schema() -> SchemaRef {
-    let base = Table::Calls.schema();
-    let mut fields: Vec<Field> = base.fields().iter().map(|f| f.as_ref().clone()).collect();
-    fields.push(Field::new("batch_id", DataType::Utf8, true));
-    Arc::new(Schema::new(fields))
-}
-
+/// Sets the `batch_id` column (declared in `schemas/calls.json`, NULL for a synchronous
+/// call) of a calls batch.
 fn with_batch_id(b: RecordBatch, batch_id: &str) -> RecordBatch {
+    let schema = b.schema();
+    let i = schema
+        .index_of("batch_id")
+        .expect("schemas/calls.json declares batch_id");
     let mut cols = b.columns().to_vec();
-    let ids: ArrayRef = Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+    cols[i] = Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
         batch_id,
         b.num_rows(),
     )));
-    cols.push(ids);
-    RecordBatch::try_new(calls_schema(), cols).expect("calls columns and batch_id")
+    RecordBatch::try_new(schema, cols).expect("calls columns")
 }
 
 /// The batch interface of the model's provider.
@@ -737,9 +732,11 @@ impl Ctx<'_> {
             });
         }
         if !rows.is_empty() {
-            let mut w =
-                self.store
-                    .part_writer("calls", calls_schema(), &format!("part-batch-{}", c.key));
+            let mut w = self.store.part_writer(
+                "calls",
+                Table::Calls.schema(),
+                &format!("part-batch-{}", c.key),
+            );
             for chunk in rows.chunks(8192) {
                 w.write(with_batch_id(super::to_batch(self.model, chunk), &batch_id))
                     .await?;
