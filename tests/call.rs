@@ -2013,5 +2013,89 @@ fn a_judge_over_many_parts_scores_the_same_and_resumes_without_paying_twice() {
     assert_eq!(ids(&killed), ids(&parts));
     assert_eq!(scores(&killed), b, "a resumed judge scores the same");
     assert_eq!(valid, judged.len(), "one judge prompt per valid answer");
+
+    // The judge's calls of `parts` cut into parts of 20 rows in the order of the judged
+    // parts (as a long judge's commits come, in cases order): a judged part's replies sit
+    // in at most 4 of them, and only those are read for it (debug log), where every judged
+    // part read every nested part before; the scores stay the same, with no request.
+    let cut = 20;
+    rt.block_on(async {
+        use datafusion::arrow::compute::{concat_batches, take_record_batch};
+        let run = evalflow::storage::RunStore::open(parts.to_str().unwrap()).unwrap();
+        let mut part_of: HashMap<String, usize> = HashMap::new();
+        for (k, m) in run.list_parts("calls").await.unwrap().iter().enumerate() {
+            let mut s = run.read_part(m, Table::Calls).await.unwrap();
+            while let Some(b) = s.next().await {
+                let b = evalflow::schema::plain_strings(b.unwrap());
+                let ids = b.column_by_name("call_id").unwrap();
+                let ids = ids.as_any().downcast_ref::<StringArray>().unwrap();
+                for id in ids.iter().flatten() {
+                    part_of.insert(id.to_string(), k);
+                }
+            }
+        }
+        let sub = evalflow::storage::RunStore::open(nested(&parts).to_str().unwrap()).unwrap();
+        let mut s = sub.read_table("calls", Table::Calls).await.unwrap();
+        let mut batches = vec![];
+        while let Some(b) = s.next().await {
+            batches.push(evalflow::schema::plain_strings(b.unwrap()));
+        }
+        drop(s);
+        let all = concat_batches(&batches[0].schema(), &batches).unwrap();
+        let case_ids = all.column_by_name("case_id").unwrap();
+        let case_ids = case_ids.as_any().downcast_ref::<StringArray>().unwrap();
+        let mut order: Vec<u32> = (0..all.num_rows() as u32).collect();
+        order.sort_by_key(|i| part_of[case_ids.value(*i as usize)]);
+        let sorted = take_record_batch(
+            &all,
+            &Int32Array::from_iter_values(order.iter().map(|i| *i as i32)),
+        )
+        .unwrap();
+        sub.delete_dir("calls").await.unwrap();
+        let mut w = sub
+            .part_writer("calls", sorted.schema(), "part-cut")
+            .with_part_rows(cut);
+        for k in (0..sorted.num_rows()).step_by(cut) {
+            w.write(sorted.slice(k, cut.min(sorted.num_rows() - k)))
+                .await
+                .unwrap();
+        }
+        w.finish().await.unwrap();
+    });
+    let nested_parts = n_parts(&nested(&parts), "calls");
+    assert!(nested_parts >= 20, "{nested_parts} nested calls parts");
+    let before = read_log(&log).len();
+    // Rescoring never overwrites a scores version: the first one goes.
+    for e in std::fs::read_dir(parts.join("scores")).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("helpful@")
+        {
+            std::fs::remove_dir_all(p).unwrap();
+        }
+    }
+    let o = rescore(&parts).env("RUST_LOG", "evalflow=debug").output();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{err}");
+    assert_eq!(read_log(&log).len(), before, "no judge call paid again");
+    let reads: Vec<(usize, usize)> = err
+        .lines()
+        .filter_map(|l| {
+            let t = l.split("judge: ").last()?;
+            let w: Vec<&str> = t.split(' ').collect();
+            (w.get(3) == Some(&"reply")).then(|| (w[0].parse().unwrap(), w[2].parse().unwrap()))
+        })
+        .collect();
+    assert_eq!(reads.len(), calls_parts, "one read per judged part: {err}");
+    for (read, of) in &reads {
+        assert_eq!(*of, nested_parts);
+        assert!(
+            (1..=4).contains(read),
+            "{read} of {of} nested parts read for one judged part"
+        );
+    }
+    assert_eq!(scores(&parts), b, "the same scores from the pruned reads");
     drop(judge);
 }

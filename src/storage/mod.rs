@@ -5,10 +5,12 @@
 //! under a temporary name and renames it; S3 and friends commit on completion), so a reader
 //! never sees half a part and a crash never corrupts a committed one.
 
+mod bloom;
 pub mod compact;
 mod manifest;
 mod store;
 
+pub use bloom::{Bloom, hash as bloom_hash};
 pub use manifest::{Manifest, StageRecord, StageStatus, now as manifest_now};
 pub use store::{
     PART_ROWS, PartFooter, PartWriter, PipelinedEncoder, RootUrl, RunStore, encode_parquet,

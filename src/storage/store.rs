@@ -405,6 +405,88 @@ impl RunStore {
         Ok(false)
     }
 
+    /// The bloom filters on `column` of a part's row groups ([`super::Bloom`]), or `None`
+    /// when the column or a row group has none (the part may then hold anything).
+    #[allow(deprecated)]
+    pub async fn bloom_filters(
+        &self,
+        part: &PartFooter,
+        column: &str,
+    ) -> Result<Option<Vec<super::Bloom>>, StorageError> {
+        let md = part.footer.metadata().clone();
+        let Some(col) = md
+            .file_metadata()
+            .schema_descr()
+            .columns()
+            .iter()
+            .position(|c| c.path().string() == column)
+        else {
+            return Ok(None);
+        };
+        let reader = ParquetObjectReader::new(self.store.clone(), part.meta.location.clone())
+            .with_file_size(part.meta.size);
+        let mut b = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, part.footer.clone());
+        let mut out = Vec::with_capacity(md.num_row_groups());
+        for rg in 0..md.num_row_groups() {
+            let filter = b
+                .get_row_group_column_bloom_filter(rg, col)
+                .await
+                .map_err(|source| StorageError::CorruptPart {
+                    location: self.location(&part.meta.location),
+                    what: format!("bloom filter of `{column}`"),
+                    source,
+                })?;
+            match filter {
+                Some(f) => out.push(super::Bloom::from_sbbf(&f)),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// One string column of a part, decoded alone (the other columns are not read).
+    #[allow(deprecated)]
+    pub async fn string_column(
+        &self,
+        meta: &ObjectMeta,
+        column: &str,
+    ) -> Result<Vec<datafusion::arrow::array::ArrayRef>, StorageError> {
+        use datafusion::parquet::arrow::ProjectionMask;
+        let location = self.location(&meta.location);
+        let corrupt = |what: &str| {
+            let (location, what) = (location.clone(), what.to_string());
+            move |source| StorageError::CorruptPart {
+                location,
+                what,
+                source,
+            }
+        };
+        let reader = ParquetObjectReader::new(self.store.clone(), meta.location.clone())
+            .with_file_size(meta.size);
+        let builder = ParquetRecordBatchStreamBuilder::new(reader)
+            .await
+            .map_err(corrupt("footer"))?;
+        let mask = ProjectionMask::columns(builder.parquet_schema(), [column]);
+        let mut stream = builder
+            .with_projection(mask)
+            .with_batch_size(8192)
+            .build()
+            .map_err(corrupt("footer"))?;
+        let mut out = Vec::new();
+        while let Some(b) = stream.next().await {
+            let b = b.map_err(corrupt(&format!("column `{column}`")))?;
+            let c = b.column_by_name(column).cloned().ok_or_else(|| {
+                StorageError::Schema(crate::schema::SchemaError::Mismatch {
+                    file: location.clone(),
+                    field: column.to_string(),
+                    msg: "missing".into(),
+                })
+            })?;
+            out.push(c);
+        }
+        Ok(out)
+    }
+
     /// The number of rows of a table (0 when it has no part), from its parts' footers.
     pub async fn table_rows(&self, table: &str) -> Result<u64, StorageError> {
         let mut rows = 0;

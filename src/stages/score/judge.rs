@@ -45,9 +45,24 @@ pub struct JudgeScorer {
 enum Replies {
     /// In hand: one part's (see [`JudgeScorer::part_scorer`]), or a test's.
     InHand(HashMap<String, Reply>),
-    /// In the nested run's `calls`, read part by part as the judged rows are scored.
-    Nested(RunStore),
+    /// In the nested run's `calls`, read part by part as the judged rows are scored: of
+    /// each judged part, only the nested parts the index says may hold its replies.
+    Nested(Arc<ReplyIndex>),
 }
+
+/// Which parts of the nested run's `calls` may hold the replies to each judged calls part
+/// ([`reply_index`]).
+#[derive(Debug, Default)]
+struct ReplyIndex {
+    /// By judged calls part (its file name): the nested calls parts' locations, in order.
+    by_part: HashMap<String, Vec<String>>,
+    /// The nested calls parts in all.
+    nested: usize,
+}
+
+/// Nested cases parts' filters held at once while the index is built (at most 512 KiB
+/// each: a part of 100k prompts at a false-positive rate of 1e-6).
+const FILTERS_AT_ONCE: usize = 32;
 
 /// The version: the scorer's logic version plus a hash of the questions and the judge model,
 /// since either changes what the numbers mean.
@@ -156,10 +171,11 @@ impl JudgeScorer {
             .await
             .map_err(|e| query_err(in_prompts(e)))?;
         call::run(&sub, judge, provider).await?;
+        let index = reply_index(&sub).await.map_err(query_err)?;
         Ok(Self {
             checklist: checklist.clone(),
             version,
-            replies: Replies::Nested(sub),
+            replies: Replies::Nested(Arc::new(index)),
         })
     }
 
@@ -190,10 +206,10 @@ impl JudgeScorer {
         run: &RunStore,
         part: &object_store::ObjectMeta,
     ) -> Result<Option<JudgeScorer>, QueryError> {
-        let Replies::Nested(sub) = &self.replies else {
+        let Replies::Nested(index) = &self.replies else {
             return Ok(None);
         };
-        let replies = part_replies(run, sub, part).await?;
+        let replies = part_replies(run, index, part).await?;
         Ok(Some(Self {
             checklist: self.checklist.clone(),
             version: self.version.clone(),
@@ -282,16 +298,123 @@ fn prompt_cases(checklist: &JudgeChecklist, b: &RecordBatch) -> Vec<Case> {
         .collect()
 }
 
-/// The judge's replies to the calls of one part of `run`, from `sub`'s `calls`.
+/// Which nested `calls` parts may hold the replies to each judged calls part: the judge's
+/// cases part `<judged part>-NNNNN` holds that part's prompts, keyed by the judged call ids,
+/// with a bloom filter on `case_id`; a nested calls part may hold a judged part's replies
+/// when one of its `case_id`s is in that filter. Each nested `case_id` is hashed once and
+/// asked of every filter ([`crate::storage::Bloom::check_hash`]): reading the index costs
+/// one decoding of the nested `case_id` column per [`FILTERS_AT_ONCE`] judged parts, where
+/// reading every nested part for each judged part decoded it once per judged part.
+///
+/// The nested call stage sends the prompts in cases order and commits every few seconds,
+/// so a nested part holds the replies of one or two judged parts (and the retries of a
+/// later session, of a few).
+async fn reply_index(sub: &RunStore) -> Result<ReplyIndex, QueryError> {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::DataType;
+    let calls = sub.list_parts("calls").await?;
+    let mut index = ReplyIndex {
+        by_part: HashMap::new(),
+        nested: calls.len(),
+    };
+    if calls.is_empty() {
+        return Ok(index);
+    }
+    let cases = sub.list_parts("cases").await?;
+    let threads = crate::query::resources().threads.max(1);
+    for chunk in cases.chunks(FILTERS_AT_ONCE) {
+        let mut filters = Vec::with_capacity(chunk.len());
+        for m in chunk {
+            let f = sub.footer(m).await?;
+            filters.push((judged_part(m), sub.bloom_filters(&f, "case_id").await?));
+        }
+        let filters = Arc::new(filters);
+        let mut hits = futures::stream::iter(calls.iter().cloned())
+            .map(|m| {
+                let (sub, filters) = (sub.clone(), filters.clone());
+                tokio::spawn(async move {
+                    let cols = sub.string_column(&m, "case_id").await?;
+                    // Filters without a bloom filter (an older nested run) may hold anything.
+                    let mut hit: Vec<bool> = filters.iter().map(|(_, f)| f.is_none()).collect();
+                    let mut open = hit.iter().filter(|h| !**h).count();
+                    for c in &cols {
+                        let c = datafusion::arrow::compute::cast(c, &DataType::Utf8)
+                            .map_err(|e| QueryError::df("judge reply index")(e.into()))?;
+                        for v in c.as_string::<i32>().iter().flatten() {
+                            if open == 0 {
+                                break;
+                            }
+                            let h = crate::storage::bloom_hash(v.as_bytes());
+                            for (k, (_, f)) in filters.iter().enumerate() {
+                                if !hit[k]
+                                    && f.as_ref()
+                                        .is_some_and(|rgs| rgs.iter().any(|b| b.check_hash(h)))
+                                {
+                                    hit[k] = true;
+                                    open -= 1;
+                                }
+                            }
+                        }
+                    }
+                    Ok::<_, QueryError>((sub.location(&m.location), hit))
+                })
+            })
+            .buffered(threads);
+        while let Some(r) = hits.next().await {
+            let (url, hit) = r.map_err(|e| {
+                QueryError::df("judge reply index")(datafusion::error::DataFusionError::External(
+                    Box::new(e),
+                ))
+            })??;
+            for (k, (part, _)) in filters.iter().enumerate() {
+                if hit[k] {
+                    index
+                        .by_part
+                        .entry(part.clone())
+                        .or_default()
+                        .push(url.clone());
+                }
+            }
+        }
+    }
+    for urls in index.by_part.values_mut() {
+        // A judged part with several cases parts gathered its list chunk by chunk.
+        urls.sort();
+        urls.dedup();
+    }
+    Ok(index)
+}
+
+/// The judged calls part (file name) whose prompts a nested cases part holds: the writer
+/// of [`write_prompts`] names them `<judged part stem>-NNNNN.parquet`.
+fn judged_part(m: &object_store::ObjectMeta) -> String {
+    let name = m.location.filename().unwrap_or_default();
+    let stem = name.strip_suffix(".parquet").unwrap_or(name);
+    match stem.rsplit_once('-') {
+        Some((judged, seq)) if !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit()) => {
+            format!("{judged}.parquet")
+        }
+        _ => name.to_string(),
+    }
+}
+
+/// The judge's replies to the calls of one part of `run`, from the parts of the nested
+/// run's `calls` that `index` says may hold them.
 async fn part_replies(
     run: &RunStore,
-    sub: &RunStore,
+    index: &ReplyIndex,
     part: &object_store::ObjectMeta,
 ) -> Result<HashMap<String, Reply>, QueryError> {
     let err = || QueryError::df("judge replies");
     let mut replies = HashMap::new();
-    let nested = sub.list_parts("calls").await?;
-    if nested.is_empty() {
+    let name = part.location.filename().unwrap_or_default();
+    let urls = index.by_part.get(name).map(Vec::as_slice).unwrap_or(&[]);
+    tracing::debug!(
+        "judge: {} of {} reply parts read for {name}",
+        urls.len(),
+        index.nested
+    );
+    if urls.is_empty() {
         return Ok(replies);
     }
     // One partition: the nested parts are read in name order, rows in order.
@@ -313,8 +436,7 @@ async fn part_replies(
     if ids.is_empty() {
         return Ok(replies);
     }
-    let urls: Vec<String> = nested.iter().map(|m| sub.location(&m.location)).collect();
-    crate::query::register_parquet_paths(&ctx, "replies", &urls).await?;
+    crate::query::register_parquet_paths(&ctx, "replies", urls).await?;
     ctx.register_udf(in_part_udf(Arc::new(ids)));
     let mut s = ctx
         .sql("SELECT case_id, response, error FROM replies WHERE judged_in_part(case_id)")
