@@ -8,14 +8,15 @@
 mod bloom;
 pub mod compact;
 mod manifest;
+mod parts;
+mod root;
 mod store;
 
 pub use bloom::{Bloom, hash as bloom_hash};
 pub use manifest::{Manifest, StageRecord, StageStatus, now as manifest_now};
-pub use store::{
-    PART_ROWS, PartFooter, PartWriter, PipelinedEncoder, RootUrl, RunStore, encode_parquet,
-    parquet_props, part_rows,
-};
+pub use parts::{PartWriter, PipelinedEncoder, encode_parquet, parquet_props};
+pub use root::RootUrl;
+pub use store::{PART_ROWS, PartFooter, RunStore, part_rows};
 
 /// Errors of the run store. Each names the location it concerns.
 #[derive(Debug, thiserror::Error)]
