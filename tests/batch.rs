@@ -258,6 +258,50 @@ async fn same_as_synchronous(provider: &str) {
         (batch_cost - expected / 2.0).abs() < 1e-12,
         "{batch_cost} vs {expected}"
     );
+    // `check` prices the tokens per model the same way, from the rows' batch_id.
+    for (root, paid) in [(&sync_root, expected), (&batch_root, batch_cost)] {
+        let o = child(&["check", root.to_str().unwrap()], &[]);
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let batch_calls = if paid < expected { "40" } else { "0" };
+        let line = text
+            .lines()
+            .find(|l| l.contains("mock-model") && l.contains('$'))
+            .unwrap_or_else(|| panic!("{text}"));
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells[1..3], ["40", batch_calls], "{line}");
+        assert_eq!(
+            cells[5..7],
+            [format!("${paid:.6}"), format!("${expected:.6}")],
+            "{line}"
+        );
+    }
+    // The report says the same.
+    let html = dir.path().join("report.html");
+    let o = child(
+        &[
+            "report",
+            batch_root.to_str().unwrap(),
+            "--html",
+            html.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains(&format!(
+            "cost ${batch_cost:.6} (${expected:.6} without the batch discount)"
+        )),
+        "{}",
+        page.lines()
+            .find(|l| l.contains("tokens and cost"))
+            .unwrap_or("no tokens row")
+    );
     // 40 requests in batches of at most 7.
     let mut distinct: Vec<&String> = batches.values().flatten().collect();
     distinct.sort();

@@ -2,10 +2,10 @@
 """The batch bench: N requests through the batch path against the mock's Batch API.
 
 Usage: python3 benches/batch/bench.py [--sizes 20000,200000] [--bin /work/rel-target/release/evalflow]
-       [--work /tmp/evalflow-batch] [--batch-secs 2]
+       [--work /tmp/evalflow-batch] [--batch-secs 2] [--provider openai|anthropic]
 
 For each size N: a suite of N cases (one sample each) is generated, then `evalflow call --batch`
-sends them as batches of at most 50,000 requests to `evalflow mock-server --batch-secs S`
+sends them as batches of at most 50,000 requests (Anthropic's Message Batches: 100,000) to `evalflow mock-server --batch-secs S`
 (each batch is final S seconds after its creation). Prints, per size, the call's wall time,
 CPU time and peak RSS, and the mock's own serving time: from the first batch's creation to
 the last batch's end, read from the mock's request log (`batch_final` lines). Ratios: peak RSS
@@ -34,12 +34,12 @@ def timed(cmd):
     return wall, float(u) + float(s), int(m) * 1024, p.stdout, p.stderr
 
 
-def pipeline(path, base_url, n):
+def pipeline(path, base_url, n, provider="openai"):
     items = n // 5
     lex = ", ".join(f'"{i}"' for i in range(items))
     with open(path, "w") as f:
         f.write(f"""[model]
-provider = "openai"
+provider = "{provider}"
 base_url = "{base_url}"
 name = "mock-model"
 max_tokens = 16
@@ -70,6 +70,7 @@ def main():
     ap.add_argument("--bin", default="/work/rel-target/release/evalflow")
     ap.add_argument("--work", default="/tmp/evalflow-batch")
     ap.add_argument("--batch-secs", default="2")
+    ap.add_argument("--provider", default="openai", choices=["openai", "anthropic"])
     a = ap.parse_args()
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
@@ -83,7 +84,7 @@ def main():
             first = mock.stdout.readline().strip()
             base = first.split("listening on ")[1] + "/v1"
             p = os.path.join(a.work, f"p{n}.toml")
-            pipeline(p, base, n)
+            pipeline(p, base, n, a.provider)
             root = os.path.join(a.work, f"run-{n}")
             subprocess.run([a.bin, "generate", p, "--out", root], check=True,
                            capture_output=True)

@@ -79,6 +79,59 @@ fn read_baseline(p: &std::path::Path) -> Result<Baseline, CliError> {
     Ok(b)
 }
 
+/// The tokens-per-model table of `check` (rows: model, calls, prompt, completion, batch
+/// calls, batch prompt, batch completion), priced by the pipeline's `[model] price` for
+/// the rows of that model.
+fn tokens_and_cost(rows: &[Vec<Option<String>>], pipeline: &serde_json::Value) -> String {
+    let price: Option<crate::config::Price> = pipeline
+        .pointer("/model/price")
+        .filter(|v| !v.is_null())
+        .and_then(|v| serde_json::from_value(v.clone()).ok());
+    let priced = pipeline.pointer("/model/name").and_then(|v| v.as_str());
+    let n = |v: &Option<String>| {
+        v.as_deref()
+            .and_then(|s| s.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let mut table = Vec::new();
+    for r in rows {
+        let (p, c, bp, bc) = (n(&r[2]), n(&r[3]), n(&r[5]), n(&r[6]));
+        let cost = match (&price, priced == r[0].as_deref()) {
+            (Some(pr), true) => {
+                let at = |i: f64, o: f64| (i * pr.input_per_mtok + o * pr.output_per_mtok) / 1e6;
+                let full = at(p, c);
+                let paid = full - at(bp, bc) * crate::stages::call::BATCH_DISCOUNT;
+                (format!("${paid:.6}"), format!("${full:.6}"))
+            }
+            _ => ("-".into(), "-".into()),
+        };
+        table.push(vec![
+            cell(&r[0]),
+            cell(&r[1]),
+            cell(&r[4]),
+            cell(&r[2]),
+            cell(&r[3]),
+            cost.0,
+            cost.1,
+        ]);
+    }
+    let mut out = String::from("\nTokens and cost per model (batch rows at half price)\n");
+    out.push_str(&render_table(
+        &[
+            "model",
+            "calls",
+            "batch calls",
+            "prompt tokens",
+            "completion tokens",
+            "cost",
+            "cost without batch",
+        ],
+        &table,
+    ));
+    out.push('\n');
+    out
+}
+
 pub async fn run(a: CheckArgs) -> Result<(), CliError> {
     // The baseline is read first: a bad file fails before the report writes anything
     // (the hand-reading sample lands in the run root).
@@ -177,6 +230,19 @@ pub async fn run(a: CheckArgs) -> Result<(), CliError> {
             "FLAG: {starved} rows ended with finish_reason=length after reasoning used at least half the budget: starved answers, not short ones\n"
         ));
     }
+    // Tokens per model, and their cost when `[model]` has a price: rows that came through a
+    // batch (`batch_id` set) at the batch discount. A run written before `batch_id` has no
+    // such column: none of its rows came through a batch.
+    let per_model = "SELECT model, count(*), coalesce(sum(prompt_tokens), 0), \
+                     coalesce(sum(completion_tokens), 0), count(*) FILTER (WHERE {b}), \
+                     coalesce(sum(prompt_tokens) FILTER (WHERE {b}), 0), \
+                     coalesce(sum(completion_tokens) FILTER (WHERE {b}), 0) \
+                     FROM calls GROUP BY model ORDER BY model";
+    let pm = match q(per_model.replace("{b}", "batch_id IS NOT NULL")).await {
+        Ok(r) => r,
+        Err(_) => q(per_model.replace("{b}", "false")).await?,
+    };
+    out.push_str(&tokens_and_cost(&pm, &manifest.pipeline));
 
     // 3. Answer length histogram.
     let h = q(

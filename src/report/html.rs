@@ -206,7 +206,7 @@ fn header(o: &mut String, r: &Report) -> Result<(), ReportError> {
         })
         .collect::<Vec<_>>()
         .join(", ");
-    let rows: [(&str, String); 11] = [
+    let rows: [(&str, String); 12] = [
         ("run root", r.root.clone()),
         (
             "pipeline",
@@ -221,6 +221,7 @@ fn header(o: &mut String, r: &Report) -> Result<(), ReportError> {
         ),
         ("cases", r.n_cases.to_string()),
         ("calls", r.n_calls().to_string()),
+        ("tokens and cost", tokens_and_cost(m)),
         ("created", m.created_at.clone()),
         (
             "finished",
@@ -253,6 +254,37 @@ fn header(o: &mut String, r: &Report) -> Result<(), ReportError> {
     legend(o, &r.validity);
     o.push_str("</header>");
     Ok(())
+}
+
+/// The call stage's tokens, and their cost when `[model]` has a price (batch rows at the
+/// batch discount), from the manifest.
+fn tokens_and_cost(m: &crate::storage::Manifest) -> String {
+    let Some(d) = m.stages.get("call").map(|s| &s.details) else {
+        return "-".into();
+    };
+    let int = |k: &str| d.get(k).and_then(serde_json::Value::as_i64);
+    let (Some(p), Some(c)) = (int("prompt_tokens"), int("completion_tokens")) else {
+        return "-".into();
+    };
+    let mut s = format!("prompt {p}, completion {c}");
+    let batch = (
+        int("batch_prompt_tokens").unwrap_or(0),
+        int("batch_completion_tokens").unwrap_or(0),
+    );
+    if batch != (0, 0) {
+        s.push_str(&format!(
+            " (through batches: prompt {}, completion {})",
+            batch.0, batch.1
+        ));
+    }
+    let usd = |k: &str| d.get(k).and_then(serde_json::Value::as_f64);
+    if let (Some(paid), Some(full)) = (usd("cost_usd"), usd("cost_usd_without_batch_discount")) {
+        s.push_str(&format!("; cost ${paid:.6}"));
+        if paid < full {
+            s.push_str(&format!(" (${full:.6} without the batch discount)"));
+        }
+    }
+    s
 }
 
 /// The axis range of the headline metric: [0, 1] for rates, the rows' span for means.
