@@ -185,6 +185,13 @@ impl PipelinedEncoder {
     }
 }
 
+impl RunStore {
+    /// A writer for one table folder whose parts are named `<prefix>-NNNNN.parquet`.
+    pub fn part_writer(&self, rel: &str, schema: SchemaRef, prefix: &str) -> PartWriter {
+        PartWriter::new(self.clone(), rel, schema, prefix)
+    }
+}
+
 /// Buffers batches and commits them as atomic parts of about [`PART_ROWS`] rows.
 pub struct PartWriter {
     store: RunStore,
@@ -220,7 +227,7 @@ impl Drop for PartWriter {
 
 impl PartWriter {
     /// A writer for the folder `rel` of `store` ([`RunStore::part_writer`]).
-    pub(super) fn new(store: RunStore, rel: &str, schema: SchemaRef, prefix: &str) -> Self {
+    fn new(store: RunStore, rel: &str, schema: SchemaRef, prefix: &str) -> Self {
         PartWriter {
             store,
             dir: rel.to_string(),

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::parquet::arrow::arrow_reader::ArrowReaderMetadata;
 // ParquetObjectReader is deprecated in parquet 59 in favour of a hand-written
 // AsyncFileReader; it is still the simplest correct reader over object_store.
@@ -19,7 +18,6 @@ use url::Url;
 use super::StorageError;
 use crate::schema::{Table, check_compatible};
 
-use super::parts::*;
 use super::root::*;
 
 /// Rows per Parquet part: large enough for fast scans, small enough that a writer holds
@@ -524,11 +522,6 @@ impl RunStore {
             .try_flatten();
         Ok(s.boxed())
     }
-
-    /// A writer for one table folder whose parts are named `<prefix>-NNNNN.parquet`.
-    pub fn part_writer(&self, rel: &str, schema: SchemaRef, prefix: &str) -> PartWriter {
-        PartWriter::new(self.clone(), rel, schema, prefix)
-    }
 }
 
 /// A part's location and footer ([`RunStore::footer`]).
@@ -548,6 +541,7 @@ impl PartFooter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::parts::encode_parquet;
     use datafusion::arrow::datatypes::Schema;
     /// `cases` parts carry a bloom filter on `case_id`: a part answers "maybe" for its own
     /// ids and "no" for ids it does not hold, while a part written without filters (any
