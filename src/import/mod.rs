@@ -480,14 +480,31 @@ pub(crate) fn request_case_key(req: &Value) -> Option<String> {
         .and_then(Value::as_array)
         .map(Vec::as_slice)
         .unwrap_or(&[]);
-    let params: serde_json::Map<String, Value> = obj
-        .iter()
-        .filter(|(k, v)| {
+    let params = CaseParams(obj);
+    key_of(msgs, params.is_empty(), &params)
+}
+
+/// The parameters of a request that are part of its case, borrowed from it in its own
+/// order (the order a `Map` collected from them iterates in, with or without serde_json's
+/// `preserve_order`), serialized as that `Map` would be: no copy of the request per record.
+struct CaseParams<'a>(&'a serde_json::Map<String, Value>);
+
+impl CaseParams<'_> {
+    fn iter(&self) -> impl Iterator<Item = (&String, &Value)> {
+        self.0.iter().filter(|(k, v)| {
             k.as_str() != "messages" && !NOT_THE_CASE.contains(&k.as_str()) && !v.is_null()
         })
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    conversation_key(msgs, params)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.iter().next().is_none()
+    }
+}
+
+impl serde::Serialize for CaseParams<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.iter())
+    }
 }
 
 /// [`request_case_key`] of a conversation and its parameters.
@@ -495,6 +512,67 @@ pub(crate) fn conversation_key(
     msgs: &[Value],
     params: serde_json::Map<String, Value>,
 ) -> Option<String> {
+    key_of(msgs, params.is_empty(), &params)
+}
+
+/// [`conversation_key`] with the parameters as anything that serializes as their `Map`:
+/// `request:` and `{"messages": msgs, "params": params}` as `Value::to_string` writes it,
+/// written straight into one buffer (not through `json!`'s copy and `fmt`'s adapter).
+fn key_of<P: serde::Serialize>(msgs: &[Value], no_params: bool, params: &P) -> Option<String> {
+    let plain_msg = |m: &Value, roles: &[&str]| {
+        m.as_object().is_some_and(|o| {
+            o.len() == 2
+                && o.get("content").is_some_and(Value::is_string)
+                && o.get("role")
+                    .and_then(Value::as_str)
+                    .is_some_and(|r| roles.contains(&r))
+        })
+    };
+    let plain = no_params
+        && match msgs {
+            [u] => plain_msg(u, &["user"]),
+            [s, u] => plain_msg(s, &["system", "developer"]) && plain_msg(u, &["user"]),
+            _ => false,
+        };
+    if plain {
+        return None;
+    }
+    /// The keys `json!` sorts (or keeps in this order): "messages" before "params".
+    #[derive(serde::Serialize)]
+    struct Key<'a, P> {
+        messages: &'a [Value],
+        params: &'a P,
+    }
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"request:");
+    serde_json::to_writer(
+        &mut out,
+        &Key {
+            messages: msgs,
+            params,
+        },
+    )
+    .expect("a Value serializes");
+    Some(String::from_utf8(out).expect("serde_json writes UTF-8"))
+}
+
+/// The key as it was first written (a `Map` copied from the request, `json!` and
+/// `format!`): what [`request_case_key`] must give byte for byte.
+#[cfg(test)]
+fn request_case_key_reference(req: &Value) -> Option<String> {
+    let obj = req.as_object()?;
+    let msgs = obj
+        .get("messages")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let params: serde_json::Map<String, Value> = obj
+        .iter()
+        .filter(|(k, v)| {
+            k.as_str() != "messages" && !NOT_THE_CASE.contains(&k.as_str()) && !v.is_null()
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let plain_msg = |m: &Value, roles: &[&str]| {
         m.as_object().is_some_and(|o| {
             o.len() == 2
@@ -557,6 +635,52 @@ pub(crate) fn rfc3339_us(s: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The case key written straight into a buffer is the one `json!` and `format!` wrote,
+    /// byte for byte: multi-turn, parameters (nested, unicode, escapes, numbers), none.
+    #[test]
+    fn case_keys_are_the_reference_keys() {
+        let reqs = [
+            r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#,
+            r#"{"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}], "seed": 3, "n": 2}"#,
+            r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.7, "max_tokens": 512}"#,
+            r#"{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "Are you sure?"}], "model": "m"}"#,
+            r#"{"model": "m", "messages": [{"role": "user", "content": "中文 \"quoted\" \\ back\nline \u0001 é"}], "top_p": 1e-7, "stop": ["\n", "終"], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": [true, null]}}}], "user": "u", "metadata": {"k": 1}, "logit_bias": null}"#,
+            r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "u"}}]}], "zeta": -0.0, "alpha": 12345678901234567890}"#,
+            r#"{"model": "m", "messages": []}"#,
+            r#"{"model": "m"}"#,
+            r#"{"model": "m", "messages": [{"role": "developer", "content": ""}, {"role": "user", "content": ""}]}"#,
+            r#"{"model": "m", "messages": [{"role": "user", "content": "hi", "name": "bob"}], "stream": true}"#,
+            r#"[1, 2]"#,
+        ];
+        for r in reqs {
+            let v: Value = serde_json::from_str(r).unwrap();
+            assert_eq!(request_case_key(&v), request_case_key_reference(&v), "{r}");
+            let msgs = v
+                .get("messages")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let params: serde_json::Map<String, Value> = v
+                .as_object()
+                .map(|o| {
+                    o.iter()
+                        .filter(|(k, _)| k.as_str() == "temperature" || k.as_str() == "tools")
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let reference = {
+                let mut req = serde_json::Map::new();
+                req.insert("messages".into(), Value::Array(msgs.clone()));
+                req.extend(params.clone());
+                request_case_key_reference(&Value::Object(req))
+            };
+            assert_eq!(conversation_key(&msgs, params), reference, "{r}");
+        }
+        assert!(request_case_key(&serde_json::from_str(reqs[2]).unwrap()).is_some());
+        assert!(request_case_key(&serde_json::from_str(reqs[0]).unwrap()).is_none());
+    }
 
     #[test]
     fn detects_jsonl_kinds_from_the_first_line() {

@@ -15,7 +15,9 @@
 //! A bad line names `file:line` and the field; a mistyped optional field is an error,
 //! never a silent NULL or a value wrapped through `as u32`.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -83,6 +85,7 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
     let file = std::sync::Arc::new(path.to_path_buf());
     let model = std::sync::Arc::new(opts.model.clone());
     let cluster = std::sync::Arc::new(opts.cluster.clone());
+    let cache = std::sync::Arc::new(RequestCache::default());
     let (btx, brx) = std::sync::mpsc::sync_channel::<std::io::Result<Block>>(2);
     std::thread::spawn(move || match f.metadata() {
         Ok(m) if m.is_file() => map_blocks(&f, m.len(), &btx),
@@ -109,8 +112,9 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
                 return;
             }
             let (file, model, cluster) = (file.clone(), model.clone(), cluster.clone());
+            let cache = cache.clone();
             rayon::spawn(move || {
-                let _ = ptx.send(parse_block(&file, &model, &cluster, &block));
+                let _ = ptx.send(parse_block(&file, &model, &cluster, &cache, &block));
             });
         }
     });
@@ -128,6 +132,7 @@ fn parse_block(
     file: &Path,
     model: &Option<String>,
     cluster: &Option<String>,
+    cache: &RequestCache,
     block: &Block,
 ) -> Vec<Vec<Result<Record, ImportError>>> {
     use rayon::prelude::*;
@@ -138,14 +143,14 @@ fn parse_block(
     split_lines(block)
         .par_chunks(SLICE_LINES)
         .map(|slice| {
-            let mut last: Option<(String, Request)> = None;
+            let mut seen = Seen { cache, last: None };
             slice
                 .iter()
                 .filter_map(|&(n, line)| match std::str::from_utf8(line) {
                     Err(e) => Some(Err(bad(file, n, "(line)", format!("invalid UTF-8: {e}")))),
                     Ok(l) if l.trim().is_empty() => None,
                     Ok(l) => Some(
-                        record(file, &file_text, n, l, model, cluster, &mut last)
+                        record(file, &file_text, n, l, model, cluster, &mut seen)
                             .map_err(|e| e.with_raw(l)),
                     ),
                 })
@@ -299,6 +304,90 @@ fn read_blocks(mut f: std::fs::File, tx: &std::sync::mpsc::SyncSender<std::io::R
 /// Lines a parse task takes in order (and so the reach of the last-request reuse).
 const SLICE_LINES: usize = 256;
 
+/// Distinct request texts a [`RequestCache`] holds at most (about 40 MB of requests and
+/// what they gave at the bench's sizes): more than the requests of a shuffled block of a
+/// log that repeats each request (5,000 cases x 5 models in the bench's repeated corpus).
+const CACHED_REQUESTS: usize = 32_768;
+
+/// Shards of a [`RequestCache`], so the parse threads rarely wait on one lock.
+const CACHE_SHARDS: usize = 16;
+
+/// What the requests read lately gave, by their text byte for byte, shared by every parse
+/// thread of a file: a log that sends each request many times (samples, models, retries),
+/// in any order, parses each distinct request (and writes its keys) about once, not once
+/// per line. [`request`] is a function of the text alone, so a cached request is the one
+/// a parse would give. A shard that fills is emptied: memory stays bounded whatever the
+/// corpus, at the cost of parsing its requests again.
+#[derive(Default)]
+struct RequestCache {
+    shards: [Shard; CACHE_SHARDS],
+}
+
+/// A [`RequestCache`] shard: request text to what it gave.
+type Shard = Mutex<HashMap<Box<str>, Arc<Request>, FastHash>>;
+
+/// The requests a parse slice has read: the last line's, and the file's cache.
+struct Seen<'a> {
+    cache: &'a RequestCache,
+    last: Option<(String, Arc<Request>)>,
+}
+
+impl RequestCache {
+    fn shard(&self, text: &str) -> &Shard {
+        use std::hash::BuildHasher;
+        &self.shards[(FastHash.hash_one(text) >> 60) as usize % CACHE_SHARDS]
+    }
+
+    fn get(&self, text: &str) -> Option<Arc<Request>> {
+        let shard = self.shard(text).lock().unwrap_or_else(|e| e.into_inner());
+        shard.get(text).cloned()
+    }
+
+    fn put(&self, text: &str, rq: Arc<Request>) {
+        let mut shard = self.shard(text).lock().unwrap_or_else(|e| e.into_inner());
+        if shard.len() >= CACHED_REQUESTS / CACHE_SHARDS {
+            shard.clear();
+        }
+        shard.insert(text.into(), rq);
+    }
+}
+
+/// A hash of request texts eight bytes at a time: a table's keys are compared in full, so
+/// it only needs to spread them, and SipHash over every request of a corpus costs about as
+/// much as the SHA-256 of it.
+#[derive(Default, Clone, Copy)]
+struct FastHash;
+
+impl std::hash::BuildHasher for FastHash {
+    type Hasher = FastHasher;
+    fn build_hasher(&self) -> FastHasher {
+        FastHasher(0x243f_6a88_85a3_08d3)
+    }
+}
+
+struct FastHasher(u64);
+
+impl std::hash::Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+            self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(K);
+        }
+        let mut tail = [0u8; 8];
+        tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+        self.0 =
+            (self.0.rotate_left(5) ^ u64::from_le_bytes(tail) ^ bytes.len() as u64).wrapping_mul(K);
+    }
+
+    fn finish(&self) -> u64 {
+        // Mix the high bits down: the table uses the low ones, the shard the top four.
+        let x = self.0 ^ (self.0 >> 29);
+        x.wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ (x >> 32)
+    }
+}
+
 /// What a line's `request` gives its record.
 #[derive(Clone)]
 struct Request {
@@ -434,7 +523,7 @@ impl Scalars {
 
 /// One line as a record (`file_text` is `file` as `source_file` names it). `last` is the
 /// previous line's request text and what it gave, reused when this line's request text is
-/// the same byte for byte.
+/// the same byte for byte, as is what `cache` holds for it (both in `seen`).
 ///
 /// The line is split into its fields with `request` left as raw text, parsed only when it
 /// differs from the last one, and the response read as types in the same pass (else as raw
@@ -447,7 +536,7 @@ fn record(
     line: &str,
     model: &Option<String>,
     cluster: &Option<String>,
-    last: &mut Option<(String, Request)>,
+    seen: &mut Seen,
 ) -> Result<Record, ImportError> {
     // One pass for a well-formed line: its response read as types while the line is split.
     // A line that pass refuses (any stray shape or type, a field named twice) or whose
@@ -484,13 +573,22 @@ fn record(
     let req = req
         .filter(|r| r.get().starts_with('{'))
         .ok_or_else(|| bad(file, n, "request", "missing or not an object"))?;
-    let rq = match last.as_ref() {
-        Some((text, rq)) if text == req.get() => rq.clone(),
+    let rq = match seen.last.as_ref() {
+        Some((text, rq)) if text == req.get() => Request::clone(rq),
         _ => {
-            let parsed: Value = serde_json::from_str(req.get()).expect("raw JSON re-parses");
-            let rq = request(file, n, &parsed)?;
-            *last = Some((req.get().to_string(), rq.clone()));
-            rq
+            let rq = match seen.cache.get(req.get()) {
+                Some(rq) => rq,
+                None => {
+                    let parsed: Value =
+                        serde_json::from_str(req.get()).expect("raw JSON re-parses");
+                    let rq = Arc::new(request(file, n, &parsed)?);
+                    seen.cache.put(req.get(), rq.clone());
+                    rq
+                }
+            };
+            let out = Request::clone(&rq);
+            seen.last = Some((req.get().to_string(), rq));
+            out
         }
     };
     check_optional_fields(file, n, &v)?;
@@ -773,6 +871,69 @@ mod tests {
         assert_eq!(records[0].response.as_deref(), Some("ok"));
         assert_eq!(records[3].response, None);
         assert_eq!(records[3].error.as_deref(), Some("boom"));
+    }
+
+    /// Requests interleaved in any order give each line the record its request gives read
+    /// alone: the cache of requests read lately holds them by their exact text, and a
+    /// shard that fills is emptied without losing a request's fields.
+    #[test]
+    fn cached_requests_give_the_records_of_a_fresh_read() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.jsonl");
+        let resp = r#""response": {"choices": [{"message": {"content": "ok"}}]}"#;
+        let reqs = [
+            r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#,
+            r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.5}"#,
+            r#"{"model": "n", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "中文"}], "max_tokens": 7}"#,
+            r#"{"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "hi"}]}"#,
+        ];
+        let alone: Vec<Record> = reqs
+            .iter()
+            .map(|q| {
+                std::fs::write(&p, format!(r#"{{"request": {q}, {resp}}}"#)).unwrap();
+                open(&p, &Options::default())
+                    .unwrap()
+                    .next()
+                    .unwrap()
+                    .unwrap()
+            })
+            .collect();
+        let order = [0, 1, 2, 3, 1, 0, 3, 2, 2, 0, 1, 3, 0];
+        let lines: Vec<String> = order
+            .iter()
+            .map(|&i| format!(r#"{{"request": {}, {resp}}}"#, reqs[i]))
+            .collect();
+        std::fs::write(&p, lines.join("\n")).unwrap();
+        let got: Vec<Record> = open(&p, &Options::default())
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(got.len(), order.len());
+        for (k, (&i, r)) in order.iter().zip(&got).enumerate() {
+            let want = Record {
+                source: Provenance {
+                    id: Some((k + 1).to_string()),
+                    ..alone[i].source.clone()
+                },
+                ..alone[i].clone()
+            };
+            assert_eq!(r, &want, "line {}", k + 1);
+        }
+        assert_ne!(got[0].case_key, got[1].case_key);
+        let cache = RequestCache::default();
+        let parsed = |i: usize| {
+            let v: Value = serde_json::from_str(reqs[i % reqs.len()]).unwrap();
+            Arc::new(request(&p, 1, &v).unwrap())
+        };
+        for k in 0..CACHED_REQUESTS * 2 {
+            cache.put(&format!("{k}"), parsed(k));
+            let back = cache.get(&format!("{k}")).unwrap();
+            assert_eq!(back.key, parsed(k).key);
+        }
+        let held = (0..CACHED_REQUESTS * 2)
+            .filter(|k| cache.get(&format!("{k}")).is_some())
+            .count();
+        assert!(held > 0 && held <= CACHED_REQUESTS, "{held}");
     }
 
     /// A response the one-pass read refuses is read again as raw text with the same result

@@ -1538,7 +1538,140 @@ fn keys_after(test: &Option<String>, r: &Record, p: &Record, pk: &Keys) -> Keys 
 
 /// [`Keys::fp`]: the case, model, request and answer of a record and every fact recorded
 /// about its call, but not its provenance (file, line).
+///
+/// The digest of [`call::sha_prefix`] over the parts and the facts' `Debug` text
+/// ([`fingerprint_reference`]), with that text written straight into the hasher: the same
+/// bytes, no `String` formatted per record.
 fn fingerprint(
+    r: &Record,
+    case_id: &str,
+    request_hash: &str,
+    response_hash: Option<&str>,
+) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for p in [case_id, &r.model, request_hash, response_hash.unwrap_or("")] {
+        h.update(p.as_bytes());
+        h.update([0u8]);
+    }
+    let mut w = DebugInto(&mut h);
+    w.raw("(");
+    w.int(r.sample_idx.map(i64::from));
+    w.raw(", ");
+    w.text(r.finish_reason.as_deref());
+    for x in [
+        r.prompt_tokens,
+        r.completion_tokens,
+        r.reasoning_tokens,
+        r.reasoning_chars,
+        r.http_status.map(i64::from),
+    ] {
+        w.raw(", ");
+        w.int(x);
+    }
+    w.raw(", ");
+    w.text(r.error.as_deref());
+    w.raw(")|(");
+    w.int(r.attempts.map(i64::from));
+    w.raw(", ");
+    w.debug(&r.latency_ms);
+    w.raw(", ");
+    w.int(r.started_at_us);
+    w.raw(", ");
+    w.text(r.expected.as_deref());
+    w.raw(", ");
+    w.text(r.provider.as_deref());
+    w.raw(", ");
+    if r.scores.is_empty() {
+        w.raw("[]");
+    } else {
+        w.debug(&r.scores);
+    }
+    w.raw(if response_hash.is_some() {
+        ", true)"
+    } else {
+        ", false)"
+    });
+    h.update([0u8]);
+    let digest = h.finalize();
+    let mut out = [0u8; 24];
+    hex::encode_to_slice(&digest[..12], &mut out).expect("24 hex digits fit");
+    String::from_utf8(out.to_vec()).expect("hex digits are ASCII")
+}
+
+/// Writes `Debug` text of the fingerprint's facts into a hasher: integers and plain text
+/// by hand, anything else through `fmt`.
+struct DebugInto<'a>(&'a mut sha2::Sha256);
+
+impl std::fmt::Write for DebugInto<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        sha2::Digest::update(self.0, s.as_bytes());
+        Ok(())
+    }
+}
+
+impl DebugInto<'_> {
+    fn raw(&mut self, s: &str) {
+        sha2::Digest::update(self.0, s.as_bytes());
+    }
+
+    fn debug<T: std::fmt::Debug>(&mut self, x: &T) {
+        use std::fmt::Write;
+        write!(self, "{x:?}").expect("a hasher takes any text");
+    }
+
+    /// `Some(n)` or `None`, as `Option<i32>` and `Option<i64>` print.
+    fn int(&mut self, x: Option<i64>) {
+        match x {
+            None => self.raw("None"),
+            Some(n) => {
+                let mut buf = [0u8; 20];
+                let mut i = buf.len();
+                let mut m = n.unsigned_abs();
+                loop {
+                    i -= 1;
+                    buf[i] = b'0' + (m % 10) as u8;
+                    m /= 10;
+                    if m == 0 {
+                        break;
+                    }
+                }
+                self.raw("Some(");
+                if n < 0 {
+                    self.raw("-");
+                }
+                sha2::Digest::update(self.0, &buf[i..]);
+                self.raw(")");
+            }
+        }
+    }
+
+    /// `Some("...")` or `None`, as `Option<String>` prints: text of printable ASCII with no
+    /// quote or backslash as it is, anything else escaped by `fmt`.
+    fn text(&mut self, x: Option<&str>) {
+        match x {
+            None => self.raw("None"),
+            Some(s)
+                if s.bytes()
+                    .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\') =>
+            {
+                self.raw("Some(\"");
+                self.raw(s);
+                self.raw("\")");
+            }
+            Some(s) => {
+                self.raw("Some(");
+                self.debug(&s);
+                self.raw(")");
+            }
+        }
+    }
+}
+
+/// [`fingerprint`] as it was first written, which it must equal byte for byte (archived
+/// runs' fingerprints decide which records of a later import are copies).
+#[cfg(test)]
+fn fingerprint_reference(
     r: &Record,
     case_id: &str,
     request_hash: &str,
@@ -1832,6 +1965,82 @@ fn call_id_udf() -> ScalarUDF {
 mod tests {
     use super::*;
     use datafusion::arrow::array::UInt64Array;
+
+    /// The fingerprint hashed field by field is the `Debug` text's digest, byte for byte:
+    /// empty, full, negative and extreme numbers, text with quotes, escapes, control
+    /// characters, unicode (printable, combining, bidi, non-printable), imported scores.
+    #[test]
+    fn fingerprints_are_the_reference_fingerprints() {
+        use crate::import::ImportedScore;
+        let texts = [
+            "",
+            "stop",
+            "plain text, with: punctuation! ~ {} [] <>",
+            "say \"hi\"",
+            "back\\slash",
+            "line\nbreak\ttab\r",
+            "nul \u{0} bell \u{7} del \u{7f}",
+            "中文回答",
+            "e\u{301} combining",
+            "\u{301}starts combining",
+            "bidi \u{202e} zero width \u{200b} bom \u{feff}",
+            "emoji 😀 and é",
+            "'single'",
+        ];
+        let mut records = vec![Record::default()];
+        for (i, t) in texts.iter().enumerate() {
+            let some = |k: usize| (!(i + k).is_multiple_of(3)).then(|| t.to_string());
+            let num =
+                |k: i64| ((i as i64 + k) % 4 != 0).then_some((k - 2) * 10i64.pow(i as u32 % 19));
+            records.push(Record {
+                model: format!("model-{t}"),
+                sample_idx: (i % 2 == 0).then_some(i as i32 * 1000),
+                finish_reason: some(0),
+                prompt_tokens: num(1),
+                completion_tokens: num(2),
+                reasoning_tokens: num(3).map(|x| -x),
+                reasoning_chars: Some(i64::MIN + i as i64),
+                http_status: Some(if i % 2 == 0 { 200 } else { -1 }),
+                error: some(1),
+                attempts: (i % 3 == 0).then_some(i32::MAX),
+                latency_ms: [
+                    None,
+                    Some(0.0),
+                    Some(12.5),
+                    Some(1e21),
+                    Some(1e-7),
+                    Some(-0.0),
+                ]
+                .get(i % 6)
+                .copied()
+                .flatten(),
+                started_at_us: Some(1_700_000_000_000_000 + i as i64),
+                expected: some(2),
+                provider: some(0),
+                scores: if i % 4 == 1 {
+                    vec![ImportedScore {
+                        scorer: t.to_string(),
+                        score: Some(0.5),
+                        label: some(1),
+                        passed: Some(true),
+                        detail: some(2),
+                    }]
+                } else {
+                    vec![]
+                },
+                ..Record::default()
+            });
+        }
+        for (i, r) in records.iter().enumerate() {
+            for rh in [None, Some("0123456789abcdef01234567")] {
+                assert_eq!(
+                    fingerprint(r, "case", "req", rh),
+                    fingerprint_reference(r, "case", "req", rh),
+                    "record {i}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn id_buckets_split_a_batch_by_first_hex_digit_keeping_every_row_in_order() {
