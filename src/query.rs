@@ -34,7 +34,8 @@ pub enum QueryError {
     /// The plan needed more memory than `--memory-limit` even after spilling: a setting the
     /// user chooses (exit 2), never a half-written part.
     #[error(
-        "{context}: the memory limit of {} is too small for this query even with spilling to disk (raise --memory-limit or [run] memory_limit): {msg}",
+        "{context}: the memory limit of {} is too small for this query even with spilling to disk (raise --memory-limit or [run] \
+         memory_limit): {msg}",
         format_bytes(*limit)
     )]
     Memory {

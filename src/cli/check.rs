@@ -211,7 +211,8 @@ pub async fn run(a: CheckArgs) -> Result<(), CliError> {
     )
     .await?;
     let tok = q("SELECT sum(prompt_tokens), sum(completion_tokens), sum(reasoning_tokens), \
-                 sum(CASE WHEN finish_reason = 'length' AND reasoning_tokens IS NOT NULL AND reasoning_tokens >= 0.5 * coalesce(max_tokens, completion_tokens) THEN 1 ELSE 0 END) \
+                 sum(CASE WHEN finish_reason = 'length' AND reasoning_tokens IS NOT NULL AND reasoning_tokens >= 0.5 * coalesce(max_tokens, \
+                     completion_tokens) THEN 1 ELSE 0 END) \
                  FROM calls"
         .into())
     .await?;

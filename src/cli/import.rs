@@ -179,7 +179,8 @@ fn plan_sources(a: &ImportArgs) -> Result<Sources, CliError> {
                 Detected::BatchInput => inputs.push(p.clone()),
                 Detected::Unknown => {
                     return Err(CliError::BadInput(format!(
-                        "{}: not a format import reads (evalflow pairs, Parquet, OpenAI batch output, Inspect log, lm-eval samples, promptfoo results); name one with --format",
+                        "{}: not a format import reads (evalflow pairs, Parquet, OpenAI batch output, Inspect log, lm-eval samples, \
+                         promptfoo results); name one with --format",
                         p.display()
                     )));
                 }
@@ -445,7 +446,8 @@ async fn import_into(
                     );
                     if let Some((other, at)) = named.iter().next() {
                         return Err(CliError::BadInput(format!(
-                            "--model {m} would merge distinct models into one: `{other}` ({at}) and `{src}` ({here}); import each model on its own, or drop --model"
+                            "--model {m} would merge distinct models into one: `{other}` ({at}) and `{src}` ({here}); import each model on \
+                             its own, or drop --model"
                         )));
                     }
                     named.insert(src.clone(), here);
@@ -512,7 +514,8 @@ async fn import_into(
     // table says which model answered each call.
     let model_note = if models.len() > 1 {
         format!(
-            "# The calls table holds {} models: {}. The [model] name lists them all (one\n# pipeline has one [model]); filter calls on `model` for one of them.\n",
+            "# The calls table holds {} models: {}. The [model] name lists them all (one\n# pipeline has one [model]); filter calls on \
+             `model` for one of them.\n",
             models.len(),
             models.join(", ")
         )
@@ -520,7 +523,9 @@ async fn import_into(
         String::new()
     };
     let pipeline_text = format!(
-        "# Written by `evalflow import {}`: the pipeline of an imported run (no model is called;\n# the provider below only satisfies the pipeline format: the calls table records NULL\n# where the file named no provider).\n{}\n[model]\nprovider = \"openai\"\nname = {}\n\n[suite]\nname = \"imported\"\n\n[validate]\nlanguages = {}\n",
+        "# Written by `evalflow import {}`: the pipeline of an imported run (no model is called;\n# the provider below only satisfies the \
+         pipeline format: the calls table records NULL\n# where the file named no provider).\n{}\n[model]\nprovider = \"openai\"\nname = \
+         {}\n\n[suite]\nname = \"imported\"\n\n[validate]\nlanguages = {}\n",
         sources.join(" "),
         model_note,
         json!(models.join(", ")),

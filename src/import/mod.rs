@@ -304,7 +304,8 @@ pub fn open(path: &Path, format: Format, opts: &Options) -> Result<RecordIter, I
         Format::Auto => detect(path)?.ok_or_else(|| {
             bad_file(
                 path,
-                "not a format import reads (evalflow pairs, Parquet, OpenAI batch output, Inspect log, lm-eval samples, promptfoo results); name one with --format",
+                "not a format import reads (evalflow pairs, Parquet, OpenAI batch output, Inspect log, lm-eval samples, promptfoo results); \
+                 name one with --format",
             )
         })?,
         f => f,
@@ -644,9 +645,21 @@ mod tests {
             r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#,
             r#"{"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}], "seed": 3, "n": 2}"#,
             r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.7, "max_tokens": 512}"#,
-            r#"{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "Are you sure?"}], "model": "m"}"#,
-            r#"{"model": "m", "messages": [{"role": "user", "content": "中文 \"quoted\" \\ back\nline \u0001 é"}], "top_p": 1e-7, "stop": ["\n", "終"], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": [true, null]}}}], "user": "u", "metadata": {"k": 1}, "logit_bias": null}"#,
-            r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "u"}}]}], "zeta": -0.0, "alpha": 12345678901234567890}"#,
+            concat!(
+                r#"{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},"#,
+                r#" {"role": "user", "content": "Are you sure?"}], "model": "m"}"#,
+            ),
+            concat!(
+                r#"{"model": "m", "messages": [{"role": "user", "content": "中文 \"quoted\" \\ back\nline \u0001 é"}],"#,
+                r#" "top_p": 1e-7, "stop": ["\n", "終"], "tools": [{"type": "function", "function": {"name": "f","#,
+                r#" "parameters": {"z": 1, "a": [true, null]}}}], "user": "u", "metadata": {"k": 1},"#,
+                r#" "logit_bias": null}"#,
+            ),
+            concat!(
+                r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "text","#,
+                r#" "text": "x"}, {"type": "image_url", "image_url": {"url": "u"}}]}], "zeta": -0.0,"#,
+                r#" "alpha": 12345678901234567890}"#,
+            ),
             r#"{"model": "m", "messages": []}"#,
             r#"{"model": "m"}"#,
             r#"{"model": "m", "messages": [{"role": "developer", "content": ""}, {"role": "user", "content": ""}]}"#,

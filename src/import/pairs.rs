@@ -885,7 +885,10 @@ mod tests {
             r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#,
             r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.5}"#,
             r#"{"model": "n", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "中文"}], "max_tokens": 7}"#,
-            r#"{"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "hi"}]}"#,
+            concat!(
+                r#"{"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "assistant","#,
+                r#" "content": "b"}, {"role": "user", "content": "hi"}]}"#,
+            ),
         ];
         let alone: Vec<Record> = reqs
             .iter()
@@ -994,7 +997,12 @@ mod tests {
             // About 1 kB a line, so the file spans three blocks.
             let pad = "x".repeat(900 + i % 97);
             format!(
-                r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "q{i} {pad}"}}]}}, "response": {{"choices": [{{"message": {{"content": "a{i}"}}}}]}}}}"#
+                concat!(
+                    r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "q{i} {pad}"}}]}},"#,
+                    r#" "response": {{"choices": [{{"message": {{"content": "a{i}"}}}}]}}}}"#,
+                ),
+                i = i,
+                pad = pad
             )
         };
         let n = 3 * BLOCK_BYTES / 1000;
@@ -1055,7 +1063,12 @@ mod tests {
             .map(|i| {
                 let pad = "y".repeat(900 + i % 89);
                 format!(
-                    r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "q{i} {pad}"}}]}}, "response": {{"choices": [{{"message": {{"content": "a{i}"}}}}]}}}}"#
+                    concat!(
+                        r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "q{i} {pad}"}}]}},"#,
+                        r#" "response": {{"choices": [{{"message": {{"content": "a{i}"}}}}]}}}}"#,
+                    ),
+                    i = i,
+                    pad = pad
                 ) + if i % 500 == 0 { "\n\n" } else { "\n" }
             })
             .collect();
@@ -1105,7 +1118,12 @@ mod tests {
                 }
                 let pad = "y".repeat(900 + i % 89);
                 format!(
-                    r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "q{i} {pad}"}}]}}, "response": {{"choices": [{{"message": {{"content": "a{i}"}}}}]}}}}"#
+                    concat!(
+                        r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "q{i} {pad}"}}]}},"#,
+                        r#" "response": {{"choices": [{{"message": {{"content": "a{i}"}}}}]}}}}"#,
+                    ),
+                    i = i,
+                    pad = pad
                 ) + "\n"
             })
             .collect();

@@ -80,7 +80,8 @@ pub enum ImportError {
     Source(#[from] super::ImportError),
     /// Two records of the same case, model and sample: the input is ambiguous.
     #[error(
-        "{source_name}: two different records for case `{input}` model `{model}` sample {sample_idx} (records {first} and {second} of the import): give distinct sample_idx"
+        "{source_name}: two different records for case `{input}` model `{model}` sample {sample_idx} (records {first} and {second} of the \
+         import): give distinct sample_idx"
     )]
     Duplicate {
         source_name: String,
@@ -92,7 +93,8 @@ pub enum ImportError {
     },
     /// Two records of one case (the same test and request) with different `expected`.
     #[error(
-        "{first_at} and {second_at}: one case (the same test and request, input `{input}`) with two expected answers, `{first}` and `{second}`: pass --on-conflicting-expected first|last to say which wins"
+        "{first_at} and {second_at}: one case (the same test and request, input `{input}`) with two expected answers, `{first}` and \
+         `{second}`: pass --on-conflicting-expected first|last to say which wins"
     )]
     ConflictingExpected {
         first_at: String,
@@ -103,7 +105,8 @@ pub enum ImportError {
     },
     /// `--cluster FIELD` named a field no record has.
     #[error(
-        "--cluster `{field}`: no record has this field (a pairs line's top-level or `metadata` field, a batch line's or its request's `metadata`, a Parquet column, an Inspect sample's metadata, an lm-eval doc field, a promptfoo var)"
+        "--cluster `{field}`: no record has this field (a pairs line's top-level or `metadata` field, a batch line's or its request's \
+         `metadata`, a Parquet column, an Inspect sample's metadata, an lm-eval doc field, a promptfoo var)"
     )]
     NoCluster { field: String },
     /// A direct calls writer task panicked or was cancelled.
@@ -1101,7 +1104,8 @@ impl ImportSink {
             .collect();
         let one_of_each = |table: &str, order: &str| {
             format!(
-                "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY call_id ORDER BY {order})                  AS evalflow_copy FROM {table}) WHERE evalflow_copy = 1"
+                "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY call_id ORDER BY {order})                  AS evalflow_copy FROM \
+                 {table}) WHERE evalflow_copy = 1"
             )
         };
         let direct_parts = if direct_dups > 0 {

@@ -760,7 +760,8 @@ mod tests {
             header::CONTENT_TYPE,
             "multipart/form-data; boundary=XyZ".parse().unwrap(),
         );
-        let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n{\"a\":1}\n{\"b\":2}\n\r\n--XyZ--\r\n";
+        let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--XyZ\r\nContent-Disposition: form-data; \
+            name=\"file\"; filename=\"a.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n{\"a\":1}\n{\"b\":2}\n\r\n--XyZ--\r\n";
         let p = multipart(&h, body).unwrap();
         assert_eq!(p.len(), 2);
         assert_eq!(p[0], ("purpose".into(), None, b"batch".to_vec()));

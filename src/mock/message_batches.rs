@@ -294,7 +294,10 @@ fn finish(st: &MockState, b: &mut MsgBatch) {
     for (k, r) in b.requests.iter().enumerate() {
         let custom_id = r.get("custom_id").and_then(Value::as_str).unwrap_or("");
         let result = if b.invalid {
-            json!({"type": "errored", "error": {"type": "error", "error": {"type": "invalid_request_error", "message": "the request failed validation (mock fault)"}}})
+            json!({"type": "errored", "error": {"type": "error", "error": {
+                "type": "invalid_request_error",
+                "message": "the request failed validation (mock fault)"
+            }}})
         } else if k >= answered {
             json!({"type": if b.cancel_at.is_some() { "canceled" } else { "expired" }})
         } else {

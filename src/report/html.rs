@@ -65,12 +65,15 @@ h1{font-size:22px;margin:4px 0}h2{font-size:18px;margin:22px 0 6px;border-bottom
 .banner{background:#c0392b;color:#fff;padding:8px 12px;margin:8px 0;border-radius:4px;font-weight:600}
 .ok{background:#e8f5e9;color:#1b5e20;padding:6px 12px;margin:8px 0;border-radius:4px}
 dl.meta{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:6px 0}dl.meta dt{color:#666}dl.meta dd{margin:0}
-table{border-collapse:collapse;margin:4px 0 10px}table.forest{width:100%}td.ci{white-space:nowrap}th,td{padding:2px 8px;text-align:left;vertical-align:middle;border-bottom:1px solid #eee}
+table{border-collapse:collapse;margin:4px 0 10px}table.forest{width:100%}td.ci{white-space:nowrap}
+th,td{padding:2px 8px;text-align:left;vertical-align:middle;border-bottom:1px solid #eee}
 th{background:#f6f6f6;font-weight:600;position:sticky;top:0}td.n{text-align:right;font-variant-numeric:tabular-nums}
 tr.cap td{font-weight:600;background:#fafafa}td svg{display:block}
-.legend span{display:inline-block;margin-right:12px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
+.legend span{display:inline-block;margin-right:12px;font-size:12px}
+.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
 details.cap{border:1px solid #ddd;border-radius:4px;margin:6px 0;padding:2px 8px}details.cap>summary{cursor:pointer;font-weight:600;padding:4px 0}
-details.ex summary{cursor:pointer;color:#1f3a93;font-size:12px}.ex table{font-size:12px;margin-left:16px}.ex td{max-width:520px;white-space:pre-wrap;word-break:break-word}
+details.ex summary{cursor:pointer;color:#1f3a93;font-size:12px}.ex table{font-size:12px;margin-left:16px}
+.ex td{max-width:520px;white-space:pre-wrap;word-break:break-word}
 .muted{color:#777;font-size:12px}#q{font-size:14px;padding:4px 8px;width:320px}.hists{display:flex;flex-wrap:wrap;gap:10px}
 .fail{color:#c0392b;font-weight:600}.pass{color:#2e7d32}
 "#;
@@ -86,7 +89,8 @@ q.addEventListener('input',function(){var s=q.value.trim().toLowerCase();
 ds.forEach(function(d){var n=d.getAttribute('data-names');
 if(s&&n!==null&&n.toLowerCase().indexOf(s)<0){d.hidden=true;return;}
 if(s)fill(d);var any=!s;
-d.querySelectorAll('tr[data-test]').forEach(function(r){var m=!s||r.getAttribute('data-test').toLowerCase().indexOf(s)>=0;r.hidden=!m;if(m&&r.classList.contains('r'))any=true;});
+d.querySelectorAll('tr[data-test]').forEach(function(r){var m=!s||r.getAttribute('data-test').toLowerCase().indexOf(s)>=0;
+r.hidden=!m;if(m&&r.classList.contains('r'))any=true;});
 d.hidden=!any;if(s&&any)d.open=true;});});})();
 "#;
 
@@ -707,7 +711,8 @@ fn compare_row(o: &mut String, c: &CompareRow, range: (f64, f64)) -> Result<(), 
     let _ = write!(
         o,
         "<tr class=\"r{}\" data-test=\"{}\" data-scope=\"{}\" data-capability=\"{}\" data-diff=\"{}\" data-lo=\"{}\" \
-         data-hi=\"{}\" data-mde=\"{}\" data-unpaired=\"{}\"><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+         data-hi=\"{}\" data-mde=\"{}\" data-unpaired=\"{}\"><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td \
+             class=\"n\">{}</td><td class=\"n\">{}</td>\
          <td class=\"n\">{}</td><td class=\"n\">{}</td><td>[{}, {}]</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
         if c.scope == "test" { "" } else { " cap" },
         esc(&name),

@@ -75,7 +75,9 @@ impl ScalarSpec for ValidityVerdict {
                 "The answer languages the scorers read, comma-separated ISO 639-1 codes such as 'en,zh'.",
             ),
         ],
-        example: "SELECT v['validity'] AS validity, v['language'] AS language, v['validity_reason'] AS reason FROM (SELECT validity_verdict(r, f, 200, NULL, NULL, NULL, 512, 'en') AS v FROM (VALUES ('The food was great.', 'stop'), ('', 'length'), ('不建议强行上付费版', 'stop')) AS t(r, f))",
+        example: "SELECT v['validity'] AS validity, v['language'] AS language, v['validity_reason'] AS reason FROM (SELECT \
+            validity_verdict(r, f, 200, NULL, NULL, NULL, 512, 'en') AS v FROM (VALUES ('The food was great.', 'stop'), ('', 'length'), \
+            ('不建议强行上付费版', 'stop')) AS t(r, f))",
     };
 
     fn coerce(&self, t: &[DataType]) -> DfResult<Vec<DataType>> {

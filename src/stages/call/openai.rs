@@ -214,7 +214,9 @@ mod tests {
     fn typed_parse_agrees_with_the_value_path_or_declines() {
         let value = |b: &str| parse_value(&serde_json::from_str(b).unwrap());
         let agree = [
-            r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Positive.\nThe \"room\" \u00e9"},"finish_reason":"stop","logprobs":null}],"usage":{"prompt_tokens":65,"completion_tokens":46,"total_tokens":111}}"#,
+            r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant",
+                "content":"Positive.\nThe \"room\" \u00e9"},"finish_reason":"stop","logprobs":null}],"usage":{"prompt_tokens":65,
+                "completion_tokens":46,"total_tokens":111}}"#,
             r#"{"choices":[{"message":{"content":null,"reasoning":"abc"},"finish_reason":null}]}"#,
             r#"{"choices":[{"message":{"content":"","reasoning_content":null,"reasoning":"\u4f60\u597d"}},{"message":{}}],"usage":null}"#,
             r#"{"choices":[{"message":{"content":"a"}}],"usage":{"completion_tokens_details":{"reasoning_tokens":-3}}}"#,

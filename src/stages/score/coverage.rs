@@ -165,7 +165,8 @@ mod tests {
         let w = c.warning(&id).unwrap();
         assert!(
             w.starts_with(
-                "warning: checklist@1 failed 4 of 4 valid answers (100.0%): 50.0% of them contain none of their expected labels and 50.0% contain one inside longer text"
+                "warning: checklist@1 failed 4 of 4 valid answers (100.0%): 50.0% of them contain none of their expected labels and 50.0% \
+                 contain one inside longer text"
             ),
             "{w}"
         );

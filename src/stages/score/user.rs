@@ -1175,7 +1175,8 @@ mod tests {
         )
         .unwrap();
         let b = one(
-            "# a comment\n[[scorer]]\nmetric='pass_fail'   \npatterns = [\n  \"(?i)\\\\brefund\\\\b\",\n]\nkind = 'regex'\nname='r'\nrequire = \"all\"\n",
+            "# a comment\n[[scorer]]\nmetric='pass_fail'   \npatterns = [\n  \"(?i)\\\\brefund\\\\b\",\n]\nkind = 'regex'\nname='r'\nrequire \
+             = \"all\"\n",
         )
         .unwrap();
         assert_eq!(a.version(), b.version());

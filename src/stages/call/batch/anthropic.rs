@@ -306,14 +306,16 @@ mod tests {
 
     #[test]
     fn result_lines_become_the_synchronous_results() {
-        let ok = br#"{"custom_id":"c1","result":{"type":"succeeded","message":{"content":[{"type":"text","text":"hi"}],"stop_reason":"max_tokens","usage":{"input_tokens":3,"output_tokens":1}}}}"#;
+        let ok = br#"{"custom_id":"c1","result":{"type":"succeeded","message":{"content":[{"type":"text","text":"hi"}],
+            "stop_reason":"max_tokens","usage":{"input_tokens":3,"output_tokens":1}}}}"#;
         let (id, r, retry) = parse_line("b", ok).unwrap();
         assert_eq!((id.as_str(), retry), ("c1", false));
         assert_eq!(r.response.as_deref(), Some("hi"));
         assert_eq!(r.finish_reason.as_deref(), Some("length"));
         assert_eq!((r.prompt_tokens, r.completion_tokens), (Some(3), Some(1)));
         assert_eq!(r.http_status, Some(200));
-        let limited = br#"{"custom_id":"c2","result":{"type":"errored","error":{"type":"error","error":{"type":"rate_limit_error","message":"slow"}}}}"#;
+        let limited = br#"{"custom_id":"c2","result":{"type":"errored","error":{"type":"error","error":{"type":"rate_limit_error",
+            "message":"slow"}}}}"#;
         let (_, r, retry) = parse_line("b", limited).unwrap();
         assert!(retry);
         assert_eq!(r.http_status, Some(429));
@@ -323,7 +325,8 @@ mod tests {
                 r#"HTTP 429: {"error":{"message":"slow","type":"rate_limit_error"},"type":"error"}"#
             )
         );
-        let invalid = br#"{"custom_id":"c3","result":{"type":"errored","error":{"type":"error","error":{"type":"invalid_request_error","message":"no"}}}}"#;
+        let invalid = br#"{"custom_id":"c3","result":{"type":"errored","error":{"type":"error","error":{"type":"invalid_request_error",
+            "message":"no"}}}}"#;
         let (_, r, retry) = parse_line("b", invalid).unwrap();
         assert_eq!((r.http_status, retry), (Some(400), false));
         let expired = br#"{"custom_id":"c4","result":{"type":"expired"}}"#;

@@ -4,7 +4,8 @@
 //! # Behavior
 //! - The requests come from the same todo plan as synchronous calls (cases unnested into
 //!   samples, anti-joined with committed calls), streamed into chunks of at most 50,000
-//!   requests and 200 MB (`[model] batch_max_requests` lowers the request bound). Each line's `custom_id` is the call id and its body the synchronous request.
+//!   requests and 200 MB (`[model] batch_max_requests` lowers the request bound). Each line's
+//!   `custom_id` is the call id and its body the synchronous request.
 //! - Exactly once: a chunk is journaled ([`journal`]) before it is uploaded, its file id is
 //!   recorded when the upload returns and its batch id when the create returns. A session
 //!   first finds, through the list endpoint and the batches' `evalflow_chunk` metadata, the

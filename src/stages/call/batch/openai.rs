@@ -307,7 +307,8 @@ mod tests {
 
     #[test]
     fn result_lines_become_the_synchronous_results() {
-        let ok = br#"{"id":"r","custom_id":"c1","response":{"status_code":200,"body":{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}},"error":null}"#;
+        let ok = br#"{"id":"r","custom_id":"c1","response":{"status_code":200,"body":{"choices":[{"message":{"content":"hi"},
+            "finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}},"error":null}"#;
         let (id, r, retry) = parse_line("b", ok).unwrap();
         assert_eq!((id.as_str(), retry), ("c1", false));
         assert_eq!(r.response.as_deref(), Some("hi"));
