@@ -1,6 +1,9 @@
 //! The configuration types the stages read and `pipeline.rs` parses: the model (`[model]`,
-//! `[judge]`) and the judge's checklist (`[score.judge]`). A leaf module: the stages that
-//! take them and the pipeline parser that fills them do not import each other through it.
+//! `[judge]`), the judge's checklist (`[score.judge]`) and user scorer definitions
+//! ([`scorer`]). A leaf module: the stages that take them and the pipeline parser that fills
+//! them do not import each other through it.
+
+pub mod scorer;
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,315 @@
+//! Tests of the pairs reader: request keys, the request cache, blocks and pipes.
+
+use super::*;
+
+/// The request key is the request as `Value` writes it, whether the line's request text
+/// is reused from the line before or parsed again, and however the file spaced it.
+#[test]
+fn request_keys_do_not_depend_on_spacing_or_reuse() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("c.jsonl");
+    let resp = r#""response": {"choices": [{"message": {"content": "ok"}}]}"#;
+    let a =
+        r#"{"temperature": 0.5, "model": "m", "messages": [{"role": "user", "content": "hi"}]}"#;
+    let b = r#"{"messages":[{"content":"hi","role":"user"}],"model":"m","temperature":0.5}"#;
+    let lines = [
+        format!(r#"{{"request": {a}, {resp}, "sample_idx": 0}}"#),
+        format!(r#"{{"request": {a}, {resp}, "sample_idx": 1}}"#),
+        format!(r#"{{"sample_idx": 2, {resp}, "request": {b}}}"#),
+        format!(r#"{{"request": {a}, "response": null, "error": "boom", "sample_idx": 3}}"#),
+    ];
+    std::fs::write(&p, lines.join("\n")).unwrap();
+    let records: Vec<Record> = open(&p, &Options::default())
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let want = serde_json::from_str::<Value>(a).unwrap().to_string();
+    assert_eq!(records.len(), 4);
+    for (i, r) in records.iter().enumerate() {
+        assert_eq!(r.request_key, want, "line {}", i + 1);
+        assert_eq!((r.input.as_str(), r.model.as_str()), ("hi", "m"));
+        assert_eq!(r.temperature, Some(0.5));
+        assert_eq!(r.sample_idx, Some(i as i32));
+    }
+    assert_eq!(records[0].response.as_deref(), Some("ok"));
+    assert_eq!(records[3].response, None);
+    assert_eq!(records[3].error.as_deref(), Some("boom"));
+}
+
+/// Requests interleaved in any order give each line the record its request gives read
+/// alone: the cache of requests read lately holds them by their exact text, and a
+/// shard that fills is emptied without losing a request's fields.
+#[test]
+fn cached_requests_give_the_records_of_a_fresh_read() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("c.jsonl");
+    let resp = r#""response": {"choices": [{"message": {"content": "ok"}}]}"#;
+    let reqs = [
+        r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.5}"#,
+        r#"{"model": "n", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "中文"}], "max_tokens": 7}"#,
+        concat!(
+            r#"{"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "assistant","#,
+            r#" "content": "b"}, {"role": "user", "content": "hi"}]}"#,
+        ),
+    ];
+    let alone: Vec<Record> = reqs
+        .iter()
+        .map(|q| {
+            std::fs::write(&p, format!(r#"{{"request": {q}, {resp}}}"#)).unwrap();
+            open(&p, &Options::default())
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    let order = [0, 1, 2, 3, 1, 0, 3, 2, 2, 0, 1, 3, 0];
+    let lines: Vec<String> = order
+        .iter()
+        .map(|&i| format!(r#"{{"request": {}, {resp}}}"#, reqs[i]))
+        .collect();
+    std::fs::write(&p, lines.join("\n")).unwrap();
+    let got: Vec<Record> = open(&p, &Options::default())
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(got.len(), order.len());
+    for (k, (&i, r)) in order.iter().zip(&got).enumerate() {
+        let want = Record {
+            source: Provenance {
+                id: Some((k + 1).to_string()),
+                ..alone[i].source.clone()
+            },
+            ..alone[i].clone()
+        };
+        assert_eq!(r, &want, "line {}", k + 1);
+    }
+    assert_ne!(got[0].case_key, got[1].case_key);
+    let cache = RequestCache::default();
+    let parsed = |i: usize| {
+        let v: Value = serde_json::from_str(reqs[i % reqs.len()]).unwrap();
+        Arc::new(request(&p, 1, &v).unwrap())
+    };
+    for k in 0..CACHED_REQUESTS * 2 {
+        cache.put(&format!("{k}"), parsed(k));
+        let back = cache.get(&format!("{k}")).unwrap();
+        assert_eq!(back.key, parsed(k).key);
+    }
+    let held = (0..CACHED_REQUESTS * 2)
+        .filter(|k| cache.get(&format!("{k}")).is_some())
+        .count();
+    assert!(held > 0 && held <= CACHED_REQUESTS, "{held}");
+}
+
+/// A response the one-pass read refuses is read again as raw text with the same result
+/// the `Value` path gives: a fractional token count (NULL, not an error), a key named
+/// twice (the last wins), no choice (the error naming `response`), a content that is
+/// not text (its error); a well-formed one is read in the first pass.
+#[test]
+fn responses_the_one_pass_read_refuses_are_read_as_raw_text() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("c.jsonl");
+    let req = r#""request": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#;
+    let read = |resp: &str| {
+        std::fs::write(&p, format!(r#"{{{req}, "response": {resp}}}"#)).unwrap();
+        open(&p, &Options::default()).unwrap().next().unwrap()
+    };
+    let ok = read(
+        r#"{"choices": [{"message": {"content": "a"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        (ok.response.as_deref(), ok.finish_reason.as_deref()),
+        (Some("a"), Some("stop"))
+    );
+    assert_eq!((ok.prompt_tokens, ok.completion_tokens), (Some(3), Some(1)));
+    let fractional = read(
+        r#"{"choices": [{"message": {"content": "b"}}], "usage": {"prompt_tokens": 3.5, "completion_tokens": 2}}"#,
+    )
+    .unwrap();
+    assert_eq!(fractional.response.as_deref(), Some("b"));
+    assert_eq!(
+        (fractional.prompt_tokens, fractional.completion_tokens),
+        (None, Some(2))
+    );
+    let twice = read(
+        r#"{"choices": [{"message": {"content": "first"}}], "choices": [{"message": {"content": "last"}}]}"#,
+    )
+    .unwrap();
+    assert_eq!(twice.response.as_deref(), Some("last"));
+    let none = read(r#"{"choices": []}"#).unwrap_err().to_string();
+    assert!(
+        none.contains("c.jsonl:1") && none.contains("response") && none.contains("choices[0]"),
+        "{none}"
+    );
+    let number = read(r#"{"choices": [{"message": {"content": 5}}]}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(number.contains("message.content is 5"), "{number}");
+}
+
+/// Over several read blocks: every line read once, in order, `source_id` its line number
+/// (CRLF, blank lines and a last line without newline as `BufRead::lines` sees them), and
+/// a bad line in the third block named by its own number.
+#[test]
+fn lines_across_blocks_keep_their_numbers() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("c.jsonl");
+    let line = |i: usize| {
+        // About 1 kB a line, so the file spans three blocks.
+        let pad = "x".repeat(900 + i % 97);
+        format!(
+            concat!(
+                r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "q{i} {pad}"}}]}},"#,
+                r#" "response": {{"choices": [{{"message": {{"content": "a{i}"}}}}]}}}}"#,
+            ),
+            i = i,
+            pad = pad
+        )
+    };
+    let n = 3 * BLOCK_BYTES / 1000;
+    let mut text = String::new();
+    for i in 1..=n {
+        text.push_str(&line(i));
+        // CRLF on every seventh line, a blank line after every 1000th.
+        text.push_str(if i % 7 == 0 { "\r\n" } else { "\n" });
+        if i % 1000 == 0 && i < n {
+            text.push('\n');
+        }
+    }
+    text.pop(); // no newline after the last line
+    assert!(text.len() > 2 * BLOCK_BYTES);
+    std::fs::write(&p, &text).unwrap();
+    let records: Vec<Record> = open(&p, &Options::default())
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(records.len(), n);
+    for (k, r) in records.iter().enumerate() {
+        let i = k + 1;
+        // Line numbers count the blank lines before this record.
+        let line_no = i + (i - 1) / 1000;
+        assert_eq!(
+            r.source.id.as_deref(),
+            Some(line_no.to_string().as_str()),
+            "record {i}"
+        );
+        assert!(r.input.starts_with(&format!("q{i} ")), "record {i}");
+        assert_eq!(r.response.as_deref(), Some(format!("a{i}").as_str()));
+    }
+    // A line that is not JSON, deep in the file: its number, found across the blocks.
+    let bad_at = 2 * n / 3 + 5;
+    let mut lines: Vec<String> = (1..=n).map(line).collect();
+    lines[bad_at - 1] = "{not json".into();
+    std::fs::write(&p, lines.join("\n")).unwrap();
+    let err = open(&p, &Options::default())
+        .unwrap()
+        .find_map(Result::err)
+        .expect("the bad line is an error");
+    assert!(
+        err.to_string()
+            .starts_with(&format!("{}:{bad_at}: field `(line)`", p.display())),
+        "{err}"
+    );
+}
+
+/// A file that cannot be mapped (a named pipe) is read into buffers instead: the same
+/// records, with the same line numbers, across blocks.
+#[cfg(unix)]
+#[test]
+fn a_pipe_is_read_as_a_file_is_mapped() {
+    let d = tempfile::tempdir().unwrap();
+    let (file, pipe) = (d.path().join("c.jsonl"), d.path().join("p.jsonl"));
+    let n = 3 * BLOCK_BYTES / 1000;
+    let text: String = (1..=n)
+        .map(|i| {
+            let pad = "y".repeat(900 + i % 89);
+            format!(
+                concat!(
+                    r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "q{i} {pad}"}}]}},"#,
+                    r#" "response": {{"choices": [{{"message": {{"content": "a{i}"}}}}]}}}}"#,
+                ),
+                i = i,
+                pad = pad
+            ) + if i % 500 == 0 { "\n\n" } else { "\n" }
+        })
+        .collect();
+    std::fs::write(&file, &text).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&pipe)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let writer = {
+        let (pipe, text) = (pipe.clone(), text.clone());
+        std::thread::spawn(move || std::fs::write(pipe, text).unwrap())
+    };
+    let read = |p: &Path| -> Vec<(Option<String>, String)> {
+        open(p, &Options::default())
+            .unwrap()
+            .map(|r| {
+                let r = r.unwrap();
+                (r.source.id, r.input)
+            })
+            .collect()
+    };
+    let (mapped, piped) = (read(&file), read(&pipe));
+    writer.join().unwrap();
+    assert_eq!(mapped.len(), n);
+    assert_eq!(
+        mapped[n - 1].0.as_deref(),
+        Some((n + (n - 1) / 500).to_string().as_str())
+    );
+    assert_eq!(mapped, piped);
+}
+
+/// A bad line is an error in its place and the lines after it are still read, so an
+/// import can name every bad line (or skip them), not only the first.
+#[test]
+fn a_bad_line_in_a_later_block_is_named_and_the_lines_after_it_still_read() {
+    let d = tempfile::tempdir().unwrap();
+    let file = d.path().join("c.jsonl");
+    let n = 3 * BLOCK_BYTES / 1000;
+    let bad_at = n - 7;
+    let text: String = (1..=n)
+        .map(|i| {
+            if i == bad_at {
+                return r#"{"request": {"model": "m", "messages": []}, "response": 5}"#
+                    .to_string()
+                    + "\n";
+            }
+            let pad = "y".repeat(900 + i % 89);
+            format!(
+                concat!(
+                    r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "q{i} {pad}"}}]}},"#,
+                    r#" "response": {{"choices": [{{"message": {{"content": "a{i}"}}}}]}}}}"#,
+                ),
+                i = i,
+                pad = pad
+            ) + "\n"
+        })
+        .collect();
+    std::fs::write(&file, &text).unwrap();
+    let got: Vec<_> = open(&file, &Options::default()).unwrap().collect();
+    // Every line in order, the bad one an error, the ones after it records.
+    assert_eq!(got.len(), n);
+    for (i, r) in got.iter().enumerate() {
+        if i + 1 == bad_at {
+            continue;
+        }
+        let r = r.as_ref().unwrap();
+        assert_eq!(r.source.id.as_deref(), Some((i + 1).to_string().as_str()));
+    }
+    let e = got[bad_at - 1].as_ref().err().unwrap();
+    let err = e.to_string();
+    assert!(
+        err.contains(&format!("c.jsonl:{bad_at}")) && err.contains("request.messages"),
+        "{err}"
+    );
+    // The error carries the line itself, for --skip-bad-lines.
+    assert_eq!(
+        e.to_json()["line"],
+        r#"{"request": {"model": "m", "messages": []}, "response": 5}"#
+    );
+}

@@ -1,0 +1,155 @@
+//! Direct records (a sample index and no imported scores): already `calls` rows, encoded by
+//! `--threads` writer tasks, their ids bucketed for the duplicate check.
+
+use super::*;
+
+/// A direct batch ([`staging_schema`]) as `calls` rows: the columns by name, the call ids,
+/// and NULL for what an import never knows.
+pub(super) fn direct_calls(
+    b: &RecordBatch,
+    call_ids: &ArrayRef,
+) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {
+    let schema = crate::import::calls_schema();
+    let cols = schema
+        .fields()
+        .iter()
+        .map(|f| match f.name().as_str() {
+            "call_id" => call_ids.clone(),
+            "sample_idx" => b.column(4).clone(),
+            name => b
+                .column_by_name(name)
+                .cloned()
+                .unwrap_or_else(|| new_null_array(f.data_type(), b.num_rows())),
+        })
+        .collect();
+    RecordBatch::try_new(schema, cols)
+}
+
+/// A chunk of records and, once rayon has computed them, their keys ([`chunk_keys`]).
+pub(super) type Keyed = tokio::sync::oneshot::Receiver<(Vec<Record>, Vec<Vec<Keys>>)>;
+
+/// What a direct calls writer task is sent.
+pub(super) enum ToWriter {
+    Batch(RecordBatch),
+    /// Commit what is buffered: the import's records are all in.
+    Finish,
+}
+
+/// One task encoding direct `calls` parts; its handle returns the rows it committed.
+pub(super) struct DirectWriter {
+    pub(super) tx: tokio::sync::mpsc::Sender<ToWriter>,
+    pub(super) task: tokio::task::JoinHandle<Result<u64, ImportError>>,
+}
+
+impl DirectWriter {
+    pub(super) fn spawn(store: &RunStore, k: usize) -> Self {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<ToWriter>(2);
+        let mut w = store.part_writer(
+            STAGED_CALLS,
+            crate::import::calls_schema(),
+            &format!("part-imported-{k:03}"),
+        );
+        let task = tokio::spawn(async move {
+            let mut rows = 0u64;
+            while let Some(m) = rx.recv().await {
+                match m {
+                    ToWriter::Batch(b) => {
+                        rows += b.num_rows() as u64;
+                        w.write(b).await?;
+                    }
+                    ToWriter::Finish => {
+                        w.finish().await?;
+                        return Ok(rows);
+                    }
+                }
+            }
+            // Dropped without `Finish`: the import failed; commit nothing more.
+            Ok(0)
+        });
+        DirectWriter { tx, task }
+    }
+
+    /// The task's outcome once its channel is closed.
+    pub(super) async fn join(self) -> Result<u64, ImportError> {
+        drop(self.tx);
+        self.task
+            .await
+            .map_err(|e| ImportError::Writer(e.to_string()))?
+    }
+}
+
+impl ImportSink {
+    /// Hands the direct batch to the next writer task and stages its ids.
+    pub(super) async fn send_direct(&mut self) -> Result<(), ImportError> {
+        let batch = self.direct.finish();
+        let ids: ArrayRef = Arc::new(self.direct_ids.finish());
+        self.send_calls(batch, ids).await
+    }
+
+    /// Hands a batch of numbered records ([`staging_schema`], with their call ids) to the
+    /// next writer task and stages its ids.
+    pub(super) async fn send_calls(
+        &mut self,
+        batch: RecordBatch,
+        ids: ArrayRef,
+    ) -> Result<(), ImportError> {
+        let calls = direct_calls(&batch, &ids)
+            .map_err(|e| QueryError::df("import: direct calls batch")(e.into()))?;
+        let fps = batch
+            .column_by_name("fp")
+            .expect("the staging schema has fp")
+            .clone();
+        let id_batch = RecordBatch::try_new(ids_schema(), vec![batch.column(0).clone(), ids, fps])
+            .expect("ids batch matches its schema");
+        for (b, rows) in id_buckets(&id_batch) {
+            self.ids[b].write(rows).await?;
+        }
+        let k = self.next_writer;
+        self.next_writer = (k + 1) % self.writers.len();
+        if self.writers[k]
+            .tx
+            .send(ToWriter::Batch(calls))
+            .await
+            .is_err()
+        {
+            // The task stopped on an error: report it.
+            let w = self.writers.remove(k);
+            w.join().await?;
+            return Err(ImportError::Writer("a calls writer stopped early".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Buckets of the ids scratch table, by the first hex digit of the call id. Each part
+/// holds one bucket, so its row groups' statistics span 1/16 of the ids, and a pass of the
+/// duplicate check (a range of ids, [`id_slices`]) reads the one or two buckets it
+/// overlaps, not every id: at 10M records its 20 passes read about twice the ids in all,
+/// not 20 times.
+pub(super) const ID_BUCKETS: usize = 16;
+
+/// Rows per part of a bucket's writer: the 16 writers buffer about 23 MB in all.
+pub(super) const ID_BUCKET_PART_ROWS: usize = 32_768;
+
+/// An ids batch ([`ids_schema`]) split by [`ID_BUCKETS`] bucket, rows in order.
+pub(super) fn id_buckets(batch: &RecordBatch) -> Vec<(usize, RecordBatch)> {
+    let ids = batch.column(1).as_string::<i32>();
+    let mut rows: Vec<Vec<u32>> = vec![Vec::new(); ID_BUCKETS];
+    for (i, id) in ids.iter().enumerate() {
+        let first = id.and_then(|s| s.chars().next());
+        let b = first.and_then(|c| c.to_digit(16)).unwrap_or(0) as usize;
+        rows[b].push(i as u32);
+    }
+    rows.into_iter()
+        .enumerate()
+        .filter(|(_, r)| !r.is_empty())
+        .map(|(b, r)| {
+            let taken = datafusion::arrow::compute::take_record_batch(
+                batch,
+                &datafusion::arrow::array::UInt32Array::from(r),
+            )
+            .expect("indices within the batch");
+            (b, taken)
+        })
+        .collect()
+}

@@ -1,0 +1,269 @@
+//! A record's keys: its case id, request and response hashes, call id and the fingerprint
+//! that finds copies of it, computed on rayon's pool a slice of records at a time.
+
+use super::*;
+
+/// The keys of a chunk's records, in order, by slices of 256 records (each slice's keys
+/// written in place, not gathered into one vector). Records of one case (its samples, its
+/// models) usually sit together: each slice reuses the previous record's hashes when its
+/// case or request is the same.
+pub(super) fn chunk_keys(test: &Option<String>, records: &[Record]) -> Vec<Vec<Keys>> {
+    use rayon::prelude::*;
+    records
+        .par_chunks(256)
+        .map(|chunk| {
+            let mut out: Vec<Keys> = Vec::with_capacity(chunk.len());
+            for (i, r) in chunk.iter().enumerate() {
+                let k = match i.checked_sub(1) {
+                    Some(p) => keys_after(test, r, &chunk[p], &out[p]),
+                    None => keys(test, r),
+                };
+                out.push(k);
+            }
+            out
+        })
+        .collect()
+}
+
+/// [`keys`] of `r`, reusing those of the record before it (`p`, whose keys are `pk`) where
+/// the inputs are the same.
+pub(super) fn keys_after(test: &Option<String>, r: &Record, p: &Record, pk: &Keys) -> Keys {
+    let same_case =
+        r.test == p.test && r.case_key == p.case_key && r.system == p.system && r.input == p.input;
+    if !same_case {
+        return keys(test, r);
+    }
+    let request_hash = if r.request_key == p.request_key {
+        pk.request_hash.clone()
+    } else {
+        call::sha_prefix(&[&r.request_key], 32).into()
+    };
+    let response_hash = call::response_hash(r.response.as_deref());
+    Keys {
+        test: pk.test.clone(),
+        call_id: direct_call_id(r, &pk.case_id, &request_hash),
+        fp: fingerprint(r, &pk.case_id, &request_hash, response_hash.as_deref()),
+        case_id: pk.case_id.clone(),
+        request_hash,
+        response_hash,
+    }
+}
+
+/// [`Keys::fp`]: the case, model, request and answer of a record and every fact recorded
+/// about its call, but not its provenance (file, line).
+///
+/// The digest of [`call::sha_prefix`] over the parts and the facts' `Debug` text
+/// ([`fingerprint_reference`]), with that text written straight into the hasher: the same
+/// bytes, no `String` formatted per record.
+pub(super) fn fingerprint(
+    r: &Record,
+    case_id: &str,
+    request_hash: &str,
+    response_hash: Option<&str>,
+) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for p in [case_id, &r.model, request_hash, response_hash.unwrap_or("")] {
+        h.update(p.as_bytes());
+        h.update([0u8]);
+    }
+    let mut w = DebugInto(&mut h);
+    w.raw("(");
+    w.int(r.sample_idx.map(i64::from));
+    w.raw(", ");
+    w.text(r.finish_reason.as_deref());
+    for x in [
+        r.prompt_tokens,
+        r.completion_tokens,
+        r.reasoning_tokens,
+        r.reasoning_chars,
+        r.http_status.map(i64::from),
+    ] {
+        w.raw(", ");
+        w.int(x);
+    }
+    w.raw(", ");
+    w.text(r.error.as_deref());
+    w.raw(")|(");
+    w.int(r.attempts.map(i64::from));
+    w.raw(", ");
+    w.debug(&r.latency_ms);
+    w.raw(", ");
+    w.int(r.started_at_us);
+    w.raw(", ");
+    w.text(r.expected.as_deref());
+    w.raw(", ");
+    w.text(r.provider.as_deref());
+    w.raw(", ");
+    if r.scores.is_empty() {
+        w.raw("[]");
+    } else {
+        w.debug(&r.scores);
+    }
+    w.raw(if response_hash.is_some() {
+        ", true)"
+    } else {
+        ", false)"
+    });
+    h.update([0u8]);
+    let digest = h.finalize();
+    let mut out = [0u8; 24];
+    hex::encode_to_slice(&digest[..12], &mut out).expect("24 hex digits fit");
+    String::from_utf8(out.to_vec()).expect("hex digits are ASCII")
+}
+
+/// Writes `Debug` text of the fingerprint's facts into a hasher: integers and plain text
+/// by hand, anything else through `fmt`.
+pub(super) struct DebugInto<'a>(&'a mut sha2::Sha256);
+
+impl std::fmt::Write for DebugInto<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        sha2::Digest::update(self.0, s.as_bytes());
+        Ok(())
+    }
+}
+
+impl DebugInto<'_> {
+    pub(super) fn raw(&mut self, s: &str) {
+        sha2::Digest::update(self.0, s.as_bytes());
+    }
+
+    pub(super) fn debug<T: std::fmt::Debug>(&mut self, x: &T) {
+        use std::fmt::Write;
+        write!(self, "{x:?}").expect("a hasher takes any text");
+    }
+
+    /// `Some(n)` or `None`, as `Option<i32>` and `Option<i64>` print.
+    pub(super) fn int(&mut self, x: Option<i64>) {
+        match x {
+            None => self.raw("None"),
+            Some(n) => {
+                let mut buf = [0u8; 20];
+                let mut i = buf.len();
+                let mut m = n.unsigned_abs();
+                loop {
+                    i -= 1;
+                    buf[i] = b'0' + (m % 10) as u8;
+                    m /= 10;
+                    if m == 0 {
+                        break;
+                    }
+                }
+                self.raw("Some(");
+                if n < 0 {
+                    self.raw("-");
+                }
+                sha2::Digest::update(self.0, &buf[i..]);
+                self.raw(")");
+            }
+        }
+    }
+
+    /// `Some("...")` or `None`, as `Option<String>` prints: text of printable ASCII with no
+    /// quote or backslash as it is, anything else escaped by `fmt`.
+    pub(super) fn text(&mut self, x: Option<&str>) {
+        match x {
+            None => self.raw("None"),
+            Some(s)
+                if s.bytes()
+                    .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\') =>
+            {
+                self.raw("Some(\"");
+                self.raw(s);
+                self.raw("\")");
+            }
+            Some(s) => {
+                self.raw("Some(");
+                self.debug(&s);
+                self.raw(")");
+            }
+        }
+    }
+}
+
+/// [`fingerprint`] as it was first written, which it must equal byte for byte (archived
+/// runs' fingerprints decide which records of a later import are copies).
+#[cfg(test)]
+pub(super) fn fingerprint_reference(
+    r: &Record,
+    case_id: &str,
+    request_hash: &str,
+    response_hash: Option<&str>,
+) -> String {
+    let facts = format!(
+        "{:?}|{:?}",
+        (
+            r.sample_idx,
+            &r.finish_reason,
+            r.prompt_tokens,
+            r.completion_tokens,
+            r.reasoning_tokens,
+            r.reasoning_chars,
+            r.http_status,
+            &r.error,
+        ),
+        (
+            r.attempts,
+            r.latency_ms,
+            r.started_at_us,
+            &r.expected,
+            &r.provider,
+            &r.scores,
+            response_hash.is_some(),
+        )
+    );
+    call::sha_prefix(
+        &[
+            case_id,
+            &r.model,
+            request_hash,
+            response_hash.unwrap_or(""),
+            &facts,
+        ],
+        24,
+    )
+}
+
+/// A record's test (`test`, the `--test` default, over the record's own), case id, hashes
+/// and (direct records) call id.
+pub(super) fn keys(test: &Option<String>, r: &Record) -> Keys {
+    let test: Arc<str> = test
+        .as_deref()
+        .or(r.test.as_deref())
+        .unwrap_or("imported")
+        .into();
+    // One case per (test, the source's case id) where the source has one, else per
+    // (test, system, input).
+    let case_id = match &r.case_key {
+        Some(k) => call::sha_prefix(&["imported", &test, &format!("\u{0}{k}"), ""], 24),
+        None => call::sha_prefix(
+            &[
+                "imported",
+                &test,
+                r.system.as_deref().unwrap_or(""),
+                &r.input,
+            ],
+            24,
+        ),
+    };
+    let request_hash: Arc<str> = call::sha_prefix(&[&r.request_key], 32).into();
+    let case_id: Arc<str> = case_id.into();
+    let response_hash = call::response_hash(r.response.as_deref());
+    Keys {
+        call_id: direct_call_id(r, &case_id, &request_hash),
+        fp: fingerprint(r, &case_id, &request_hash, response_hash.as_deref()),
+        response_hash,
+        request_hash,
+        test,
+        case_id,
+    }
+}
+
+/// The call id of a record that can go straight to `calls` (it names its sample and has
+/// no imported scores to join), else `None`.
+pub(super) fn direct_call_id(r: &Record, case_id: &str, request_hash: &str) -> Option<String> {
+    match r.sample_idx {
+        Some(s) if r.scores.is_empty() => Some(call::call_id(case_id, &r.model, s, request_hash)),
+        _ => None,
+    }
+}
