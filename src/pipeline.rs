@@ -65,9 +65,9 @@ pub struct Pipeline {
     pub score: ScoreConfig,
     /// User scorers written as data (`[[scorer]]`), followed by those of
     /// `[score] scorer_files`: each is run by `evalflow run` and `evalflow score` after the
-    /// `[score] scorers` that do not name it (see `stages::score::user`).
+    /// `[score] scorers` that do not name it (data: `config::scorer`; run by `stages::score::user`).
     #[serde(default, rename = "scorer", skip_serializing_if = "Vec::is_empty")]
-    pub user_scorers: Vec<crate::stages::score::user::ScorerDef>,
+    pub user_scorers: Vec<crate::config::scorer::ScorerDef>,
     /// Where the file was read from (not part of the TOML).
     #[serde(skip)]
     pub path: PathBuf,
@@ -103,6 +103,7 @@ struct ModelSpans {
     provider: Option<Spanned<IgnoredAny>>,
     samples: Option<Spanned<IgnoredAny>>,
     concurrency: Option<Spanned<IgnoredAny>>,
+    batch: Option<Spanned<IgnoredAny>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -137,6 +138,7 @@ impl Spans {
                 put(format!("{key}.provider"), &m.provider);
                 put(format!("{key}.samples"), &m.samples);
                 put(format!("{key}.concurrency"), &m.concurrency);
+                put(format!("{key}.batch"), &m.batch);
             }
         }
         if let Some(sc) = &self.score {
@@ -437,7 +439,7 @@ impl Pipeline {
                 },
             );
         }
-        crate::stages::score::user::attach_origins(&mut p.user_scorers, source, &file);
+        crate::config::scorer::attach_origins(&mut p.user_scorers, source, &file);
         p.load_includes()?;
         p.load_scorer_files()?;
         p.check()?;
@@ -569,7 +571,7 @@ impl Pipeline {
     }
 
     /// The user scorer named `name` (`[[scorer]]` or a scorer file).
-    pub fn user_scorer(&self, name: &str) -> Option<&crate::stages::score::user::ScorerDef> {
+    pub fn user_scorer(&self, name: &str) -> Option<&crate::config::scorer::ScorerDef> {
         self.user_scorers.iter().find(|d| d.name == name)
     }
 
@@ -710,6 +712,15 @@ impl Pipeline {
         }
         if let Some(m) = &self.rephrase {
             self.check_model("rephrase", m)?;
+            // Generate waits on each paraphrase before the cases exist, so a rephrase call
+            // cannot wait a day in a batch: refused, never silently sent synchronously.
+            if m.batch {
+                return Err(self.at(
+                    "rephrase.batch",
+                    "batch mode is not available for the rephrase model: generate needs its \
+                     paraphrases before any case exists (set `batch = true` on [model] or [judge])",
+                ));
+            }
         }
         self.check_score()?;
         crate::stages::score::user::check_all(&self.user_scorers).map_err(def_error)?;
@@ -808,7 +819,7 @@ impl Pipeline {
 }
 
 /// A bad user scorer as a pipeline error: its file, line and `scorer.<field>`.
-fn def_error(e: crate::stages::score::user::DefError) -> PipelineError {
+fn def_error(e: crate::config::scorer::DefError) -> PipelineError {
     if e.field == "?" {
         return PipelineError::Parse {
             file: e.file,
@@ -894,6 +905,20 @@ mod tests {
             "{BASE}\n[judge]\nprovider = \"openai\"\nname = \"j\"\nconcurrency = 0\n"
         ));
         assert!(e.starts_with("p.toml:11: field `judge.concurrency`"), "{e}");
+    }
+
+    /// `[rephrase] batch = true` is refused where it is written: generate waits on each
+    /// paraphrase, so it cannot go through a batch, and it is never sent synchronously
+    /// instead without a word. The same key on `[judge]` is accepted.
+    #[test]
+    fn a_rephrase_model_in_batch_mode_is_refused_naming_its_line() {
+        let e = err(&format!(
+            "{BASE}\n[rephrase]\nprovider = \"openai\"\nname = \"r\"\nbatch = true\n"
+        ));
+        assert!(e.starts_with("p.toml:11: field `rephrase.batch`"), "{e}");
+        assert!(e.contains("[model] or [judge]"), "{e}");
+        let text = format!("{BASE}\n[judge]\nprovider = \"openai\"\nname = \"j\"\nbatch = true\n");
+        assert!(Pipeline::parse(&text, Path::new("p.toml")).is_ok());
     }
 
     /// A scorer name is resolved when the file is read, before any stage runs.
