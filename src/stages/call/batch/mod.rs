@@ -396,6 +396,10 @@ impl Ctx<'_> {
     }
 
     /// Uploads (OpenAI, unless uploaded) and creates a chunk's batch, recording each step.
+    ///
+    /// A chunk's input file is read whole: it is one request body, and its size is bounded by
+    /// the chunk limits (at most 50,000 requests / 200 MB for OpenAI, 100,000 / 256 MB for
+    /// Anthropic), never by the suite. Streaming the upload body would lower the peak.
     async fn submit(&self, c: &mut ChunkState, stats: &mut CallStats) -> Result<(), CallError> {
         let path = self.journal.input_path(&c.key);
         let body = match &self.client {
