@@ -762,6 +762,108 @@ fn sigkill_resume_on_s3_with_the_default_cache_pays_no_durable_call_twice() {
     sigkill_resume(true, true);
 }
 
+/// A resumed run whose committed ids outgrow its memory limit anti-joins them in passes
+/// over call-id ranges: under `--memory-limit 1MiB` (1,024 ids a pass, so 4 passes over
+/// ~2,500 committed calls) it sends exactly the calls a run without a limit sends, once
+/// each, and ends with the same rows.
+#[test]
+fn a_resumed_run_over_its_memory_limit_sends_the_same_calls_in_passes() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let cfg = MockConfig {
+        latency: Duration::from_millis(2),
+        request_log: Some(log.clone()),
+        ..mock_cfg(vec![])
+    };
+    let server = rt.block_on(MockServer::start(loopback(), cfg)).unwrap();
+    let p = pipeline(
+        dir.path(),
+        "passes",
+        &server.base_url(),
+        400,
+        "samples = 2\nconcurrency = 16",
+    );
+    let (p, root) = (p.to_str().unwrap(), dir.path().join("run"));
+    let call = |root: &Path, extra: &[&str]| {
+        bin()
+            .args(extra.iter().copied())
+            .args(["call", p, "--out", root.to_str().unwrap()])
+            .env("EVALFLOW_CACHE_DIR", "off")
+    };
+    let o = bin()
+        .args(["generate", p, "--out", root.to_str().unwrap()])
+        .output();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Killed once more than 2,500 of the 4,000 calls were sent.
+    let mut child = call(&root, &[])
+        .command()
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    while read_log(&log).len() < 2500 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let copy = dir.path().join("limited");
+    let o = Command::new("cp")
+        .args(["-a", root.to_str().unwrap(), copy.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let sent_by = |root: &Path, extra: &[&str], passes: &str| -> Vec<String> {
+        let before = read_log(&log).len();
+        let o = call(root, extra)
+            .env("RUST_LOG", "evalflow::stages::call::todo=debug")
+            .env("NO_COLOR", "1")
+            .output();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(
+            err.contains(&format!("passes={passes}")),
+            "{passes} passes: {err}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        let mut ids: Vec<String> = read_log(&log)[before..]
+            .iter()
+            .map(|r| r["call_id"].as_str().unwrap().to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let free = sent_by(&root, &[], "1");
+    let limited = sent_by(&copy, &["--memory-limit", "1MiB"], "4");
+    let committed_before = 4000 - free.len();
+    assert!(
+        committed_before > 2048,
+        "{committed_before} calls committed before the resume"
+    );
+    assert!(!free.is_empty(), "the kill left calls to send");
+    assert_eq!(limited, free, "the same calls sent, each once, in passes");
+    assert_eq!(
+        limited.iter().collect::<HashSet<_>>().len(),
+        limited.len(),
+        "no call sent twice"
+    );
+    let rows = |root: &Path| {
+        let mut r: Vec<(String, Option<String>)> = rt
+            .block_on(calls(root))
+            .into_iter()
+            .map(|r| (r.call_id, r.response))
+            .collect();
+        r.sort();
+        r
+    };
+    let (a, b) = (rows(&root), rows(&copy));
+    assert_eq!(a.len(), 4000);
+    assert_eq!(a.iter().map(|r| &r.0).collect::<HashSet<_>>().len(), 4000);
+    assert_eq!(a, b, "the same rows with and without the limit");
+    drop(server);
+}
+
 /// The `calls` journal folder under `dir`: `dir/calls` for a local root's `_journal`, the
 /// one root's `journals/<key>/calls` in a state folder.
 fn journal_calls(dir: &Path) -> PathBuf {

@@ -19,6 +19,7 @@ pub mod limits;
 pub mod openai;
 pub mod progress;
 pub mod retry;
+mod todo;
 pub mod vader;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -37,6 +38,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use crate::config::ModelConfig;
 use crate::schema::Table;
 use crate::storage::{RunStore, StorageError};
+use todo::todo_stream;
 
 /// The providers a `[model]` may name (declared with the pipeline format).
 pub use crate::config::KNOWN_PROVIDERS;
@@ -233,105 +235,6 @@ fn prompt_of(model: &ModelConfig, input: &str) -> String {
         Some(t) => t.replace("{input}", input),
         None => input.to_string(),
     }
-}
-
-/// `todo_call_id(case_id, input, k)`: the call id of a case's k-th sample under `model`,
-/// the same [`call_id`] of the same [`request_hash`] the request will carry.
-fn todo_call_id_udf(model: &ModelConfig) -> datafusion::logical_expr::ScalarUDF {
-    use datafusion::arrow::array::AsArray;
-    use datafusion::arrow::datatypes::{DataType, Int32Type};
-    use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
-    let model = model.clone();
-    create_udf(
-        "todo_call_id",
-        vec![DataType::Utf8, DataType::Utf8, DataType::Int32],
-        DataType::Utf8,
-        Volatility::Immutable,
-        Arc::new(move |args: &[ColumnarValue]| {
-            let args = ColumnarValue::values_to_arrays(args)?;
-            let (ids, inputs) = (args[0].as_string::<i32>(), args[1].as_string::<i32>());
-            let ks = args[2].as_primitive::<Int32Type>();
-            let out: StringArray = (0..ids.len())
-                .map(|i| {
-                    let prompt = prompt_of(&model, inputs.value(i));
-                    let rh = request_hash(&model, model.system_prompt.as_deref(), &prompt);
-                    Some(call_id(ids.value(i), &model.name, ks.value(i), &rh))
-                })
-                .collect();
-            Ok(ColumnarValue::Array(Arc::new(out)))
-        }),
-    )
-}
-
-/// The requests still to send, as a stream: a plan expands every case to its K samples
-/// and anti-joins their call ids with those committed under `calls/`. The join's hash
-/// table holds the committed ids (none on a fresh run, which builds nothing); the cases
-/// stream past it, so a 10M-case suite costs memory for what is in flight, not the suite.
-/// The plan runs in one partition, so requests come in case order, then sample order,
-/// every session: a restarted session sends the calls its predecessor lost in flight first,
-/// and a second kill never adds to them.
-///
-/// With `retry_errors`, only answered rows count as committed: the error rows' calls are
-/// sent again, each with `prior_attempts`, the attempts its error row spent.
-async fn todo_stream(
-    store: &RunStore,
-    model: &ModelConfig,
-    retry_errors: bool,
-) -> Result<datafusion::physical_plan::SendableRecordBatchStream, CallError> {
-    use crate::query::QueryError;
-    use datafusion::common::JoinType;
-    use datafusion::prelude::col;
-    let ctx = crate::query::ordered_context();
-    crate::query::register_run(&ctx, store, "").await?;
-    ctx.register_udf(todo_call_id_udf(model));
-    let err = || QueryError::df("call: listing the requests still to send");
-    // Each case row unnests into its K samples, in place.
-    let todo = ctx
-        .sql(&format!(
-            "SELECT case_id, input, k, todo_call_id(case_id, input, k) AS todo_id FROM \
-             (SELECT case_id, input, CAST(k AS INT) AS k FROM \
-             (SELECT case_id, input, unnest(range(0, {})) AS k FROM cases))",
-            model.samples.max(1)
-        ))
-        .await
-        .map_err(err())?;
-    // Committed on the left: a right anti join builds its table from the left side.
-    let committed = ctx
-        .sql(if retry_errors {
-            "SELECT call_id FROM calls WHERE error IS NULL"
-        } else {
-            "SELECT call_id FROM calls"
-        })
-        .await
-        .map_err(err())?;
-    let plan = committed
-        .join(todo, JoinType::RightAnti, &["call_id"], &["todo_id"], None)
-        .map_err(err())?;
-    let plan = if retry_errors {
-        // The error rows on the left (the build side: as many as the errors), the requests
-        // streaming past them in their order.
-        let prior = ctx
-            .sql(
-                "SELECT call_id AS prior_id, max(attempts) AS prior_attempts FROM calls \
-                 WHERE error IS NOT NULL GROUP BY call_id",
-            )
-            .await
-            .map_err(err())?;
-        prior
-            .join(plan, JoinType::Right, &["prior_id"], &["todo_id"], None)
-            .map_err(err())?
-            .select(vec![
-                col("case_id"),
-                col("input"),
-                col("k"),
-                col("prior_attempts"),
-            ])
-            .map_err(err())?
-    } else {
-        plan.select(vec![col("case_id"), col("input"), col("k")])
-            .map_err(err())?
-    };
-    Ok(plan.execute_stream().await.map_err(err())?)
 }
 
 fn str_col<'a>(b: &'a RecordBatch, name: &str) -> &'a StringArray {
