@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::BatchError;
-use super::api::Api;
+use super::api::{Api, file_body};
 use crate::config::ModelConfig;
 use crate::stages::call::{CallRequest, CallResult, anthropic};
 
@@ -132,18 +132,22 @@ impl Client {
         }
     }
 
-    /// Creates a batch from its JSON body, once; a failure says whether a retry could fix
-    /// it.
+    /// Creates a batch from a chunk's request lines (`len` bytes of the JSONL file at
+    /// `path`, streamed as the `requests` array of the body), once; a failure says whether a
+    /// retry could fix it.
     pub async fn create(
         &self,
         model: &ModelConfig,
-        body: bytes::Bytes,
+        path: &std::path::Path,
+        len: u64,
     ) -> Result<Batch, (BatchError, bool)> {
         let url = format!("{}/messages/batches", self.api.base);
         let what = "POST /messages/batches";
+        let (body, total) = create_body(path, len);
         let req = self
             .versioned(self.api.http.post(&url), model)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(reqwest::header::CONTENT_LENGTH, total)
             .body(body);
         let b = self.api.send_once(what, req).await?;
         Api::json(what, &b).map_err(|e| (e, false))
@@ -189,19 +193,25 @@ impl Client {
         }
     }
 
-    /// The results JSONL of an ended batch (from its `results_url`).
+    /// Downloads the results JSONL of an ended batch (from its `results_url`) into `path`;
+    /// its length.
     pub async fn results(
         &self,
         model: &ModelConfig,
         b: &Batch,
-    ) -> Result<bytes::Bytes, BatchError> {
+        path: &std::path::Path,
+    ) -> Result<u64, BatchError> {
         let url = b
             .results_url
             .clone()
             .unwrap_or_else(|| format!("{}/messages/batches/{}/results", self.api.base, b.id));
         let what = format!("GET /messages/batches/{}/results", b.id);
         self.api
-            .send(&what, || self.versioned(self.api.http.get(&url), model))
+            .download(
+                &what,
+                || self.versioned(self.api.http.get(&url), model),
+                path,
+            )
             .await
     }
 }
@@ -214,20 +224,33 @@ pub fn line(model: &ModelConfig, req: &CallRequest) -> Vec<u8> {
     serde_json::to_vec(&v).expect("a request serialises")
 }
 
-/// The create's body from a chunk's request lines (one JSON object a line).
-pub fn create_body(lines: &[u8]) -> Vec<u8> {
-    let mut body = Vec::with_capacity(lines.len() + 16);
-    body.extend_from_slice(b"{\"requests\":[");
-    let mut first = true;
-    for l in lines.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-        if !first {
-            body.push(b',');
-        }
-        first = false;
-        body.extend_from_slice(l);
-    }
-    body.extend_from_slice(b"]}");
-    body
+/// The create's body from a chunk's request lines: `len` bytes of JSONL, one request a line,
+/// each line ended by a newline, streamed as `{"requests":[line,line,...]}` (the newlines
+/// become the commas and the last one is left out); with its length.
+pub fn create_body(path: &std::path::Path, len: u64) -> (reqwest::Body, u64) {
+    let prefix = b"{\"requests\":[".to_vec();
+    file_body(
+        prefix,
+        path,
+        len.saturating_sub(1),
+        Some(b','),
+        b"]}".to_vec(),
+    )
+}
+
+#[cfg(test)]
+async fn create_body_bytes(path: &std::path::Path, len: u64) -> (Vec<u8>, u64) {
+    use futures::TryStreamExt;
+    let prefix = b"{\"requests\":[".to_vec();
+    let (s, total) = super::api::file_stream(
+        prefix,
+        path,
+        len.saturating_sub(1),
+        Some(b','),
+        b"]}".to_vec(),
+    );
+    let parts: Vec<bytes::Bytes> = s.try_collect().await.expect("the file reads");
+    (parts.concat(), total)
 }
 
 /// The synchronous API's status for an error type.
@@ -304,6 +327,24 @@ pub fn parse_line(batch_id: &str, line: &[u8]) -> Option<(String, CallResult, bo
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn a_chunks_lines_stream_as_the_create_body_with_its_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("input.jsonl");
+        let lines = b"{\"a\":1}\n{\"b\":2}\n";
+        std::fs::write(&p, lines).unwrap();
+        let (body, total) = create_body_bytes(&p, lines.len() as u64).await;
+        assert_eq!(body, b"{\"requests\":[{\"a\":1},{\"b\":2}]}".to_vec());
+        assert_eq!(total, body.len() as u64);
+        let missing = dir.path().join("gone.jsonl");
+        let (s, _) = super::super::api::file_stream(vec![], &missing, 4, None, vec![]);
+        let r: Result<Vec<bytes::Bytes>, _> = futures::TryStreamExt::try_collect(s).await;
+        assert!(
+            r.is_err(),
+            "a missing file is an error of the body, not an empty body"
+        );
+    }
+
     #[test]
     fn result_lines_become_the_synchronous_results() {
         let ok = br#"{"custom_id":"c1","result":{"type":"succeeded","message":{"content":[{"type":"text","text":"hi"}],
@@ -334,9 +375,5 @@ mod tests {
         assert!(retry);
         assert_eq!(r.error.as_deref(), Some("batch b9: expired"));
         assert!(parse_line("b", b"{\"custom_id\":\"c5\",\"resu").is_none());
-        assert_eq!(
-            create_body(b"{\"a\":1}\n{\"b\":2}\n"),
-            b"{\"requests\":[{\"a\":1},{\"b\":2}]}".to_vec()
-        );
     }
 }

@@ -181,9 +181,15 @@ impl BatchJournal {
                     .map_err(|e| std::io::Error::other(format!("{}: {e}", p.display())))?;
                 keys.insert(k.to_string());
                 states.push(st);
-            } else if let Some(k) = name
-                .strip_suffix(".input.jsonl")
-                .or_else(|| name.strip_suffix(".reqs.jsonl"))
+            } else if let Some(k) = [
+                ".input.jsonl",
+                ".reqs.jsonl",
+                ".results-0.jsonl",
+                ".results-1.jsonl",
+                ".download.tmp",
+            ]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
             {
                 all.push((k.to_string(), p));
             }
@@ -197,20 +203,48 @@ impl BatchJournal {
         Ok(states)
     }
 
-    /// The requests of a chunk, in line order.
-    pub fn requests(&self, key: &str) -> std::io::Result<Vec<CallRequest>> {
+    /// The requests of a chunk, read one at a time, in line order.
+    pub fn requests(
+        &self,
+        key: &str,
+    ) -> std::io::Result<impl Iterator<Item = std::io::Result<CallRequest>> + use<>> {
         let f = std::io::BufReader::new(std::fs::File::open(self.file(key, "reqs.jsonl"))?);
-        let mut out = Vec::new();
-        for line in f.lines() {
-            out.push(serde_json::from_str(&line?).map_err(std::io::Error::other)?);
+        Ok(f.lines()
+            .map(|line| serde_json::from_str(&line?).map_err(std::io::Error::other)))
+    }
+
+    /// The call ids of a chunk, in line order (the rest of each request is not kept).
+    pub fn request_ids(&self, key: &str) -> std::io::Result<Vec<String>> {
+        #[derive(Deserialize)]
+        struct Id {
+            call_id: String,
         }
-        Ok(out)
+        let f = std::io::BufReader::new(std::fs::File::open(self.file(key, "reqs.jsonl"))?);
+        f.lines()
+            .map(|line| {
+                let id: Id = serde_json::from_str(&line?).map_err(std::io::Error::other)?;
+                Ok(id.call_id)
+            })
+            .collect()
+    }
+
+    /// Where a final batch's result file `slot` is downloaded (OpenAI: 0 the output file, 1
+    /// the error file; Anthropic: 0 the results), kept until the chunk is removed.
+    pub fn results_path(&self, key: &str, slot: usize) -> PathBuf {
+        self.file(key, &format!("results-{slot}.jsonl"))
     }
 
     /// Deletes a collected chunk (its rows are committed).
     pub fn remove(&self, key: &str) -> std::io::Result<()> {
         // The state goes first: a chunk without state is never looked at again.
-        for what in ["state.json", "input.jsonl", "reqs.jsonl"] {
+        for what in [
+            "state.json",
+            "input.jsonl",
+            "reqs.jsonl",
+            "results-0.jsonl",
+            "results-1.jsonl",
+            "download.tmp",
+        ] {
             match std::fs::remove_file(self.file(key, what)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -301,10 +335,10 @@ mod tests {
         let ids: Vec<String> = j
             .requests("s-00000")
             .unwrap()
-            .into_iter()
-            .map(|r| r.call_id)
+            .map(|r| r.unwrap().call_id)
             .collect();
         assert_eq!(ids, ["a", "b"]);
+        assert_eq!(j.request_ids("s-00000").unwrap(), ["a", "b"]);
         assert_eq!(
             std::fs::read(j.input_path("s-00000")).unwrap(),
             b"{\"custom_id\":\"a\"}\n{\"custom_id\":\"b\"}\n"

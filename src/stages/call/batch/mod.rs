@@ -276,8 +276,7 @@ pub async fn run(
         cx.drive(&mut chunks, stats).await?;
         let mut exclude = HashSet::new();
         for c in &chunks {
-            let reqs = cx.journal.requests(&c.key).map_err(jerr(&dir))?;
-            exclude.extend(reqs.into_iter().map(|r| r.call_id));
+            exclude.extend(cx.journal.request_ids(&c.key).map_err(jerr(&dir))?);
         }
         let before = chunks.len();
         cx.submit_todo(&exclude, &mut chunks, stats).await?;
@@ -397,33 +396,28 @@ impl Ctx<'_> {
 
     /// Uploads (OpenAI, unless uploaded) and creates a chunk's batch, recording each step.
     ///
-    /// A chunk's input file is read whole: it is one request body, and its size is bounded by
-    /// the chunk limits (at most 50,000 requests / 200 MB for OpenAI, 100,000 / 256 MB for
-    /// Anthropic), never by the suite. Streaming the upload body would lower the peak.
+    /// The chunk's input file is streamed from the journal into the request body (at most
+    /// 200 MB for OpenAI, 256 MB for Anthropic), never read whole.
     async fn submit(&self, c: &mut ChunkState, stats: &mut CallStats) -> Result<(), CallError> {
         let path = self.journal.input_path(&c.key);
-        let body = match &self.client {
+        let len = std::fs::metadata(&path).map_err(jerr(&path))?.len();
+        match &self.client {
             Client::OpenAi(client) => {
                 if c.file_id.is_none() {
                     crash_at("before_upload");
-                    let content = tokio::fs::read(&path).await.map_err(jerr(&path))?;
-                    let id = client
-                        .upload(&format!("evalflow-{}.jsonl", c.key), &content)
-                        .await?;
+                    let name = format!("evalflow-{}.jsonl", c.key);
+                    let id = client.upload(&name, &path, len).await?;
                     c.file_id = Some(id);
                     self.journal.save(c).map_err(self.jerr())?;
                     crash_at("after_upload");
                 }
-                None
             }
             Client::Anthropic(_) => {
-                let lines = tokio::fs::read(&path).await.map_err(jerr(&path))?;
                 c.creating_at_us = Some(chrono::Utc::now().timestamp_micros());
                 self.journal.save(c).map_err(self.jerr())?;
                 crash_at("before_create");
-                Some(bytes::Bytes::from(anthropic::create_body(&lines)))
             }
-        };
+        }
         let metadata = json!({
             "evalflow_run": self.run_name,
             "evalflow_chunk": c.key,
@@ -437,7 +431,7 @@ impl Ctx<'_> {
                     .await
                     .map(Remote::OpenAi),
                 Client::Anthropic(client) => client
-                    .create(self.model, body.clone().unwrap_or_default())
+                    .create(self.model, &path, len)
                     .await
                     .map(Remote::Anthropic),
             };
@@ -591,52 +585,69 @@ impl Ctx<'_> {
         }
     }
 
-    /// A result file's lines (OpenAI: the file `file_id`; Anthropic: the batch's results),
-    /// downloaded again (up to 4 times) while it holds fewer complete lines than the
-    /// batch's counts say (a download cut short).
-    async fn lines(
+    /// Downloads a result file (OpenAI: the file `file_id`; Anthropic: the batch's results)
+    /// into the journal as result file `slot` and indexes its lines into `index`; downloaded
+    /// again (up to 4 times) while it holds fewer lines that parse than the batch's counts
+    /// say (a download cut short), keeping the most complete copy.
+    async fn download(
         &self,
+        key: &str,
         b: &Remote,
         file_id: Option<&str>,
         expected: u64,
-    ) -> Result<Vec<(String, CallResult, bool)>, CallError> {
+        slot: usize,
+        index: &mut ResultIndex,
+    ) -> Result<(), CallError> {
         let batch_id = b.id();
-        let mut best = Vec::new();
+        let tmp = self.journal.dir().join(format!("{key}.download.tmp"));
+        let path = self.journal.results_path(key, slot);
+        let mut best: Option<(HashMap<String, Line>, usize)> = None;
         for attempt in 0..4 {
-            let bytes = match (&self.client, b) {
-                (Client::OpenAi(client), _) => client.content(file_id.unwrap_or_default()).await?,
+            match (&self.client, b) {
+                (Client::OpenAi(client), _) => {
+                    client.content(file_id.unwrap_or_default(), &tmp).await?;
+                }
                 (Client::Anthropic(client), Remote::Anthropic(ab)) => {
-                    client.results(self.model, ab).await?
+                    client.results(self.model, ab, &tmp).await?;
                 }
                 (Client::Anthropic(_), Remote::OpenAi(_)) => unreachable!("one provider a run"),
-            };
-            let parsed: Vec<_> = bytes
-                .split(|&b| b == b'\n')
-                .filter(|l| !l.is_empty())
-                .filter_map(|l| match self.client {
-                    Client::OpenAi(_) => openai::parse_line(batch_id, l),
-                    Client::Anthropic(_) => anthropic::parse_line(batch_id, l),
-                })
-                .collect();
-            let complete = parsed.len() as u64 >= expected;
-            if parsed.len() > best.len() {
-                best = parsed;
+            }
+            let (lines, parsed) =
+                index_lines(&tmp, slot, |l| self.parse(batch_id, l)).map_err(jerr(&tmp))?;
+            let complete = parsed as u64 >= expected;
+            if best.as_ref().is_none_or(|b| parsed > b.1) {
+                std::fs::rename(&tmp, &path).map_err(jerr(&path))?;
+                best = Some((lines, parsed));
             }
             if complete {
                 break;
             }
             eprintln!(
                 "batch {batch_id}: results hold {} of {expected} lines; downloading them again",
-                best.len()
+                best.as_ref().map_or(0, |b| b.1)
             );
             tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
         }
-        Ok(best)
+        index
+            .add(&path, best.map(|b| b.0).unwrap_or_default())
+            .map_err(jerr(&path))?;
+        Ok(())
+    }
+
+    fn parse(&self, batch_id: &str, line: &[u8]) -> Option<(String, CallResult, bool)> {
+        match self.client {
+            Client::OpenAi(_) => openai::parse_line(batch_id, line),
+            Client::Anthropic(_) => anthropic::parse_line(batch_id, line),
+        }
     }
 
     /// Commits a final batch's results and drops its chunk; the chunk back, to be created
     /// again, when the batch turns out to hold other calls (an Anthropic batch adopted by
     /// its time and size).
+    ///
+    /// The result files are downloaded into the journal and indexed by call id (an offset
+    /// per line); the chunk's requests are then read one at a time and their rows written
+    /// 8,192 at a time, so memory holds the chunk's call ids, never its answers.
     async fn collect(
         &self,
         mut c: ChunkState,
@@ -644,37 +655,38 @@ impl Ctx<'_> {
         stats: &mut CallStats,
     ) -> Result<Option<ChunkState>, CallError> {
         let batch_id = b.id().to_string();
-        let reqs = self.journal.requests(&c.key).map_err(self.jerr())?;
-        let mut results: HashMap<String, (CallResult, bool)> = HashMap::new();
+        let ids = self.journal.request_ids(&c.key).map_err(self.jerr())?;
+        let mut index = ResultIndex::default();
+        let mut failed_all = None;
         match b {
             Remote::OpenAi(ob) if ob.status == "failed" => {
-                let msg = format!("batch {batch_id} failed validation: {}", ob.error_text());
-                for r in &reqs {
-                    results.insert(
-                        r.call_id.clone(),
-                        (openai::failed(None, msg.clone()), false),
-                    );
-                }
+                failed_all = Some(format!(
+                    "batch {batch_id} failed validation: {}",
+                    ob.error_text()
+                ));
             }
             Remote::OpenAi(ob) => {
                 let counts = ob.request_counts.unwrap_or_default();
-                for (file, expected) in [
+                for (slot, (file, expected)) in [
                     (&ob.output_file_id, counts.completed),
                     (&ob.error_file_id, counts.failed),
-                ] {
+                ]
+                .into_iter()
+                .enumerate()
+                {
                     if let Some(f) = file {
-                        for (id, res, retry) in self.lines(b, Some(f), expected).await? {
-                            results.insert(id, (res, retry));
-                        }
+                        self.download(&c.key, b, Some(f), expected, slot, &mut index)
+                            .await?;
                     }
                 }
             }
             Remote::Anthropic(ab) => {
-                for (id, res, retry) in self.lines(b, None, ab.done()).await? {
-                    results.insert(id, (res, retry));
-                }
-                let ours: HashSet<&str> = reqs.iter().map(|r| r.call_id.as_str()).collect();
-                if ab.total() != c.requests || results.keys().any(|k| !ours.contains(k.as_str())) {
+                self.download(&c.key, b, None, ab.done(), 0, &mut index)
+                    .await?;
+                let ours: HashSet<&str> = ids.iter().map(String::as_str).collect();
+                if ab.total() != c.requests
+                    || index.lines.keys().any(|k| !ours.contains(k.as_str()))
+                {
                     eprintln!(
                         "batch {batch_id}: holds calls of no chunk of this run; chunk {} is \
                          created again",
@@ -692,15 +704,23 @@ impl Ctx<'_> {
         }
         let mut attempts = self.journal.attempts().map_err(self.jerr())?;
         let applied = attempts.applied.contains(&c.key);
-        let ids: HashSet<String> = reqs.iter().map(|r| r.call_id.clone()).collect();
-        let committed = super::committed_among(self.store, &ids).await?;
+        let committed = super::committed_among(self.store, &ids.into_iter().collect()).await?;
         let latency_ms =
             ((chrono::Utc::now().timestamp_micros() - c.written_at_us) as f64 / 1000.0).max(0.0);
         let mut rows = Vec::new();
+        let mut written = 0usize;
+        let mut writer = None;
         let mut retry_ids = Vec::new();
         let mut final_ids = Vec::new();
-        for req in reqs {
-            let (mut res, retryable) = results.remove(&req.call_id).unwrap_or_else(|| {
+        for req in self.journal.requests(&c.key).map_err(self.jerr())? {
+            let req = req.map_err(self.jerr())?;
+            let found = match &failed_all {
+                Some(msg) => Some((openai::failed(None, msg.clone()), false)),
+                None => index
+                    .take(&req.call_id, |l| self.parse(&batch_id, l))
+                    .map_err(self.jerr())?,
+            };
+            let (mut res, retryable) = found.unwrap_or_else(|| {
                 (
                     openai::failed(
                         None,
@@ -735,17 +755,16 @@ impl Ctx<'_> {
                 latency_ms,
                 started_at_us: c.written_at_us,
             });
-        }
-        if !rows.is_empty() {
-            let mut w = self.store.part_writer(
-                "calls",
-                Table::Calls.schema(),
-                &format!("part-batch-{}", c.key),
-            );
-            for chunk in rows.chunks(8192) {
-                w.write(with_batch_id(super::to_batch(self.model, chunk), &batch_id))
+            if rows.len() == 8192 {
+                self.write_rows(&mut writer, &c.key, &batch_id, &mut rows)
                     .await?;
+                written += 8192;
             }
+        }
+        written += rows.len();
+        self.write_rows(&mut writer, &c.key, &batch_id, &mut rows)
+            .await?;
+        if let Some(w) = writer {
             w.finish().await?;
         }
         crash_at("during_commit");
@@ -770,9 +789,116 @@ impl Ctx<'_> {
         eprintln!(
             "batch {batch_id} (chunk {}): {} rows committed, {} to send again",
             c.key,
-            rows.len(),
+            written,
             retry_ids.len()
         );
         Ok(None)
+    }
+}
+
+impl Ctx<'_> {
+    /// Writes `rows` (emptied) into the chunk's calls part, started on the first rows.
+    async fn write_rows(
+        &self,
+        writer: &mut Option<crate::storage::PartWriter>,
+        key: &str,
+        batch_id: &str,
+        rows: &mut Vec<CallRow>,
+    ) -> Result<(), CallError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let w = writer.get_or_insert_with(|| {
+            self.store
+                .part_writer("calls", Table::Calls.schema(), &format!("part-batch-{key}"))
+        });
+        w.write(with_batch_id(super::to_batch(self.model, rows), batch_id))
+            .await?;
+        rows.clear();
+        Ok(())
+    }
+}
+
+/// Where a result line is: its file (an index into [`ResultIndex::files`]), offset and
+/// length.
+#[derive(Debug, Clone, Copy)]
+struct Line {
+    file: usize,
+    at: u64,
+    len: usize,
+}
+
+/// The result lines of a final batch by call id, read back one at a time from the files
+/// they were downloaded to. A later line for the same call id wins (OpenAI's error file
+/// after its output file).
+#[derive(Default)]
+struct ResultIndex {
+    files: Vec<std::fs::File>,
+    lines: HashMap<String, Line>,
+}
+
+impl ResultIndex {
+    fn add(&mut self, path: &std::path::Path, lines: HashMap<String, Line>) -> std::io::Result<()> {
+        let file = self.files.len();
+        self.files.push(std::fs::File::open(path)?);
+        self.lines
+            .extend(lines.into_iter().map(|(id, l)| (id, Line { file, ..l })));
+        Ok(())
+    }
+
+    /// The parsed result line of `call_id`, taken out of the index (a request that
+    /// appears twice finds it once).
+    fn take<T>(
+        &mut self,
+        call_id: &str,
+        parse: impl Fn(&[u8]) -> Option<(String, T, bool)>,
+    ) -> std::io::Result<Option<(T, bool)>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let Some(l) = self.lines.remove(call_id) else {
+            return Ok(None);
+        };
+        let f = &mut self.files[l.file];
+        f.seek(SeekFrom::Start(l.at))?;
+        let mut buf = vec![0u8; l.len];
+        f.read_exact(&mut buf)?;
+        Ok(parse(&buf).map(|(_, r, retry)| (r, retry)))
+    }
+}
+
+/// The lines of a downloaded result file that parse, by call id, and how many parsed: each
+/// line is parsed once here (to count it and find its id) and once more when its row is
+/// built.
+fn index_lines<T>(
+    path: &std::path::Path,
+    file: usize,
+    parse: impl Fn(&[u8]) -> Option<(String, T, bool)>,
+) -> std::io::Result<(HashMap<String, Line>, usize)> {
+    use std::io::BufRead;
+    let mut r = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(path)?);
+    let mut out = HashMap::new();
+    let mut buf = Vec::new();
+    let mut at = 0u64;
+    let mut parsed = 0;
+    loop {
+        buf.clear();
+        let n = r.read_until(b'\n', &mut buf)?;
+        if n == 0 {
+            return Ok((out, parsed));
+        }
+        let line = buf.strip_suffix(b"\n").unwrap_or(&buf);
+        if !line.is_empty()
+            && let Some((id, _, _)) = parse(line)
+        {
+            parsed += 1;
+            out.insert(
+                id,
+                Line {
+                    file,
+                    at,
+                    len: line.len(),
+                },
+            );
+        }
+        at += n as u64;
     }
 }

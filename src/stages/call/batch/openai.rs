@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::BatchError;
-use super::api::Api;
+use super::api::{Api, file_body};
 use crate::config::ModelConfig;
 use crate::stages::call::{CallRequest, CallResult, openai};
 
@@ -111,25 +111,32 @@ impl Client {
         Ok(Self { api })
     }
 
-    /// Uploads a batch input file (purpose `batch`); its file id.
-    pub async fn upload(&self, filename: &str, content: &[u8]) -> Result<String, BatchError> {
+    /// Uploads a batch input file (purpose `batch`) of `len` bytes, streamed from `path`;
+    /// its file id.
+    pub async fn upload(
+        &self,
+        filename: &str,
+        path: &std::path::Path,
+        len: u64,
+    ) -> Result<String, BatchError> {
         let boundary = format!("evalflow-{}", uuid::Uuid::new_v4().simple());
-        let mut body = Vec::with_capacity(content.len() + 512);
-        body.extend_from_slice(
-            format!(
-                "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
-                 --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{filename}\"\r\n\
-                 Content-Type: application/jsonl\r\n\r\n"
-            )
-            .as_bytes(),
+        let head = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+             --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{filename}\"\r\n\
+             Content-Type: application/jsonl\r\n\r\n"
         );
-        body.extend_from_slice(content);
-        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-        let body = bytes::Bytes::from(body);
+        let tail = format!("\r\n--{boundary}--\r\n");
         let url = format!("{}/files", self.api.base);
         let b = self
             .api
             .send("POST /files", || {
+                let (body, total) = file_body(
+                    head.clone().into_bytes(),
+                    path,
+                    len,
+                    None,
+                    tail.clone().into_bytes(),
+                );
                 self.api
                     .http
                     .post(&url)
@@ -137,7 +144,8 @@ impl Client {
                         reqwest::header::CONTENT_TYPE,
                         format!("multipart/form-data; boundary={boundary}"),
                     )
-                    .body(body.clone())
+                    .header(reqwest::header::CONTENT_LENGTH, total)
+                    .body(body)
             })
             .await?;
         let v: Value = Api::json("POST /files", &b)?;
@@ -218,13 +226,15 @@ impl Client {
         }
     }
 
-    /// A file's content.
-    pub async fn content(&self, file_id: &str) -> Result<bytes::Bytes, BatchError> {
+    /// Downloads a file's content into `path`; its length.
+    pub async fn content(&self, file_id: &str, path: &std::path::Path) -> Result<u64, BatchError> {
         let url = format!("{}/files/{file_id}/content", self.api.base);
         self.api
-            .send(&format!("GET /files/{file_id}/content"), || {
-                self.api.http.get(&url)
-            })
+            .download(
+                &format!("GET /files/{file_id}/content"),
+                || self.api.http.get(&url),
+                path,
+            )
             .await
     }
 }
