@@ -712,15 +712,6 @@ impl Pipeline {
         }
         if let Some(m) = &self.rephrase {
             self.check_model("rephrase", m)?;
-            // Generate waits on each paraphrase before the cases exist, so a rephrase call
-            // cannot wait a day in a batch: refused, never silently sent synchronously.
-            if m.batch {
-                return Err(self.at(
-                    "rephrase.batch",
-                    "batch mode is not available for the rephrase model: generate needs its \
-                     paraphrases before any case exists (set `batch = true` on [model] or [judge])",
-                ));
-            }
         }
         self.check_score()?;
         crate::stages::score::user::check_all(&self.user_scorers).map_err(def_error)?;
@@ -907,18 +898,15 @@ mod tests {
         assert!(e.starts_with("p.toml:11: field `judge.concurrency`"), "{e}");
     }
 
-    /// `[rephrase] batch = true` is refused where it is written: generate waits on each
-    /// paraphrase, so it cannot go through a batch, and it is never sent synchronously
-    /// instead without a word. The same key on `[judge]` is accepted.
+    /// `[rephrase] batch = true` is read like the same key on `[model]` and `[judge]`: the
+    /// rephrase calls go through the call stage, batch mode included (docs/batch.md).
     #[test]
-    fn a_rephrase_model_in_batch_mode_is_refused_naming_its_line() {
-        let e = err(&format!(
-            "{BASE}\n[rephrase]\nprovider = \"openai\"\nname = \"r\"\nbatch = true\n"
-        ));
-        assert!(e.starts_with("p.toml:11: field `rephrase.batch`"), "{e}");
-        assert!(e.contains("[model] or [judge]"), "{e}");
-        let text = format!("{BASE}\n[judge]\nprovider = \"openai\"\nname = \"j\"\nbatch = true\n");
-        assert!(Pipeline::parse(&text, Path::new("p.toml")).is_ok());
+    fn a_rephrase_model_in_batch_mode_is_read() {
+        let text =
+            format!("{BASE}\n[rephrase]\nprovider = \"openai\"\nname = \"r\"\nbatch = true\n");
+        let p = Pipeline::parse(&text, Path::new("p.toml")).unwrap();
+        assert!(p.rephrase.as_ref().is_some_and(|m| m.batch));
+        assert!(!p.model.batch);
     }
 
     /// A scorer name is resolved when the file is read, before any stage runs.

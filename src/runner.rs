@@ -56,6 +56,8 @@ impl RunError {
             RunError::Storage(e) => e.is_bad_input(),
             RunError::Call(e) => e.is_bad_input(),
             RunError::Generate(generate::GenerateError::Rephrase { .. }) => false,
+            RunError::Generate(generate::GenerateError::Call(e)) => e.is_bad_input(),
+            RunError::Generate(generate::GenerateError::Storage(e)) => e.is_bad_input(),
             RunError::Generate(_) => true,
         }
     }
@@ -177,7 +179,10 @@ impl Runner {
         let mut cases = generate::CaseStream::new(&self.pipeline)?;
         generate::source::check_sources(&self.pipeline)?;
         if let Some(m) = generate::rephrase_model_for(&self.pipeline) {
-            cases = cases.with_rephraser(call::build_provider(m)?);
+            // Its calls are a nested run under the root (`rephrase/`): resumed, not paid twice.
+            cases = cases
+                .with_rephraser(call::build_provider(m)?, &self.store)
+                .with_batch(self.batch);
         }
         self.manifest.start("generate");
         self.manifest.save(&self.store).await?;

@@ -5,11 +5,12 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use evalflow::pipeline::Pipeline;
 use evalflow::stages::call::{CallRequest, CallResult, Provider};
 use evalflow::stages::generate::{self, Case, CaseStream, GenerateError};
+use evalflow::storage::RunStore;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -646,15 +647,26 @@ expected = "positive"
     assert!(e.contains("has no labels"), "{e}");
 }
 
-/// A rephrasing model for tests: answers "Paraphrase k of: <text>" for sample k.
+/// A rephrasing model for tests: answers "Paraphrase k of: <text>" for sample k, or an
+/// error for every request while `fail` is set.
+#[derive(Default)]
 struct FakeRephraser {
     calls: AtomicUsize,
+    fail: AtomicBool,
 }
 
 #[async_trait::async_trait]
 impl Provider for FakeRephraser {
     async fn complete(&self, req: &CallRequest) -> CallResult {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.fail.load(Ordering::SeqCst) {
+            return CallResult {
+                error: Some("HTTP 503: down".into()),
+                http_status: Some(503),
+                attempts: 1,
+                ..CallResult::default()
+            };
+        }
         let text = req.prompt.rsplit("\n\n").next().unwrap_or("");
         CallResult {
             response: Some(format!("\"Paraphrase {} of: {text}\"", req.sample_idx)),
@@ -690,20 +702,28 @@ n = ["1", "2", "3", "4", "5"]
     .unwrap()
 }
 
+/// Every case of `p`, rephrased by `provider` with its calls recorded under `root`.
+fn rephrased(p: &Pipeline, provider: Arc<FakeRephraser>, root: &Path) -> Vec<Case> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let root = RunStore::open(root.to_str().unwrap()).unwrap();
+    let mut s = CaseStream::new(p).unwrap().with_rephraser(provider, &root);
+    let mut cases = Vec::new();
+    while let Some(b) = rt.block_on(s.next_batch(1000)).unwrap() {
+        cases.extend(b);
+    }
+    cases
+}
+
+/// The paraphrases are asked through the call stage (a nested run under the root's
+/// `rephrase/`), sample k of a base being the provider's k-th answer; a second generate on
+/// the same root asks nothing again and makes the same cases.
 #[test]
 fn rephrase_asks_the_model_through_the_provider() {
     let d = tempfile::tempdir().unwrap();
     let p = rephrase_suite(d.path());
-    let provider = Arc::new(FakeRephraser {
-        calls: AtomicUsize::new(0),
-    });
-    let mut s = CaseStream::new(&p)
-        .unwrap()
-        .with_rephraser(provider.clone());
-    let mut cases = Vec::new();
-    while let Some(b) = futures::executor::block_on(s.next_batch(1000)).unwrap() {
-        cases.extend(b);
-    }
+    let provider = Arc::new(FakeRephraser::default());
+    let root = d.path().join("run");
+    let cases = rephrased(&p, provider.clone(), &root);
     assert_eq!(provider.calls.load(Ordering::SeqCst), 10);
     assert_eq!(cases.len(), 15);
     let first: Vec<&str> = cases[..3].iter().map(|c| c.input.as_str()).collect();
@@ -721,10 +741,53 @@ fn rephrase_asks_the_model_through_the_provider() {
             .filter(|c| c.role == "perturbed")
             .all(|c| c.perturbation.as_deref() == Some("rephrase"))
     );
+    let nested = std::fs::read_dir(root.join("rephrase"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().join("cases").is_dir())
+        .count();
+    assert_eq!(nested, 1, "one nested run: one model, prompt and n");
+    let again = rephrased(&p, provider.clone(), &root);
+    assert_eq!(
+        provider.calls.load(Ordering::SeqCst),
+        10,
+        "nothing asked twice"
+    );
+    assert_eq!(again, cases);
     // Without a rephrase model set up, generation stops with a clear error.
     let e = generate::expand(&p).unwrap_err();
     assert!(matches!(e, GenerateError::Call(_)), "{e}");
     assert!(e.to_string().contains("rephrase"), "{e}");
+}
+
+/// A rephrase call that failed for every sample fails generate naming the test and the
+/// input, not an empty perturbation; a later generate asks the failed calls again.
+#[test]
+fn a_failed_rephrase_fails_generate_naming_test_and_input() {
+    let d = tempfile::tempdir().unwrap();
+    let p = rephrase_suite(d.path());
+    let root = d.path().join("run");
+    let failing = Arc::new(FakeRephraser::default());
+    failing.fail.store(true, Ordering::SeqCst);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = RunStore::open(root.to_str().unwrap()).unwrap();
+    let mut s = CaseStream::new(&p)
+        .unwrap()
+        .with_rephraser(failing.clone(), &store);
+    let e = rt.block_on(s.next_batch(1000)).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, GenerateError::Rephrase { .. }), "{msg}");
+    assert_eq!(
+        msg,
+        "test `rephrasings`: rephrase of \"Where is order 1?\" failed: HTTP 503: down; HTTP 503: down"
+    );
+    let provider = Arc::new(FakeRephraser::default());
+    let cases = rephrased(&p, provider.clone(), &root);
+    assert_eq!(
+        provider.calls.load(Ordering::SeqCst),
+        10,
+        "the failed calls asked again"
+    );
+    assert_eq!(cases.len(), 15);
 }
 
 #[test]
@@ -823,16 +886,9 @@ fn support_bot_suite_expands() {
         p.model.base_url.as_deref(),
         Some("http://127.0.0.1:8089/v1")
     );
-    let provider = Arc::new(FakeRephraser {
-        calls: AtomicUsize::new(0),
-    });
-    let mut s = CaseStream::new(&p)
-        .unwrap()
-        .with_rephraser(provider.clone());
-    let mut cases = Vec::new();
-    while let Some(b) = futures::executor::block_on(s.next_batch(4096)).unwrap() {
-        cases.extend(b);
-    }
+    let provider = Arc::new(FakeRephraser::default());
+    let d = tempfile::tempdir().unwrap();
+    let cases = rephrased(&p, provider.clone(), &d.path().join("run"));
     assert!(provider.calls.load(Ordering::SeqCst) > 0);
     let cells: HashSet<(String, String)> = cases
         .iter()

@@ -18,7 +18,7 @@ pub mod rephrase;
 pub mod source;
 pub mod suggest;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use rand::SeedableRng;
@@ -26,8 +26,10 @@ use rand::rngs::SmallRng;
 use sha2::{Digest, Sha256};
 
 use crate::pipeline::{ModelConfig, PerturbSpec, Pipeline, PipelineError, TestConfig};
+use crate::schema::Table;
 pub use crate::schema::{Case, cases_batch as to_batch};
 use crate::stages::call::{CallError, Provider};
+use crate::storage::{RunStore, StorageError};
 
 /// Errors of the generate stage.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +40,9 @@ pub enum GenerateError {
     /// The `rephrase` model cannot be built.
     #[error(transparent)]
     Call(#[from] CallError),
+    /// The nested rephrase run could not be written.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
     /// The `rephrase` model failed on a case.
     #[error("test `{test}`: rephrase of \"{input}\" failed: {msg}")]
     Rephrase {
@@ -514,6 +519,69 @@ enum Cursor {
     },
 }
 
+/// The next base case of a test, from `cursor` (started at the test's first base when
+/// `None`); a pure function of the suite, so the rephrase requests and the cases that use
+/// their replies walk the same bases.
+fn next_base(
+    p: &Pipeline,
+    plan: &TestPlan,
+    cursor: &mut Option<Cursor>,
+) -> Result<Option<Base>, GenerateError> {
+    let test = &p.tests[plan.idx];
+    if cursor.is_none() {
+        *cursor = Some(match &test.source {
+            Some(src) => Cursor::Source {
+                reader: source::TextReader::open(&p.resolve(&src.file), src)?,
+                taken: 0,
+            },
+            None => Cursor::Templates { t: 0, k: 0 },
+        });
+    }
+    match cursor.as_mut().expect("set above") {
+        Cursor::Templates { t, k } => loop {
+            if *t >= plan.templates.len() {
+                return Ok(None);
+            }
+            if *k >= plan.quotas[*t] {
+                *t += 1;
+                *k = 0;
+                continue;
+            }
+            let tpl = &plan.templates[*t];
+            let i = match &plan.perms[*t] {
+                Some(perm) => perm.get(*k),
+                None => *k,
+            };
+            *k += 1;
+            let text = tpl.fill(i);
+            // An earlier template that was expanded in full already produced it.
+            let dup = (0..*t).any(|e| plan.perms[e].is_none() && plan.templates[e].matches(&text));
+            if dup {
+                continue;
+            }
+            return Ok(Some(Base {
+                template_id: format!("{}/{}/t{}", p.suite.name, test.name, t),
+                text,
+                expected: tpl.expected.clone(),
+            }));
+        },
+        Cursor::Source { reader, taken } => {
+            if *taken >= plan.budget {
+                return Ok(None);
+            }
+            let Some((row, text)) = reader.next()? else {
+                return Ok(None);
+            };
+            *taken += 1;
+            Ok(Some(Base {
+                template_id: format!("{}/{}/row{}", p.suite.name, test.name, row),
+                text,
+                expected: None,
+            }))
+        }
+    }
+}
+
 /// Streams a suite's cases in batches; memory does not grow with the number of cases.
 ///
 /// # Example
@@ -532,6 +600,14 @@ pub struct CaseStream<'a> {
     cursor: Option<Cursor>,
     cases_in_test: u64,
     rephraser: Option<Arc<dyn Provider>>,
+    /// The run root whose `rephrase/` records the rephrase calls.
+    root: Option<RunStore>,
+    /// `--batch`: the rephrase calls go through the batch interface.
+    batch: bool,
+    /// By plan: the nested run of a rephrase test, once its requests were answered.
+    groups: Option<Vec<Option<rephrase::Group>>>,
+    /// The replies of the rephrase test being streamed: its plan and its replies.
+    replies: Option<(usize, HashMap<String, Vec<rephrase::Reply>>)>,
 }
 
 impl<'a> CaseStream<'a> {
@@ -552,13 +628,26 @@ impl<'a> CaseStream<'a> {
             cursor: None,
             cases_in_test: 0,
             rephraser: None,
+            root: None,
+            batch: false,
+            groups: None,
+            replies: None,
         })
     }
 
     /// Sets the model that answers `rephrase` perturbations (built by the caller from
-    /// [`rephrase_model_for`] with `call::build_provider`, or any [`Provider`]).
-    pub fn with_rephraser(mut self, provider: Arc<dyn Provider>) -> Self {
+    /// [`rephrase_model_for`] with `call::build_provider`, or any [`Provider`]) and the run
+    /// root whose `rephrase/` nested runs record its calls (so a re-run pays nothing twice).
+    pub fn with_rephraser(mut self, provider: Arc<dyn Provider>, root: &RunStore) -> Self {
         self.rephraser = Some(provider);
+        self.root = Some(root.clone());
+        self
+    }
+
+    /// `--batch`: the rephrase calls go through the provider's batch interface whatever
+    /// the rephrase model's `batch` says.
+    pub fn with_batch(mut self, batch: bool) -> Self {
+        self.batch = batch;
         self
     }
 
@@ -568,62 +657,7 @@ impl<'a> CaseStream<'a> {
     }
 
     fn next_base(&mut self) -> Result<Option<Base>, GenerateError> {
-        let p = self.p;
-        let plan = &self.plans[self.current];
-        let test = &p.tests[plan.idx];
-        if self.cursor.is_none() {
-            self.cursor = Some(match &test.source {
-                Some(src) => Cursor::Source {
-                    reader: source::TextReader::open(&p.resolve(&src.file), src)?,
-                    taken: 0,
-                },
-                None => Cursor::Templates { t: 0, k: 0 },
-            });
-        }
-        match self.cursor.as_mut().expect("set above") {
-            Cursor::Templates { t, k } => loop {
-                if *t >= plan.templates.len() {
-                    return Ok(None);
-                }
-                if *k >= plan.quotas[*t] {
-                    *t += 1;
-                    *k = 0;
-                    continue;
-                }
-                let tpl = &plan.templates[*t];
-                let i = match &plan.perms[*t] {
-                    Some(perm) => perm.get(*k),
-                    None => *k,
-                };
-                *k += 1;
-                let text = tpl.fill(i);
-                // An earlier template that was expanded in full already produced it.
-                let dup =
-                    (0..*t).any(|e| plan.perms[e].is_none() && plan.templates[e].matches(&text));
-                if dup {
-                    continue;
-                }
-                return Ok(Some(Base {
-                    template_id: format!("{}/{}/t{}", p.suite.name, test.name, t),
-                    text,
-                    expected: tpl.expected.clone(),
-                }));
-            },
-            Cursor::Source { reader, taken } => {
-                if *taken >= plan.budget {
-                    return Ok(None);
-                }
-                let Some((row, text)) = reader.next()? else {
-                    return Ok(None);
-                };
-                *taken += 1;
-                Ok(Some(Base {
-                    template_id: format!("{}/{}/row{}", p.suite.name, test.name, row),
-                    text,
-                    expected: None,
-                }))
-            }
-        }
+        next_base(self.p, &self.plans[self.current], &mut self.cursor)
     }
 
     fn case(
@@ -668,42 +702,30 @@ impl<'a> CaseStream<'a> {
     }
 
     /// The next batch of at most about `max` cases (a base and its perturbations are never
-    /// split), or `None` when the suite is exhausted.
+    /// split), or `None` when the suite is exhausted. The first call asks the rephrase
+    /// model for every paraphrase the suite needs ([`Self::ask_rephrasings`]).
     ///
     /// # Errors
     /// Source read errors (file, row, column), a test that produces no case, and rephrase
     /// failures.
     pub async fn next_batch(&mut self, max: usize) -> Result<Option<Vec<Case>>, GenerateError> {
+        if self.groups.is_none() && self.needs_rephraser() {
+            self.ask_rephrasings().await?;
+        }
+        let p = self.p;
         let mut out = Vec::with_capacity(max.min(1 << 16));
         while out.len() < max {
             if self.current >= self.plans.len() {
                 break;
             }
-            let test = &self.p.tests[self.plans[self.current].idx];
+            let test = &p.tests[self.plans[self.current].idx];
             let spec = match test.test_type.as_str() {
                 "MFT" => None,
-                _ => test.perturb.clone(),
+                _ => test.perturb.as_ref(),
             };
-            let rephrase = spec.as_ref().is_some_and(|s| s.op() == "rephrase");
-            // Rephrase asks a model: gather bases to send their requests concurrently.
-            let want = if rephrase {
-                rephrase_model(self.p, spec.as_ref().unwrap())
-                    .map(|m| m.concurrency.max(1))
-                    .unwrap_or(1)
-            } else {
-                1
-            };
-            let mut bases = Vec::with_capacity(want);
-            while bases.len() < want {
-                match self.next_base()? {
-                    Some(b) => bases.push(b),
-                    None => break,
-                }
-            }
-            if bases.is_empty() {
+            let Some(b) = self.next_base()? else {
                 if self.cases_in_test == 0 {
-                    return Err(self
-                        .p
+                    return Err(p
                         .invalid(
                             &format!("\"{}\"", test.name),
                             "test",
@@ -718,33 +740,28 @@ impl<'a> CaseStream<'a> {
                 self.current += 1;
                 self.cursor = None;
                 self.cases_in_test = 0;
+                self.replies = None;
                 continue;
-            }
+            };
             let before = out.len();
-            match &spec {
-                None => {
-                    for b in &bases {
-                        out.push(self.case(b, "single", None, b.text.clone(), None));
-                    }
-                }
-                Some(spec) if rephrase => self.rephrase_bases(spec, &bases, &mut out).await?,
+            match spec {
+                None => out.push(self.case(&b, "single", None, b.text.clone(), None)),
+                Some(spec) if spec.op() == "rephrase" => self.rephrase_base(&b, &mut out).await?,
                 Some(spec) => {
-                    for b in &bases {
-                        let base = self.case(b, "base", None, b.text.clone(), None);
-                        let mut rng =
-                            SmallRng::seed_from_u64(self.p.suite.seed ^ hash_u64(&[&base.case_id]));
-                        let mut variants: Vec<String> = Vec::new();
-                        let mut tries = 0;
-                        while variants.len() < test.n_perturb && tries < test.n_perturb * 5 {
-                            tries += 1;
-                            if let Some(v) = perturb::apply(spec, &b.text, &mut rng)
-                                && !variants.contains(&v)
-                            {
-                                variants.push(v);
-                            }
+                    let base = self.case(&b, "base", None, b.text.clone(), None);
+                    let mut rng =
+                        SmallRng::seed_from_u64(p.suite.seed ^ hash_u64(&[&base.case_id]));
+                    let mut variants: Vec<String> = Vec::new();
+                    let mut tries = 0;
+                    while variants.len() < test.n_perturb && tries < test.n_perturb * 5 {
+                        tries += 1;
+                        if let Some(v) = perturb::apply(spec, &b.text, &mut rng)
+                            && !variants.contains(&v)
+                        {
+                            variants.push(v);
                         }
-                        self.push_group(b, base, variants, spec.op(), &mut out);
                     }
+                    self.push_group(&b, base, variants, spec.op(), &mut out);
                 }
             }
             self.cases_in_test += (out.len() - before) as u64;
@@ -770,44 +787,119 @@ impl<'a> CaseStream<'a> {
         }
     }
 
-    async fn rephrase_bases(
-        &self,
-        spec: &PerturbSpec,
-        bases: &[Base],
-        out: &mut Vec<Case>,
-    ) -> Result<(), GenerateError> {
-        let test = &self.p.tests[self.plans[self.current].idx];
-        let model = rephrase_model(self.p, spec).expect("checked when planning");
-        let provider = self.rephraser.clone().ok_or_else(|| {
-            CallError::Provider(
-                model.provider.clone(),
-                format!(
-                    "test `{}` uses `rephrase` but no rephrase model was set up",
-                    test.name
-                ),
-            )
-        })?;
-        let prompt = match spec {
-            PerturbSpec::Table {
-                prompt: Some(p), ..
-            } => p.as_str(),
-            _ => rephrase::DEFAULT_PROMPT,
-        };
-        let results = futures::future::join_all(bases.iter().map(|b| {
-            rephrase::rephrase(provider.as_ref(), model, prompt, &b.text, test.n_perturb)
-        }))
-        .await;
-        for (b, res) in bases.iter().zip(results) {
-            let variants = res.map_err(|msg| GenerateError::Rephrase {
-                test: test.name.clone(),
-                input: b.text.clone(),
-                msg,
-            })?;
-            let base = self.case(b, "base", None, b.text.clone(), None);
-            self.push_group(b, base, variants, "rephrase", out);
+    /// Asks the rephrase model for every paraphrase the suite needs, before any case is
+    /// made: the bases of each rephrase test become the cases of its nested run
+    /// ([`rephrase::Group`]), whose calls the call stage sends all at once (so a batch-mode
+    /// model waits for one batch, not one per base) or finds answered by an earlier run.
+    ///
+    /// # Errors
+    /// No rephrase model set up, a source read error, or the nested call stage's errors.
+    async fn ask_rephrasings(&mut self) -> Result<(), GenerateError> {
+        let p = self.p;
+        let mut groups: Vec<Option<rephrase::Group>> = vec![None; self.plans.len()];
+        let mut distinct: Vec<rephrase::Group> = Vec::new();
+        for (i, plan) in self.plans.iter().enumerate() {
+            let test = &p.tests[plan.idx];
+            let Some(spec) = test.perturb.as_ref() else {
+                continue;
+            };
+            if test.test_type == "MFT" || spec.op() != "rephrase" {
+                continue;
+            }
+            let model = rephrase_model(p, spec).expect("checked when planning");
+            let root = self
+                .root
+                .as_ref()
+                .ok_or_else(|| no_rephraser(model, &test.name))?;
+            let prompt = rephrase::prompt_of(spec);
+            let g = rephrase::Group::new(root, model, prompt, test.n_perturb, self.batch);
+            if !distinct
+                .iter()
+                .any(|d| d.store.display() == g.store.display())
+            {
+                // Rebuilt each time, as the judge's prompts: the same bases, the same ids.
+                g.store.delete_dir("cases").await?;
+                distinct.push(g.clone());
+            }
+            groups[i] = Some(g);
         }
+        for (i, g) in groups.iter().enumerate() {
+            let Some(g) = g else { continue };
+            let (plan, mut cursor) = (&self.plans[i], None);
+            let test = &p.tests[plan.idx];
+            let mut w = g
+                .store
+                .part_writer("cases", Table::Cases.schema(), &format!("test{i:04}"));
+            let (mut seen, mut buf) = (HashSet::new(), Vec::new());
+            while let Some(b) = next_base(p, plan, &mut cursor)? {
+                if seen.insert(rephrase::Group::case_id(&test.name, &b.text)) {
+                    buf.push(g.case(&test.name, &b.text));
+                }
+                if buf.len() >= 8192 {
+                    w.write(to_batch(&std::mem::take(&mut buf))).await?;
+                }
+            }
+            if !buf.is_empty() {
+                w.write(to_batch(&buf)).await?;
+            }
+            w.finish().await?;
+        }
+        if let Some(first) = distinct.first() {
+            let provider = self
+                .rephraser
+                .clone()
+                .ok_or_else(|| no_rephraser(&first.model, "a rephrase test"))?;
+            if distinct.iter().all(|g| g.model.batch) {
+                // Every batch is created before any is waited for.
+                futures::future::try_join_all(distinct.iter().map(|g| g.ask(provider.clone())))
+                    .await?;
+            } else {
+                // One at a time: synchronous calls share the provider's rate limits.
+                for g in &distinct {
+                    g.ask(provider.clone()).await?;
+                }
+            }
+            crate::stages::call::batch::crash_at("after_rephrase");
+        }
+        self.groups = Some(groups);
         Ok(())
     }
+
+    /// A base of a rephrase test and its paraphrases, from the replies of its nested run
+    /// (read once per test).
+    async fn rephrase_base(&mut self, b: &Base, out: &mut Vec<Case>) -> Result<(), GenerateError> {
+        let test = &self.p.tests[self.plans[self.current].idx];
+        if self.replies.as_ref().map(|r| r.0) != Some(self.current) {
+            let group = self
+                .groups
+                .as_ref()
+                .and_then(|g| g[self.current].as_ref())
+                .expect("asked before the first batch");
+            let replies = group.replies(&test.name).await?;
+            self.replies = Some((self.current, replies));
+        }
+        let replies = &self.replies.as_ref().expect("read above").1;
+        let variants = match replies.get(&rephrase::Group::case_id(&test.name, &b.text)) {
+            Some(r) => rephrase::variants(&b.text, r),
+            None => Err("no answer recorded".into()),
+        }
+        .map_err(|msg| GenerateError::Rephrase {
+            test: test.name.clone(),
+            input: b.text.clone(),
+            msg,
+        })?;
+        let base = self.case(b, "base", None, b.text.clone(), None);
+        self.push_group(b, base, variants, "rephrase", out);
+        Ok(())
+    }
+}
+
+/// The error of a suite that rephrases without a rephrase model set up.
+fn no_rephraser(model: &ModelConfig, test: &str) -> GenerateError {
+    GenerateError::Call(CallError::Provider(
+        model.provider.clone(),
+        format!("test `{test}` uses `rephrase` but no rephrase model was set up"),
+    ))
 }
 
 /// Expands every test of the pipeline's suite into cases, in memory. Use [`CaseStream`]

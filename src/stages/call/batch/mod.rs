@@ -30,7 +30,7 @@
 //!   it is sent again, so a lost answer never makes two batches.
 //! - `EVALFLOW_CRASH_AT=before_upload|after_upload` (OpenAI), `before_create` (Anthropic),
 //!   `after_create|polling|during_commit` aborts the process at that point (the crash tests'
-//!   hook).
+//!   hook; generate adds `after_rephrase`, once the rephrase calls are answered).
 
 pub mod anthropic;
 pub mod api;
@@ -114,7 +114,8 @@ pub const CRASH_ENV: &str = "EVALFLOW_CRASH_AT";
 /// The metadata key naming the chunk.
 pub const CHUNK_KEY: &str = "evalflow_chunk";
 
-fn crash_at(point: &str) {
+/// Aborts the process when [`CRASH_ENV`] names `point`.
+pub fn crash_at(point: &str) {
     if std::env::var(CRASH_ENV).as_deref() == Ok(point) {
         eprintln!("{CRASH_ENV}={point}: aborting");
         std::process::abort();
