@@ -274,6 +274,18 @@ impl RunStore {
         self.read_checked(meta, Some(table)).await
     }
 
+    /// Streams the named columns of one part (those it has, in its order), checking its
+    /// schema against `table`: a reader of a few columns does not fetch the others' pages
+    /// (a `calls` part's responses are most of its bytes).
+    pub async fn read_part_columns(
+        &self,
+        meta: &ObjectMeta,
+        table: Table,
+        columns: &[&str],
+    ) -> Result<BoxStream<'static, Result<RecordBatch, StorageError>>, StorageError> {
+        self.read_projected(meta, Some(table), Some(columns)).await
+    }
+
     /// Streams the record batches of a scratch part (an import's staging), whose schema is
     /// the writer's own, not a table's.
     pub async fn read_scratch(
@@ -283,11 +295,20 @@ impl RunStore {
         self.read_checked(meta, None).await
     }
 
-    #[allow(deprecated)]
     async fn read_checked(
         &self,
         meta: &ObjectMeta,
         table: Option<Table>,
+    ) -> Result<BoxStream<'static, Result<RecordBatch, StorageError>>, StorageError> {
+        self.read_projected(meta, table, None).await
+    }
+
+    #[allow(deprecated)]
+    async fn read_projected(
+        &self,
+        meta: &ObjectMeta,
+        table: Option<Table>,
+        columns: Option<&[&str]>,
     ) -> Result<BoxStream<'static, Result<RecordBatch, StorageError>>, StorageError> {
         let location = self.location(&meta.location);
         let reader = ParquetObjectReader::new(self.store.clone(), meta.location.clone())
@@ -302,6 +323,16 @@ impl RunStore {
         if let Some(table) = table {
             check_compatible(table, builder.schema(), &location)?;
         }
+        let builder = match columns {
+            Some(cols) => {
+                let mask = datafusion::parquet::arrow::ProjectionMask::columns(
+                    builder.parquet_schema(),
+                    cols.iter().copied(),
+                );
+                builder.with_projection(mask)
+            }
+            None => builder,
+        };
         let stream =
             builder
                 .with_batch_size(8192)
@@ -512,12 +543,23 @@ impl RunStore {
         rel: &str,
         table: Table,
     ) -> Result<BoxStream<'static, Result<RecordBatch, StorageError>>, StorageError> {
+        self.read_table_columns(rel, table, None).await
+    }
+
+    /// [`Self::read_table`] of the named columns only ([`Self::read_part_columns`]), or
+    /// of every column.
+    pub async fn read_table_columns(
+        &self,
+        rel: &str,
+        table: Table,
+        columns: Option<&'static [&'static str]>,
+    ) -> Result<BoxStream<'static, Result<RecordBatch, StorageError>>, StorageError> {
         let parts = self.list_parts(rel).await?;
         let this = self.clone();
         let s = futures::stream::iter(parts)
             .then(move |m| {
                 let this = this.clone();
-                async move { this.read_part(&m, table).await }
+                async move { this.read_projected(&m, Some(table), columns).await }
             })
             .try_flatten();
         Ok(s.boxed())

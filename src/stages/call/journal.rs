@@ -163,13 +163,17 @@ impl Journal {
     /// Starts a new file and deletes the current one: call after every row in it has been
     /// committed to a Parquet part.
     pub fn rotate(&mut self) -> std::io::Result<()> {
+        let old = self.next_file()?;
+        remove(&[old])
+    }
+
+    /// Starts a new file and returns the current one, to be deleted ([`remove`]) once every
+    /// row in it is committed: the commit may then run while new rows are journaled.
+    pub fn next_file(&mut self) -> std::io::Result<PathBuf> {
         self.generation += 1;
         let (path, file) = Self::create(&self.dir, &self.session, self.generation)?;
-        let old = std::mem::replace(&mut self.path, path);
         self.file = file;
-        std::fs::remove_file(&old)?;
-        sync_dir(&self.dir);
-        Ok(())
+        Ok(std::mem::replace(&mut self.path, path))
     }
 
     /// Deletes the current file (every row committed, the stage is done).

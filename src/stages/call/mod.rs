@@ -37,7 +37,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::config::ModelConfig;
 use crate::schema::Table;
-use crate::storage::{RunStore, StorageError};
+use crate::storage::{PartWriter, RunStore, StorageError};
 use todo::todo_stream;
 
 /// The providers a `[model]` may name (declared with the pipeline format).
@@ -336,7 +336,10 @@ async fn committed_among(
     if ids.is_empty() {
         return Ok(found);
     }
-    let mut s = store.read_table("calls", Table::Calls).await?;
+    const COLUMNS: &[&str] = &["call_id", "error", "started_at"];
+    let mut s = store
+        .read_table_columns("calls", Table::Calls, Some(COLUMNS))
+        .await?;
     while let Some(b) = s.next().await {
         let b = crate::schema::plain_strings(b?);
         let c = str_col(&b, "call_id");
@@ -512,7 +515,16 @@ async fn recover(
 
 /// Sums of the committed table, for the manifest.
 async fn committed_totals(store: &RunStore, stats: &mut CallStats) -> Result<(), StorageError> {
-    let mut s = store.read_table("calls", Table::Calls).await?;
+    const COLUMNS: &[&str] = &[
+        "error",
+        "prompt_tokens",
+        "completion_tokens",
+        "reasoning_tokens",
+        "batch_id",
+    ];
+    let mut s = store
+        .read_table_columns("calls", Table::Calls, Some(COLUMNS))
+        .await?;
     let (mut rows, mut errs, mut p, mut c, mut r) = (0u64, 0u64, 0i64, 0i64, 0i64);
     stats.batch_prompt_tokens = 0;
     stats.batch_completion_tokens = 0;
@@ -665,22 +677,38 @@ pub async fn run_with(
         Some(d) => Some(journal::Journal::open(d, &session).map_err(jerr(d))?),
         _ => None,
     };
-    let mut writer = store.part_writer("calls", Table::Calls.schema(), &format!("part-{session}"));
+    let mut writer =
+        Some(store.part_writer("calls", Table::Calls.schema(), &format!("part-{session}")));
+    let mut committing: Option<tokio::task::JoinHandle<Result<PartWriter, CallError>>> = None;
 
     // Each call is its own task, so requests progress while this task writes; a permit is
     // held from before the request until the answer is journaled.
     let sem = Arc::new(Semaphore::new(model.concurrency.max(1)));
     let (tx, mut rx) = mpsc::unbounded_channel::<((CallRow, bool), OwnedSemaphorePermit)>();
+    // The requests are listed (the plan's next batch, its ids hashed) a batch or two ahead
+    // by their own task, so a free slot never waits for the plan.
+    let (req_tx, mut req_rx) = mpsc::channel::<Vec<CallRequest>>(2);
+    let lister = {
+        let model = model.clone();
+        tokio::spawn(async move {
+            while let Some(b) = todo.next().await {
+                let reqs = requests_for(&model, &crate::schema::plain_strings(b?));
+                if req_tx.send(reqs).await.is_err() {
+                    break;
+                }
+            }
+            Ok::<(), datafusion::error::DataFusionError>(())
+        })
+    };
     let producer = {
         let provider = provider.clone();
         let cache = cache.clone();
-        let model = model.clone();
         tokio::spawn(async move {
             let mut queued = 0u64;
-            while let Some(b) = todo.next().await {
-                for req in requests_for(&model, &crate::schema::plain_strings(b?)) {
+            while let Some(reqs) = req_rx.recv().await {
+                for req in reqs {
                     let Ok(permit) = sem.clone().acquire_owned().await else {
-                        return Ok(queued);
+                        return queued;
                     };
                     queued += 1;
                     let tx = tx.clone();
@@ -692,7 +720,7 @@ pub async fn run_with(
                     });
                 }
             }
-            Ok::<u64, datafusion::error::DataFusionError>(queued)
+            queued
         })
     };
 
@@ -752,19 +780,39 @@ pub async fn run_with(
         }
         pending.extend(rows);
         if pending.len() >= COMMIT_ROWS || last_commit.elapsed() >= COMMIT_EVERY {
-            writer.write(to_batch(model, &pending)).await?;
-            writer.flush().await?;
-            pending.clear();
-            if let Some(j) = journal.as_mut() {
-                j.rotate().map_err(|source| CallError::Journal {
+            // The rows go to a new journal file while the old one's are committed by a task
+            // of their own (the loop goes on releasing slots); the old file is deleted once
+            // its part is durable. One commit at a time: the last one ended long ago.
+            if let Some(h) = committing.take() {
+                writer = Some(h.await.expect("a commit does not panic")?);
+            }
+            let mut w = writer.take().expect("the writer is back");
+            let old = match journal.as_mut() {
+                Some(j) => Some(j.next_file().map_err(|source| CallError::Journal {
                     path: j.path().display().to_string(),
                     source,
-                })?;
-            }
+                })?),
+                None => None,
+            };
+            let rows = std::mem::take(&mut pending);
+            let model = model.clone();
+            committing = Some(tokio::spawn(async move {
+                w.write(to_batch(&model, &rows)).await?;
+                w.flush().await?;
+                if let Some(old) = old {
+                    journal::remove(std::slice::from_ref(&old)).map_err(jerr(&old))?;
+                }
+                Ok::<_, CallError>(w)
+            }));
             last_commit = Instant::now();
         }
     }
     let queued = producer.await.expect("the request producer does not panic");
+    let listed = lister.await.expect("the request lister does not panic");
+    if let Some(h) = committing.take() {
+        writer = Some(h.await.expect("a commit does not panic")?);
+    }
+    let mut writer = writer.expect("the writer is back");
     if !pending.is_empty() {
         writer.write(to_batch(model, &pending)).await?;
     }
@@ -779,7 +827,7 @@ pub async fn run_with(
     }
     progress.finish(stats.errors);
     // Committed rows are safe whatever the plan did; its failure is reported after them.
-    let queued = queued.map_err(crate::query::QueryError::df(
+    listed.map_err(crate::query::QueryError::df(
         "call: listing the requests still to send",
     ))?;
     stats.skipped = suite.saturating_sub(queued).saturating_sub(stats.recovered);
