@@ -314,26 +314,34 @@ async fn groups(
     Ok(out)
 }
 
-/// Reads `metas` in order and writes them as one part at `to` (bounded by [`part_rows`]).
+/// Reads `metas` in order and writes them as one part at `to` (bounded by [`part_rows`]),
+/// each batch encoded as it is read: memory holds the part's encoded pages, not its rows
+/// (the merge of 100,000 calls was the call stage's peak).
 async fn write_merged(
     store: &RunStore,
     metas: &[ObjectMeta],
     table: Table,
     to: &str,
 ) -> Result<(), StorageError> {
-    let mut batches = Vec::new();
-    for m in metas {
-        let b: Vec<_> = store.read_part(m, table).await?.try_collect().await?;
-        batches.extend(b);
-    }
-    let Some(schema) = batches.first().map(|b| b.schema()) else {
-        return Ok(());
-    };
-    let bytes = encode_parquet(&schema, &batches).map_err(|source| StorageError::Parquet {
+    let perr = |source| StorageError::Parquet {
         location: to.to_string(),
         source,
-    })?;
-    store.put(to, bytes).await
+    };
+    let mut enc: Option<super::parts::PartEncoder> = None;
+    for m in metas {
+        let mut s = store.read_part(m, table).await?;
+        while let Some(b) = s.try_next().await? {
+            let e = match &mut enc {
+                Some(e) => e,
+                None => enc.insert(super::parts::PartEncoder::new(&b.schema()).map_err(perr)?),
+            };
+            e.write(&b).map_err(perr)?;
+        }
+    }
+    let Some(e) = enc else {
+        return Ok(());
+    };
+    store.put(to, e.finish().map_err(perr)?).await
 }
 
 #[cfg(test)]

@@ -97,20 +97,20 @@ fn encode_with(
 /// One Parquet part encoded batch by batch as it is produced: the writer holds the open row
 /// group's encoded pages, not the batches, so a part costs its compressed size in memory.
 /// [`PartEncoder::finish`] gives the file to [`RunStore::put`] (atomic).
-struct PartEncoder {
+pub(super) struct PartEncoder {
     writer: ArrowWriter<Vec<u8>>,
     rows: usize,
 }
 
 impl PartEncoder {
-    fn new(schema: &SchemaRef) -> Result<Self, ParquetError> {
+    pub(super) fn new(schema: &SchemaRef) -> Result<Self, ParquetError> {
         Ok(PartEncoder {
             writer: ArrowWriter::try_new(Vec::new(), schema.clone(), Some(parquet_props(schema)))?,
             rows: 0,
         })
     }
 
-    fn write(&mut self, batch: &RecordBatch) -> Result<(), ParquetError> {
+    pub(super) fn write(&mut self, batch: &RecordBatch) -> Result<(), ParquetError> {
         self.rows += batch.num_rows();
         self.writer.write(batch)
     }
@@ -121,7 +121,7 @@ impl PartEncoder {
     }
 
     /// The encoded file.
-    fn finish(self) -> Result<Vec<u8>, ParquetError> {
+    pub(super) fn finish(self) -> Result<Vec<u8>, ParquetError> {
         self.writer.into_inner()
     }
 }
