@@ -748,7 +748,10 @@ impl Ctx<'_> {
                 v.iter()
                     .any(|(at, answered)| *answered || *at == c.written_at_us)
             });
-            final_ids.push(req.call_id.clone());
+            // Only a call with attempts spent in earlier batches has anything to forget.
+            if attempts.spent.contains_key(&req.call_id) {
+                final_ids.push(req.call_id.clone());
+            }
             if done {
                 continue;
             }
