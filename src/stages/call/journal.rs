@@ -4,8 +4,9 @@
 //! completed calls is appended to `<root>/_journal/calls/<session>-<gen>.jsonl` and
 //! fsynced before the call counts as done (and before its concurrency permit is
 //! released, so at most `concurrency` answered calls are ever unrecorded). Parquet parts
-//! are committed every few seconds; after each commit the journal rotates to a new file
-//! and the old one is deleted. On restart every journal file is folded into a part
+//! are committed every few seconds: at each commit the journal rotates to a new file, and
+//! the old one is deleted once its rows' part is durable (the commit runs while new rows
+//! are journaled). On restart every journal file is folded into a part
 //! (skipping call ids already committed) before any new request is sent, so a SIGKILL at
 //! any moment loses nothing that was recorded and duplicates nothing that was committed.
 //!
