@@ -6,7 +6,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use datafusion::arrow::util::pretty::pretty_format_batches;
@@ -14,6 +13,10 @@ use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use evalflow::mock::{AnswerMode, BatchConfig, BatchFault, Fault, MockConfig, MockServer};
 use evalflow::runner::Runner;
 use serde_json::Value;
+
+#[path = "common/child.rs"]
+mod child;
+use child::child;
 
 fn loopback() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
@@ -536,47 +539,10 @@ async fn anthropic_poll_errors_and_cut_results_lose_nothing() {
     poll_errors_and_cut_results("anthropic").await;
 }
 
-/// `evalflow ARGS` in a child process: this test binary re-run as [`child_evalflow`].
-fn child(args: &[&str], envs: &[(&str, &str)]) -> std::process::Output {
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args([
-        "--exact",
-        "child_evalflow",
-        "--nocapture",
-        "--test-threads=1",
-        "-q",
-    ])
-    .env("EVALFLOW_CHILD_ARGS", serde_json::to_string(args).unwrap())
-    .env_remove("EVALFLOW_CRASH_AT");
-    for (k, v) in envs {
-        c.env(k, v);
-    }
-    c.output().unwrap()
-}
-
 /// Runs the CLI when started by [`child`]; a no-op test otherwise.
 #[test]
 fn child_evalflow() {
-    use clap::Parser;
-    let Ok(args) = std::env::var("EVALFLOW_CHILD_ARGS") else {
-        return;
-    };
-    let args: Vec<String> = serde_json::from_str(&args).unwrap();
-    let cli =
-        evalflow::cli::Cli::try_parse_from(std::iter::once("evalflow".to_string()).chain(args))
-            .unwrap_or_else(|e| {
-                eprintln!("{e}");
-                std::process::exit(2)
-            });
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let code = match rt.block_on(evalflow::cli::run(cli)) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("error: {e}");
-            e.exit_code() as i32
-        }
-    };
-    std::process::exit(code);
+    child::run_if_child();
 }
 
 /// The crash matrix: the process dies (abort, no clean-up) before an upload, after it,

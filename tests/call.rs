@@ -13,6 +13,8 @@ use evalflow::runner::Runner;
 use evalflow::schema::Table;
 use futures::StreamExt;
 
+#[path = "common/child.rs"]
+mod child;
 #[path = "common/moto.rs"]
 mod moto;
 
@@ -473,18 +475,7 @@ impl Evalflow {
         self
     }
     fn command(&self) -> Command {
-        let mut c = Command::new(std::env::current_exe().unwrap());
-        c.args([
-            "--exact",
-            "child_evalflow",
-            "--nocapture",
-            "--test-threads=1",
-            "-q",
-        ])
-        .env(
-            "EVALFLOW_CHILD_ARGS",
-            serde_json::to_string(&self.args).unwrap(),
-        );
+        let mut c = child::command(&self.args);
         for (k, v) in &self.envs {
             c.env(k, v);
         }
@@ -501,30 +492,7 @@ impl Evalflow {
 /// Runs the CLI when started by [`bin`]; a no-op test otherwise.
 #[test]
 fn child_evalflow() {
-    use clap::Parser;
-    let Ok(args) = std::env::var("EVALFLOW_CHILD_ARGS") else {
-        return;
-    };
-    let args: Vec<String> = serde_json::from_str(&args).unwrap();
-    let cli =
-        evalflow::cli::Cli::try_parse_from(std::iter::once("evalflow".to_string()).chain(args))
-            .unwrap_or_else(|e| {
-                eprintln!("{e}");
-                std::process::exit(2)
-            });
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .try_init();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let code = match rt.block_on(evalflow::cli::run(cli)) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("error: {e}");
-            e.exit_code() as i32
-        }
-    };
-    std::process::exit(code);
+    child::run_if_child();
 }
 
 /// Call ids a SIGKILLed session left durable: committed parts plus complete journal lines
