@@ -178,11 +178,16 @@ impl Runner {
         // so bad input leaves the run root as it was.
         let mut cases = generate::CaseStream::new(&self.pipeline)?;
         generate::source::check_sources(&self.pipeline)?;
-        if let Some(m) = generate::rephrase_model_for(&self.pipeline) {
+        let models = generate::rephrase_models(&self.pipeline);
+        if let Some((_, first)) = models.first() {
             // Its calls are a nested run under the root (`rephrase/`): resumed, not paid twice.
             cases = cases
-                .with_rephraser(call::build_provider(m)?, &self.store)
+                .with_rephraser(call::build_provider(first)?, &self.store)
                 .with_batch(self.batch);
+            // Tests that name other models send to those models' servers.
+            for (table, m) in &models[1..] {
+                cases = cases.with_rephraser_for(table, call::build_provider(m)?);
+            }
         }
         self.manifest.start("generate");
         self.manifest.save(&self.store).await?;

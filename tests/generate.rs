@@ -921,3 +921,125 @@ fn support_bot_suite_expands() {
     let ids: HashSet<&str> = cases.iter().map(|c| c.case_id.as_str()).collect();
     assert_eq!(ids.len(), cases.len());
 }
+
+/// Answers rephrase requests with its tag, so a case shows which provider made it.
+struct TaggedRephraser {
+    tag: &'static str,
+    calls: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Provider for TaggedRephraser {
+    async fn complete(&self, req: &CallRequest) -> CallResult {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let text = req.prompt.rsplit("\n\n").next().unwrap_or("");
+        CallResult {
+            response: Some(format!("{} {}: {text}", self.tag, req.sample_idx)),
+            attempts: 1,
+            ..CallResult::default()
+        }
+    }
+}
+
+/// Two rephrase tests naming two models (`[rephrase]` and `[judge]`): each test's
+/// paraphrases come from its own model's provider, never from the first test's.
+#[test]
+fn rephrase_tests_naming_different_models_ask_each_its_own() {
+    let d = tempfile::tempdir().unwrap();
+    let p = load(
+        d.path(),
+        r#"
+[rephrase]
+provider = "openai"
+base_url = "http://127.0.0.1:9/v1"
+name = "paraphraser"
+temperature = 0.0
+
+[judge]
+provider = "openai"
+base_url = "http://127.0.0.1:10/v1"
+name = "judge"
+temperature = 0.0
+
+[[test]]
+name = "by_rephrase"
+capability = "Robustness"
+type = "INV"
+templates = ["Where is order {n}?"]
+perturb = { op = "rephrase", model = "rephrase" }
+n_perturb = 2
+
+[[test]]
+name = "by_judge"
+capability = "Robustness"
+type = "INV"
+templates = ["When does order {n} ship?"]
+perturb = { op = "rephrase", model = "judge" }
+n_perturb = 1
+
+[lexicons]
+n = ["1", "2", "3"]
+"#,
+    )
+    .unwrap();
+    let models: Vec<&str> = generate::rephrase_models(&p)
+        .iter()
+        .map(|(t, m)| {
+            assert_eq!(
+                m.name,
+                if *t == "rephrase" {
+                    "paraphraser"
+                } else {
+                    "judge"
+                }
+            );
+            *t
+        })
+        .collect();
+    assert_eq!(models, ["rephrase", "judge"]);
+    let (a, b) = (
+        Arc::new(TaggedRephraser {
+            tag: "A",
+            calls: AtomicUsize::new(0),
+        }),
+        Arc::new(TaggedRephraser {
+            tag: "B",
+            calls: AtomicUsize::new(0),
+        }),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let root = RunStore::open(d.path().join("run").to_str().unwrap()).unwrap();
+    let mut s = CaseStream::new(&p)
+        .unwrap()
+        .with_rephraser(a.clone(), &root)
+        .with_rephraser_for("judge", b.clone());
+    let mut cases = Vec::new();
+    while let Some(batch) = rt.block_on(s.next_batch(1000)).unwrap() {
+        cases.extend(batch);
+    }
+    assert_eq!(
+        (
+            a.calls.load(Ordering::SeqCst),
+            b.calls.load(Ordering::SeqCst)
+        ),
+        (6, 3)
+    );
+    let perturbed = |test: &str| -> Vec<String> {
+        cases
+            .iter()
+            .filter(|c| c.test == test && c.role == "perturbed")
+            .map(|c| c.input.clone())
+            .collect()
+    };
+    let (ra, rb) = (perturbed("by_rephrase"), perturbed("by_judge"));
+    assert_eq!(ra.len(), 6);
+    assert!(ra.iter().all(|t| t.starts_with("A ")), "{ra:?}");
+    assert_eq!(
+        rb,
+        [
+            "B 0: When does order 1 ship?",
+            "B 0: When does order 2 ship?",
+            "B 0: When does order 3 ship?"
+        ]
+    );
+}

@@ -341,25 +341,48 @@ struct TestPlan {
 
 /// Which model answers `rephrase` for a spec: `[rephrase]`, `[judge]` or `[model]`.
 pub fn rephrase_model<'a>(p: &'a Pipeline, spec: &PerturbSpec) -> Option<&'a ModelConfig> {
+    rephrase_table(p, spec).map(|(_, m)| m)
+}
+
+/// [`rephrase_model`] with the name of its table (`rephrase`, `judge` or `model`).
+pub fn rephrase_table<'a>(
+    p: &'a Pipeline,
+    spec: &PerturbSpec,
+) -> Option<(&'static str, &'a ModelConfig)> {
     let which = match spec {
         PerturbSpec::Table { model: Some(m), .. } => m.as_str(),
         _ => "",
     };
+    let rephrase = p.rephrase.as_ref().map(|m| ("rephrase", m));
+    let judge = p.judge.as_ref().map(|m| ("judge", m));
     match which {
-        "rephrase" => p.rephrase.as_ref(),
-        "judge" => p.judge.as_ref(),
-        "model" => Some(&p.model),
-        _ => p.rephrase.as_ref().or(p.judge.as_ref()).or(Some(&p.model)),
+        "rephrase" => rephrase,
+        "judge" => judge,
+        "model" => Some(("model", &p.model)),
+        _ => rephrase.or(judge).or(Some(("model", &p.model))),
     }
 }
 
-/// The model used for `rephrase` in this pipeline, when any test uses it.
+/// The model used for `rephrase` in this pipeline, when any test uses it (the first, when
+/// tests name different ones: [`rephrase_models`] lists them all).
 pub fn rephrase_model_for(p: &Pipeline) -> Option<&ModelConfig> {
-    p.tests
-        .iter()
-        .filter_map(|t| t.perturb.as_ref())
-        .find(|s| s.op() == "rephrase")
-        .and_then(|s| rephrase_model(p, s))
+    rephrase_models(p).into_iter().next().map(|(_, m)| m)
+}
+
+/// Every model a `rephrase` test of this pipeline uses, each once with its table's name, in
+/// test order.
+pub fn rephrase_models(p: &Pipeline) -> Vec<(&'static str, &ModelConfig)> {
+    let mut out: Vec<(&'static str, &ModelConfig)> = Vec::new();
+    let specs = p.tests.iter().filter_map(|t| t.perturb.as_ref());
+    for (table, m) in specs
+        .filter(|s| s.op() == "rephrase")
+        .filter_map(|s| rephrase_table(p, s))
+    {
+        if !out.iter().any(|(t, _)| *t == table) {
+            out.push((table, m));
+        }
+    }
+    out
 }
 
 fn lexicons_of(p: &Pipeline) -> BTreeMap<String, Vec<String>> {
@@ -600,6 +623,8 @@ pub struct CaseStream<'a> {
     cursor: Option<Cursor>,
     cases_in_test: u64,
     rephraser: Option<Arc<dyn Provider>>,
+    /// Providers of particular rephrase models (by their table's name), before `rephraser`.
+    rephrasers: Vec<(&'static str, Arc<dyn Provider>)>,
     /// The run root whose `rephrase/` records the rephrase calls.
     root: Option<RunStore>,
     /// `--batch`: the rephrase calls go through the batch interface.
@@ -628,6 +653,7 @@ impl<'a> CaseStream<'a> {
             cursor: None,
             cases_in_test: 0,
             rephraser: None,
+            rephrasers: Vec::new(),
             root: None,
             batch: false,
             groups: None,
@@ -642,6 +668,23 @@ impl<'a> CaseStream<'a> {
         self.rephraser = Some(provider);
         self.root = Some(root.clone());
         self
+    }
+
+    /// Sets the provider of the rephrase model of table `table` (`rephrase`, `judge` or
+    /// `model`, as [`rephrase_models`] names them), where tests name different models: their
+    /// calls go to that model's server, not to the first one's.
+    pub fn with_rephraser_for(mut self, table: &'static str, provider: Arc<dyn Provider>) -> Self {
+        self.rephrasers.push((table, provider));
+        self
+    }
+
+    /// The provider that answers the rephrase calls of the model of `table`.
+    fn rephraser_of(&self, table: &str) -> Option<Arc<dyn Provider>> {
+        self.rephrasers
+            .iter()
+            .find(|(t, _)| *t == table)
+            .map(|(_, p)| p.clone())
+            .or_else(|| self.rephraser.clone())
     }
 
     /// `--batch`: the rephrase calls go through the provider's batch interface whatever
@@ -797,7 +840,7 @@ impl<'a> CaseStream<'a> {
     async fn ask_rephrasings(&mut self) -> Result<(), GenerateError> {
         let p = self.p;
         let mut groups: Vec<Option<rephrase::Group>> = vec![None; self.plans.len()];
-        let mut distinct: Vec<rephrase::Group> = Vec::new();
+        let mut distinct: Vec<(rephrase::Group, &'static str)> = Vec::new();
         for (i, plan) in self.plans.iter().enumerate() {
             let test = &p.tests[plan.idx];
             let Some(spec) = test.perturb.as_ref() else {
@@ -806,7 +849,7 @@ impl<'a> CaseStream<'a> {
             if test.test_type == "MFT" || spec.op() != "rephrase" {
                 continue;
             }
-            let model = rephrase_model(p, spec).expect("checked when planning");
+            let (table, model) = rephrase_table(p, spec).expect("checked when planning");
             let root = self
                 .root
                 .as_ref()
@@ -815,11 +858,11 @@ impl<'a> CaseStream<'a> {
             let g = rephrase::Group::new(root, model, prompt, test.n_perturb, self.batch);
             if !distinct
                 .iter()
-                .any(|d| d.store.display() == g.store.display())
+                .any(|(d, _)| d.store.display() == g.store.display())
             {
                 // Rebuilt each time, as the judge's prompts: the same bases, the same ids.
                 g.store.delete_dir("cases").await?;
-                distinct.push(g.clone());
+                distinct.push((g.clone(), table));
             }
             groups[i] = Some(g);
         }
@@ -844,19 +887,22 @@ impl<'a> CaseStream<'a> {
             }
             w.finish().await?;
         }
-        if let Some(first) = distinct.first() {
-            let provider = self
-                .rephraser
-                .clone()
-                .ok_or_else(|| no_rephraser(&first.model, "a rephrase test"))?;
-            if distinct.iter().all(|g| g.model.batch) {
+        if !distinct.is_empty() {
+            // Each nested run's calls go to its own model's provider.
+            let mut asks = Vec::new();
+            for (g, table) in &distinct {
+                let provider = self
+                    .rephraser_of(table)
+                    .ok_or_else(|| no_rephraser(&g.model, "a rephrase test"))?;
+                asks.push((g, provider));
+            }
+            if distinct.iter().all(|(g, _)| g.model.batch) {
                 // Every batch is created before any is waited for.
-                futures::future::try_join_all(distinct.iter().map(|g| g.ask(provider.clone())))
-                    .await?;
+                futures::future::try_join_all(asks.into_iter().map(|(g, p)| g.ask(p))).await?;
             } else {
                 // One at a time: synchronous calls share the provider's rate limits.
-                for g in &distinct {
-                    g.ask(provider.clone()).await?;
+                for (g, p) in asks {
+                    g.ask(p).await?;
                 }
             }
             crate::stages::call::batch::crash_at("after_rephrase");
