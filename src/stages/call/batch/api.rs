@@ -148,28 +148,13 @@ impl Api {
 
     async fn attempt(&self, req: reqwest::RequestBuilder) -> Result<bytes::Bytes, Failure> {
         match req.send().await {
-            Ok(r) => {
+            Ok(r) if r.status().is_success() => {
                 let status = r.status().as_u16();
-                let ra = r
-                    .headers()
-                    .get(reqwest::header::RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(parse_retry_after);
-                match r.bytes().await {
-                    Ok(b) if (200..300).contains(&status) => Ok(b),
-                    Ok(b) => {
-                        let text: String = String::from_utf8_lossy(&b).chars().take(300).collect();
-                        let retry = matches!(status, 408 | 409 | 429) || status >= 500;
-                        Err((
-                            retry,
-                            ra,
-                            Some(status),
-                            format!("HTTP {status}: {}", text.trim()),
-                        ))
-                    }
-                    Err(e) => Err((true, None, Some(status), format!("reading the body: {e}"))),
-                }
+                r.bytes()
+                    .await
+                    .map_err(|e| (true, None, Some(status), format!("reading the body: {e}")))
             }
+            Ok(r) => Err(self.attempt_failed(r).await),
             Err(e) => Err((true, None, None, format!("transport error: {e}"))),
         }
     }
