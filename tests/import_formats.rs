@@ -968,18 +968,11 @@ fn every_bad_line_is_reported_and_skip_bad_lines_imports_the_rest() {
     assert_eq!(written[0]["line"], rows[3]);
 }
 
-/// Issue 38: records without sample indices are numbered bucket by bucket (no sort of the
-/// answers), and give the same calls as the SQL plan that numbers them when some record
-/// names its index: the same call ids, sample indices and answers, in corpus order; a
-/// later file's copies dropped by the same rule (the k-th copy of a record in a file
-/// matches the k-th of an earlier file, and copies beyond an earlier file's count stay).
-#[test]
-fn samples_numbered_by_bucket_equal_the_plans_numbering() {
-    let d = tempfile::tempdir().unwrap();
-    let mut first = Vec::new();
-    let mut second = Vec::new();
-    // 40 cases x 3 models, each (case, model) repeated 1-4 times, interleaved across the
-    // file (case ids fall in every bucket), answers repeating within a case.
+/// 40 cases x 3 models without sample indices, each (case, model) repeated 1-4 times,
+/// interleaved across the file (case ids fall in every bucket), answers repeating within a
+/// case.
+fn repeated_records() -> Vec<Value> {
+    let mut records = Vec::new();
     for rep in 0..4 {
         for case in 0..40 {
             for model in ["m1", "m2", "m3"] {
@@ -992,13 +985,25 @@ fn samples_numbered_by_bucket_equal_the_plans_numbering() {
                     serde_json::json!({}),
                 );
                 p["request"]["model"] = serde_json::json!(model);
-                first.push(p.clone());
-                // The second file repeats a case's records one more time than the first
-                // for even cases (one new sample each) and copies the rest.
-                second.push(p);
+                records.push(p);
             }
         }
     }
+    records
+}
+
+/// Issue 38: records without sample indices are numbered bucket by bucket (no sort of the
+/// answers), and give the same calls as the SQL plan that numbers them when some record
+/// names its index: the same call ids, sample indices and answers, in corpus order; a
+/// later file's copies dropped by the same rule (the k-th copy of a record in a file
+/// matches the k-th of an earlier file, and copies beyond an earlier file's count stay).
+#[test]
+fn samples_numbered_by_bucket_equal_the_plans_numbering() {
+    let d = tempfile::tempdir().unwrap();
+    let first = repeated_records();
+    // The second file repeats a case's records one more time than the first for even
+    // cases (one new sample each) and copies the rest.
+    let mut second = first.clone();
     for case in (0..40).step_by(2) {
         let mut p = pair(
             &[("user", &format!("review {case}"))],
@@ -1057,4 +1062,71 @@ fn samples_numbered_by_bucket_equal_the_plans_numbering() {
         .map(|r| n(&r["sample_idx"]))
         .collect();
     assert_eq!(idx, vec![0, 1, 2, 3]);
+}
+
+/// Issue 38: a single file's records without sample indices are numbered in memory as they
+/// arrive (no staging of their answers) and give the calls the plans give; a file whose
+/// records name an index only after unnumbered ones is imported again without counting
+/// (numbered by the plans after the given index), and one that names it first is never
+/// counted: the same call ids, samples and answers every way.
+#[test]
+fn samples_counted_in_memory_equal_the_plans_numbering() {
+    let d = tempfile::tempdir().unwrap();
+    let records = repeated_records();
+    let given = pair(
+        &[("user", "another review")],
+        "neutral",
+        serde_json::json!({"sample_idx": 3}),
+    );
+    let counted = jsonl(d.path(), "counted.jsonl", &records);
+    let mut late_rows = records.clone();
+    late_rows.push(given.clone());
+    let late = jsonl(d.path(), "late.jsonl", &late_rows);
+    let mut early_rows = vec![given];
+    early_rows.extend(records.iter().cloned());
+    let early = jsonl(d.path(), "early.jsonl", &early_rows);
+    let q = "SELECT k.call_id, k.sample_idx, k.model, k.response, c.input FROM calls k \
+             JOIN cases c ON k.case_id = c.case_id WHERE c.input <> 'another review' \
+             ORDER BY k.call_id";
+    let (_d1, r1, out1) = import(&[counted.to_str().unwrap()]);
+    let (_d2, r2, out2) = import(&[late.to_str().unwrap()]);
+    let (_d3, r3, out3) = import(&[early.to_str().unwrap()]);
+    let (x, y, z) = (sql(&r1, q), sql(&r2, q), sql(&r3, q));
+    assert_eq!(x.as_array().unwrap().len(), records.len(), "{out1}");
+    assert_eq!(x, y, "{out1}\n{out2}");
+    assert_eq!(x, z, "{out1}\n{out3}");
+    // The given index is kept; nothing of the counted attempt is left behind.
+    let g = sql(
+        &r2,
+        "SELECT k.sample_idx FROM calls k JOIN cases c ON k.case_id = c.case_id \
+         WHERE c.input = 'another review'",
+    );
+    assert_eq!(n(&g[0]["sample_idx"]), 3);
+    assert!(!r2.join("_import").exists());
+    // Case 3 has four records per model: m2's samples are 0..=3, in file order.
+    let case3 = sql(
+        &r1,
+        "SELECT k.sample_idx, k.response FROM calls k JOIN cases c ON k.case_id = c.case_id \
+         WHERE c.input = 'review 3' AND k.model = 'm2' ORDER BY k.sample_idx",
+    );
+    let got: Vec<(i64, String)> = case3
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                n(&r["sample_idx"]),
+                r["response"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0, "positive".to_string()),
+            (1, "negative".into()),
+            (2, "positive".into()),
+            (3, "negative".into())
+        ]
+    );
 }

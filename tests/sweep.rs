@@ -581,6 +581,53 @@ fn sql_outputs_stream_and_parquet_is_atomic() {
         "--output left as it was"
     );
     assert!(!dir.path().join("o.parquet.tmp").exists());
+    // Strings of a file evalflow did not write are read as views and written as Utf8
+    // (what pyarrow, polars and DuckDB read as `string`), grouped or not.
+    let strings = dir.path().join("s.parquet");
+    let r = bin(&[
+        "sql",
+        "SELECT 'model-' || CAST(value % 3 AS VARCHAR) AS model, CAST(value % 2 AS DOUBLE) AS score \
+         FROM generate_series(1, 1000)",
+        "--format",
+        "parquet",
+        "--output",
+        strings.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", text(&r));
+    let g = dir.path().join("g.parquet");
+    let r = bin(&[
+        "sql",
+        "SELECT model, sum(score) AS s FROM t GROUP BY model ORDER BY model",
+        "--table",
+        &format!("t={}", strings.display()),
+        "--format",
+        "parquet",
+        "--output",
+        g.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", text(&r));
+    let f = std::fs::File::open(&g).unwrap();
+    let reader =
+        datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+            .unwrap();
+    assert_eq!(
+        reader.schema().field(0).data_type(),
+        &datafusion::arrow::datatypes::DataType::Utf8
+    );
+    let n = bin(&[
+        "sql",
+        "SELECT model, s FROM g ORDER BY model",
+        "--table",
+        &format!("g={}", g.display()),
+        "--format",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&n.stdout).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!([{"model": "model-0", "s": 167.0}, {"model": "model-1", "s": 167.0},
+                           {"model": "model-2", "s": 166.0}])
+    );
     let e = bin(&["sql", "SELECT 1 AS a WHERE false", "--format", "json"]);
     assert_eq!(String::from_utf8_lossy(&e.stdout).trim(), "[]");
     let e = bin(&["sql", "SELECT 1 AS a WHERE false", "--format", "csv"]);

@@ -67,7 +67,7 @@ use crate::import::{self, Detected, Format, ImportError, Options};
 use crate::pipeline::Pipeline;
 use crate::storage::{Manifest, RunStore, manifest_now};
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ImportArgs {
     /// Recorded runs: files or folders (walked for every file of a known format).
     #[arg(required = true, value_name = "FILE_OR_DIR")]
@@ -256,7 +256,21 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
     });
     let out = a.out.clone();
     let skip_file = a.skip_bad_lines.clone();
-    let result = import_into(a, stop).await;
+    // Samples are counted as records arrive; a source that gives an index after records
+    // counted without one is imported again, numbered by the plans.
+    let mut result = import_into(a.clone(), stop.clone(), true).await;
+    if matches!(result, Ok(Attempt::Renumber)) {
+        tracing::info!(
+            "import: a record names its sample after records numbered without one: importing again, numbered by the plans"
+        );
+        result = import_into(a, stop, false).await;
+    }
+    let result = match result {
+        Ok(Attempt::Renumber) => Err(CliError::Internal(
+            "import: records renumbered twice".into(),
+        )),
+        r => r.map(|_| ()),
+    };
     signals.abort();
     if matches!(result, Err(CliError::Interrupted(_))) {
         // Stopped in the middle of a plan: its tasks may still be writing; remove what
@@ -313,10 +327,19 @@ fn interrupted() -> CliError {
     )
 }
 
+/// How an import attempt ended.
+enum Attempt {
+    Done,
+    /// Samples counted in memory met a record that names its own: start again without
+    /// counting (nothing of the attempt is left).
+    Renumber,
+}
+
 async fn import_into(
     a: ImportArgs,
     stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<(), CliError> {
+    count_samples: bool,
+) -> Result<Attempt, CliError> {
     let Sources {
         files,
         inputs,
@@ -392,6 +415,17 @@ async fn import_into(
     )
     .await
     .map_err(sink_err)?;
+    // Numbered in the order they come: one file, or copies of files kept.
+    if count_samples && (files.len() == 1 || a.keep_duplicates) {
+        sink.count_samples();
+    }
+    let renumber = std::cell::Cell::new(false);
+    let push_err = |e: SinkError| {
+        if matches!(e, SinkError::Renumber) {
+            renumber.set(true);
+        }
+        sink_err(e)
+    };
     let mut skip_out = match &a.skip_bad_lines {
         Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p).map_err(
             |e| CliError::BadInput(format!("--skip-bad-lines {}: {e}", p.display())),
@@ -461,10 +495,10 @@ async fn import_into(
                 chunk.push(r);
                 if chunk.len() == IMPORT_CHUNK {
                     let full = std::mem::replace(&mut chunk, Vec::with_capacity(IMPORT_CHUNK));
-                    sink.push_many(full).await.map_err(sink_err)?;
+                    sink.push_many(full).await.map_err(push_err)?;
                 }
             }
-            sink.push_many(chunk).await.map_err(sink_err)?;
+            sink.push_many(chunk).await.map_err(push_err)?;
         }
         if bad_total > 0 && skip_out.is_none() {
             let more = bad_total - bad_shown.len() as u64;
@@ -489,6 +523,9 @@ async fn import_into(
         // A bad row: nothing of the import stays.
         sink.abort().await;
         let _ = store.delete_scratch("_import").await;
+        if renumber.get() {
+            return Ok(Attempt::Renumber);
+        }
         return Err(e);
     }
     if sink.rows() == 0 {
@@ -503,7 +540,11 @@ async fn import_into(
     // wrote and exits before their tasks can write more).
     let mut stopped = stop.clone();
     let summary = tokio::select! {
-        s = sink.finish() => s.map_err(sink_err)?,
+        s = sink.finish() => match s {
+            // `finish` deleted what the attempt wrote.
+            Err(SinkError::Renumber) => return Ok(Attempt::Renumber),
+            s => s.map_err(sink_err)?,
+        },
         _ = stopped.wait_for(|s| *s) => return Err(interrupted()),
     };
     if *stop.borrow() {
@@ -649,5 +690,5 @@ async fn import_into(
                 .join(", ")
         );
     }
-    Ok(())
+    Ok(Attempt::Done)
 }

@@ -9,7 +9,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::util::pretty::pretty_format_batches;
 
 use super::CliError;
-use crate::query::{QueryError, new_context, register_parquet, register_run};
+use crate::query::{QueryError, register_parquet, register_run, sql_context, without_views};
 use crate::storage::RunStore;
 
 #[derive(Debug, clap::Args)]
@@ -61,7 +61,7 @@ pub async fn run(a: SqlArgs) -> Result<(), CliError> {
             ));
         }
     };
-    let ctx = new_context();
+    let ctx = sql_context();
     let mut stores = Vec::new();
     for (i, run) in a.runs.iter().enumerate() {
         if !run.contains("://") && !std::path::Path::new(run).exists() {
@@ -131,6 +131,7 @@ pub async fn run(a: SqlArgs) -> Result<(), CliError> {
     let df = ctx
         .sql(last)
         .await
+        .and_then(without_views)
         .map_err(|e| CliError::BadInput(format!("SQL: {e}")))?;
     if a.format == "table" {
         // An aligned table needs every row first: it is for reading on a terminal; the

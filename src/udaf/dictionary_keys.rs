@@ -217,7 +217,7 @@ impl DictionaryClusterKeys {
         for group in &config.file_groups {
             let mut hinted = Vec::with_capacity(group.len());
             for file in group.iter() {
-                let Some(schema) = self.file_hint(file, &name) else {
+                let Some(schema) = self.file_hint(file, &name, files) else {
                     tracing::debug!(
                         file = %file.object_meta.location,
                         "no cached footer: `{name}` stays a string column"
@@ -260,8 +260,10 @@ impl DictionaryClusterKeys {
         Ok(Some(DataSourceExec::from_data_source(config)))
     }
 
-    /// The file's own Arrow schema with `name` a dictionary, from its cached footer.
-    fn file_hint(&self, file: &PartitionedFile, name: &str) -> Option<SchemaRef> {
+    /// The file's own Arrow schema with `name` a dictionary, from its cached footer; its other
+    /// string columns are read as views where the table's are (`evalflow sql`), as
+    /// DataFusion's own reading of the file would.
+    fn file_hint(&self, file: &PartitionedFile, name: &str, table: &Schema) -> Option<SchemaRef> {
         let cached = self.footers.get(&file.object_meta.location)?;
         if !cached.is_valid_for(&file.object_meta) {
             return None;
@@ -275,7 +277,25 @@ impl DictionaryClusterKeys {
         let schema =
             parquet_to_arrow_schema(meta.schema_descr(), meta.key_value_metadata()).ok()?;
         let field = schema.field_with_name(name).ok()?;
-        is_string(field.data_type()).then(|| with_dictionary(&schema, name))
+        if !is_string(field.data_type()) {
+            return None;
+        }
+        let fields: Vec<Field> = schema
+            .fields()
+            .iter()
+            .map(|f| {
+                let view = table
+                    .field_with_name(f.name())
+                    .is_ok_and(|t| t.data_type() == &DataType::Utf8View);
+                if view && matches!(f.data_type(), DataType::Utf8 | DataType::LargeUtf8) {
+                    f.as_ref().clone().with_data_type(DataType::Utf8View)
+                } else {
+                    f.as_ref().clone()
+                }
+            })
+            .collect();
+        let schema = Schema::new_with_metadata(fields, schema.metadata().clone());
+        Some(with_dictionary(&schema, name))
     }
 }
 
@@ -341,19 +361,25 @@ fn references(e: &Arc<dyn PhysicalExpr>, col: usize) -> bool {
 }
 
 fn is_string(t: &DataType) -> bool {
-    matches!(t, DataType::Utf8 | DataType::LargeUtf8)
+    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
 }
 
-/// `schema` with the string field `name` as `Dictionary(Int32, <its type>)`.
+/// `schema` with the string field `name` as `Dictionary(Int32, <its type>)` (Utf8 for a
+/// Utf8View column, as its file's own schema hint says: views of a dictionary's values
+/// would only point back into it).
 fn with_dictionary(schema: &Schema, name: &str) -> SchemaRef {
     let fields: Vec<Field> = schema
         .fields()
         .iter()
         .map(|f| {
             if f.name() == name {
+                let values = match f.data_type() {
+                    DataType::Utf8View => DataType::Utf8,
+                    t => t.clone(),
+                };
                 f.as_ref().clone().with_data_type(DataType::Dictionary(
                     Box::new(DataType::Int32),
-                    Box::new(f.data_type().clone()),
+                    Box::new(values),
                 ))
             } else {
                 f.as_ref().clone()
@@ -496,10 +522,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write_table(dir.path());
         let url = dir.path().to_str().unwrap();
-        let ctx = crate::query::new_context();
-        crate::query::register_parquet(&ctx, "t", url)
-            .await
-            .unwrap();
+        // Stages' sessions read strings as Utf8, `evalflow sql`'s as Utf8View: the cluster
+        // column becomes a dictionary in both, and the results do not change.
+        let sessions = [
+            (crate::query::new_context(), DataType::Utf8),
+            (crate::query::sql_context(), DataType::Utf8View),
+        ];
+        for (ctx, _) in &sessions {
+            crate::query::register_parquet(ctx, "t", url).await.unwrap();
+        }
         // The reference: a plain session, template ids read as strings.
         let plain =
             SessionContext::new_with_config(datafusion::prelude::SessionConfig::new().set_bool(
@@ -534,20 +565,26 @@ mod tests {
             "SELECT model, clustered_se(score, template_id), count(DISTINCT template_id) \
              FROM t GROUP BY model",
         ];
-        for sql in rewritten.iter().chain(&kept) {
-            let want = if rewritten.contains(sql) {
-                dict.clone()
-            } else {
-                DataType::Utf8
-            };
-            assert_eq!(scanned_type(&plan(&ctx, sql).await), Some(want), "{sql}");
-            assert_eq!(scanned_type(&plan(&plain, sql).await), Some(DataType::Utf8));
-            let (got, expected) = (rows(&ctx, sql).await, rows(&plain, sql).await);
-            assert!(!got.is_empty());
-            assert!(same_rows(&got, &expected), "{sql}\n{got:?}\n{expected:?}");
+        for (ctx, strings) in &sessions {
+            for sql in rewritten.iter().chain(&kept) {
+                let want = if rewritten.contains(sql) {
+                    dict.clone()
+                } else {
+                    strings.clone()
+                };
+                assert_eq!(scanned_type(&plan(ctx, sql).await), Some(want), "{sql}");
+                assert_eq!(scanned_type(&plan(&plain, sql).await), Some(DataType::Utf8));
+                let (got, expected) = (rows(ctx, sql).await, rows(&plain, sql).await);
+                assert!(!got.is_empty());
+                assert!(same_rows(&got, &expected), "{sql}\n{got:?}\n{expected:?}");
+            }
         }
         // Not a vacuous comparison: the ungrouped SE is a positive number.
-        let one = rows(&ctx, "SELECT clustered_se(score, template_id) FROM t").await;
+        let one = rows(
+            &sessions[1].0,
+            "SELECT clustered_se(score, template_id) FROM t",
+        )
+        .await;
         assert!(one[0].parse::<f64>().unwrap() > 0.0, "{one:?}");
     }
 }

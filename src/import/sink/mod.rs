@@ -117,6 +117,12 @@ pub enum ImportError {
          `metadata`, a Parquet column, an Inspect sample's metadata, an lm-eval doc field, a promptfoo var)"
     )]
     NoCluster { field: String },
+    /// A record gave its sample index after records numbered in memory
+    /// ([`staging::SampleCounts`]): the import must start again without counting.
+    #[error(
+        "import: a record names its sample index after records numbered in memory; import again without counting"
+    )]
+    Renumber,
     /// A direct calls writer task panicked or was cancelled.
     #[error("import: a calls writer stopped: {0}")]
     Writer(String),
@@ -132,7 +138,7 @@ impl ImportError {
             | ImportError::Duplicate { .. }
             | ImportError::ConflictingExpected { .. }
             | ImportError::NoCluster { .. } => true,
-            ImportError::Writer(_) | ImportError::Numbering(_) => false,
+            ImportError::Writer(_) | ImportError::Numbering(_) | ImportError::Renumber => false,
         }
     }
 }
@@ -245,6 +251,10 @@ pub struct ImportSink {
     files_in_order: bool,
     /// Records of a later file dropped as copies while numbering.
     copies_dropped: u64,
+    /// Sample indices counted in memory ([`SampleCounts`]), while records lack them.
+    counts: Option<SampleCounts>,
+    /// Records numbered by `counts` (direct calls).
+    counted: u64,
     /// The cases whose fields were staged lately ([`RecentCases`]).
     recent_cases: RecentCases,
     models: BTreeSet<String>,
@@ -315,10 +325,21 @@ impl ImportSink {
             narrow: Some(numbering::NarrowWriter::new(store)),
             files_in_order: true,
             copies_dropped: 0,
+            counts: None,
+            counted: 0,
             recent_cases: RecentCases::default(),
             models: BTreeSet::new(),
             tool_scorers: BTreeSet::new(),
         })
+    }
+
+    /// Numbers the samples of records that name none as they arrive
+    /// ([`SampleCounts`]): for an import whose records are numbered in the order they
+    /// come (one file, or `--keep-duplicates`), before the first push.
+    pub fn count_samples(&mut self) {
+        if self.pushed == 0 {
+            self.counts = Some(SampleCounts::new(crate::query::resources().memory_limit));
+        }
     }
 
     /// Rows pushed so far.

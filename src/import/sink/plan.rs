@@ -6,6 +6,8 @@ use super::*;
 impl ImportSink {
     /// Commits every buffered batch and waits for the writer tasks.
     pub(super) async fn commit_scratch(&mut self) -> Result<(), ImportError> {
+        // Counting stops with the stream: its map is not needed by the plans.
+        self.counts = None;
         let mut failed = None;
         while let Some(chunk) = self.pending.pop_front() {
             if let Err(e) = self.stage_pending(chunk).await {

@@ -145,12 +145,20 @@ impl Builders {
         }
     }
 
-    pub(super) fn append(&mut self, seq: u64, r: &Record, k: &Keys, file_idx: u32) {
+    /// Appends `r` as sample `sample` (its own `sample_idx`, or the one counted for it).
+    pub(super) fn append(
+        &mut self,
+        seq: u64,
+        r: &Record,
+        k: &Keys,
+        file_idx: u32,
+        sample: Option<i32>,
+    ) {
         self.seq.append_value(seq);
         self.case_id.append_value(&k.case_id);
         self.model.append_value(&r.model);
         self.provider.append_option(r.provider.as_deref());
-        self.sample_idx.append_option(r.sample_idx);
+        self.sample_idx.append_option(sample);
         self.request_hash.append_value(&k.request_hash);
         self.response_hash.append_option(k.response_hash.as_deref());
         self.response.append_option(r.response.as_deref());
@@ -270,6 +278,34 @@ impl ScoreBuilders {
     }
 }
 
+/// Sample indices counted in memory for records that name none, while every record so far
+/// lacks one: a record's index is the number of earlier records of its (case, model), as
+/// the plans would number it ([`numbering`] over the whole corpus), so it is a direct call
+/// as it arrives and its answer is never staged and read back.
+///
+/// Bounded: at most `cap` (case, model) pairs, each 16 bytes of key and a count. Past it,
+/// or once a record is staged, counting stops and the later records are staged and
+/// numbered by the plans after the counted ones (the highest index given, plus one), which
+/// is the same number. A record that gives its own index after counted ones makes the
+/// counted numbers wrong: the sink refuses it with [`ImportError::Renumber`] and the
+/// import starts again without counting.
+pub(super) struct SampleCounts {
+    counts: std::collections::HashMap<u128, u32>,
+    models: std::collections::HashMap<String, u32>,
+    cap: usize,
+}
+
+impl SampleCounts {
+    /// Counts within a quarter of the memory limit, about 48 bytes a pair.
+    pub(super) fn new(memory_limit: usize) -> Self {
+        SampleCounts {
+            counts: Default::default(),
+            models: Default::default(),
+            cap: (memory_limit / 4 / 48).max(1024),
+        }
+    }
+}
+
 /// Cases staged lately: at most this many, the oldest forgotten first.
 pub(super) const RECENT_CASES: usize = 8192;
 
@@ -380,8 +416,37 @@ impl ImportSink {
                 }
             }
         }
+        // A record without its sample index, numbered in memory while the corpus allows
+        // ([`SampleCounts`]): a direct call at once, no staging of its answer.
+        if k.call_id.is_none()
+            && r.sample_idx.is_none()
+            && r.scores.is_empty()
+            && let Some(sample) = self.count_sample(&k.case_id, &r.model)
+        {
+            let id = call::call_id(&k.case_id, &r.model, sample, &k.request_hash);
+            self.direct.append(seq, r, k, file_idx, Some(sample));
+            self.direct_ids.append_value(&id);
+            self.direct_rows += 1;
+            self.counted += 1;
+            if self.direct.rows >= STAGE_ROWS {
+                self.send_direct().await?;
+            }
+            return Ok(());
+        }
+        if r.sample_idx.is_some() {
+            // A given index after counted ones: the counted numbers are not what the
+            // plans would give (they count after the highest given index).
+            if self.counted > 0 {
+                return Err(ImportError::Renumber);
+            }
+            self.counts = None;
+        }
+        if k.call_id.is_none() {
+            // Staged records are numbered after every counted one: count no more.
+            self.counts = None;
+        }
         if let Some(id) = &k.call_id {
-            self.direct.append(seq, r, k, file_idx);
+            self.direct.append(seq, r, k, file_idx, r.sample_idx);
             self.direct_ids.append_value(id);
             self.direct_rows += 1;
             if self.direct.rows >= STAGE_ROWS {
@@ -407,7 +472,7 @@ impl ImportSink {
             sb.detail.append_option(sc.detail.as_deref());
             sb.rows += 1;
         }
-        self.staged.append(seq, r, k, file_idx);
+        self.staged.append(seq, r, k, file_idx, r.sample_idx);
         self.staged_rows += 1;
         if r.sample_idx.is_none() {
             self.missing_samples += 1;
@@ -423,6 +488,44 @@ impl ImportSink {
             }
         }
         Ok(())
+    }
+
+    /// The next sample index of (`case_id`, `model`) while counting ([`SampleCounts`]);
+    /// `None` (and counting stops) past the bound, for a case id that is not a digest, or
+    /// when counting stopped.
+    fn count_sample(&mut self, case_id: &str, model: &str) -> Option<i32> {
+        let c = self.counts.as_mut()?;
+        let next = c.models.len() as u32;
+        let m = match c.models.get(model) {
+            Some(&m) => m,
+            None => *c.models.entry(model.to_string()).or_insert(next),
+        };
+        let key = (case_id.len() <= 24)
+            .then(|| u128::from_str_radix(case_id, 16).ok())
+            .flatten()
+            .map(|h| (h << 32) | u128::from(m));
+        let full = c.counts.len() >= c.cap;
+        let sample = match key {
+            Some(key) => match c.counts.get_mut(&key) {
+                Some(n) => {
+                    *n += 1;
+                    Some(*n - 1)
+                }
+                None if !full => {
+                    c.counts.insert(key, 1);
+                    Some(0)
+                }
+                None => None,
+            },
+            None => None,
+        };
+        match sample.and_then(|s| i32::try_from(s).ok()) {
+            Some(s) => Some(s),
+            None => {
+                self.counts = None;
+                None
+            }
+        }
     }
 
     /// Appends a staged batch to the staging table and its keys to the numbering buckets.

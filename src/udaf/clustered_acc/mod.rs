@@ -17,7 +17,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{
     Array, ArrayRef, BooleanArray, Float64Array, ListArray, UInt64Array,
 };
-use datafusion::arrow::buffer::OffsetBuffer;
+use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
 use datafusion::arrow::compute::{cast, concat, filter};
 use datafusion::arrow::datatypes::Field;
 use datafusion::common::Result;
@@ -127,6 +127,8 @@ pub struct ClusteredGroups {
     pairs_binary: Vec<bool>,
     /// Per-batch scratch: each row's cluster id.
     ids: Vec<u32>,
+    /// Per-batch scratch of [`Input::Diff`]: each row's `a - b`.
+    diff: Vec<f64>,
     finish: ClusterFinish,
 }
 
@@ -150,6 +152,7 @@ impl ClusteredGroups {
             n_groups: 0,
             pairs_binary: Vec::new(),
             ids: Vec::new(),
+            diff: Vec::new(),
             finish,
         }
     }
@@ -256,31 +259,44 @@ impl GroupsAccumulator for ClusteredGroups {
         total_num_groups: usize,
     ) -> Result<()> {
         self.grow(total_num_groups);
-        let x = self.input.values(values)?;
-        let x = f64_array(&x)?;
         let mut ids = std::mem::take(&mut self.ids);
         self.table
             .ids_of(&values[self.input.cluster_idx()], &mut ids)?;
         self.cells.reserve(self.n_groups, self.table.len(), 0);
-        let xs = x.values();
-        let dense_input = x.null_count() == 0 && opt_filter.is_none();
-        let keep = |i: usize| {
-            ids[i] != NULL_ID
-                && !xs[i].is_nan()
-                && (dense_input || (x.is_valid(i) && filter_ok(opt_filter, i)))
+        // A difference is computed into a buffer kept between batches, not a new array
+        // per batch; a row is used when both of its scores are.
+        let mut diff = std::mem::take(&mut self.diff);
+        let (xs, valid): (&[f64], Option<NullBuffer>) = match self.input {
+            Input::Single => {
+                let x = f64_array(&values[0])?;
+                (x.values(), x.nulls().cloned())
+            }
+            Input::Diff => {
+                let (a, b) = (f64_array(&values[0])?, f64_array(&values[1])?);
+                diff.clear();
+                diff.extend(a.values().iter().zip(b.values()).map(|(a, b)| a - b));
+                (&diff, NullBuffer::union(a.nulls(), b.nulls()))
+            }
         };
-        self.cells.push_rows(group_indices, &ids, xs, keep);
-        if self.input == Input::Diff {
+        let rows = Rows {
+            ids: &ids,
+            xs,
+            valid: valid.as_ref().filter(|v| v.null_count() > 0),
+            filter: opt_filter,
+        };
+        self.cells.push_rows(group_indices, &rows);
+        if self.input == Input::Diff && self.pairs_binary.contains(&true) {
             let (a, b) = (
                 f64_array(&values[0])?.values(),
                 f64_array(&values[1])?.values(),
             );
             for (i, &g) in group_indices.iter().enumerate() {
-                if self.pairs_binary[g] && keep(i) && !(is_01(a[i]) && is_01(b[i])) {
+                if !(is_01(a[i]) && is_01(b[i])) && self.pairs_binary[g] && rows.keep(i) {
                     self.pairs_binary[g] = false;
                 }
             }
         }
+        self.diff = diff;
         self.ids = ids;
         Ok(())
     }
