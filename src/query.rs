@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::Array;
-use datafusion::arrow::datatypes::DataType;
 use datafusion::datasource::MemTable;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{
@@ -17,7 +16,7 @@ use datafusion::execution::disk_manager::DiskManagerBuilder;
 use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::session_state::SessionStateBuilder;
-use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
+use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::schema::Table;
 use crate::storage::{RunStore, StorageError};
@@ -26,6 +25,9 @@ use crate::udaf::single_phase::SinglePhaseClustered;
 
 #[cfg(feature = "ballista")]
 pub use crate::cluster::NOT_ON_CLUSTER;
+
+mod views;
+pub use views::without_views;
 
 /// Errors while registering or running queries.
 #[derive(Debug, thiserror::Error)]
@@ -217,59 +219,6 @@ pub fn new_context() -> SessionContext {
 /// back to Utf8 before they are written ([`without_views`]), so output types do not change.
 pub fn sql_context() -> SessionContext {
     on_cluster_if_set(context_with(resources().threads.max(1), true, true))
-}
-
-/// `t` with every Utf8View (also inside lists, structs and maps) as Utf8, and whether
-/// anything changed.
-fn plain_strings(t: &DataType) -> (DataType, bool) {
-    use datafusion::arrow::datatypes::Field;
-    let field = |f: &Field| {
-        let (t, changed) = plain_strings(f.data_type());
-        (Arc::new(f.clone().with_data_type(t)), changed)
-    };
-    match t {
-        DataType::Utf8View => (DataType::Utf8, true),
-        DataType::List(f) => {
-            let (f, c) = field(f);
-            (DataType::List(f), c)
-        }
-        DataType::LargeList(f) => {
-            let (f, c) = field(f);
-            (DataType::LargeList(f), c)
-        }
-        DataType::FixedSizeList(f, n) => {
-            let (f, c) = field(f);
-            (DataType::FixedSizeList(f, *n), c)
-        }
-        DataType::Struct(fs) => {
-            let (fs, cs): (Vec<_>, Vec<bool>) = fs.iter().map(|f| field(f)).unzip();
-            (DataType::Struct(fs.into()), cs.contains(&true))
-        }
-        DataType::Map(f, sorted) => {
-            let (f, c) = field(f);
-            (DataType::Map(f, *sorted), c)
-        }
-        other => (other.clone(), false),
-    }
-}
-
-/// `df` with its Utf8View columns (read by [`sql_context`]) cast to Utf8: what `evalflow
-/// sql` writes has the string types it always had, whatever the session read.
-pub fn without_views(df: DataFrame) -> Result<DataFrame, DataFusionError> {
-    use datafusion::common::Column;
-    use datafusion::logical_expr::{Expr, cast};
-    let mut changed = false;
-    let exprs: Vec<Expr> = df
-        .schema()
-        .iter()
-        .map(|(q, f)| {
-            let col = Expr::Column(Column::new(q.cloned(), f.name()));
-            let (t, c) = plain_strings(f.data_type());
-            changed |= c;
-            if c { cast(col, t).alias(f.name()) } else { col }
-        })
-        .collect();
-    if changed { df.select(exprs) } else { Ok(df) }
 }
 
 fn on_cluster_if_set(ctx: SessionContext) -> SessionContext {
@@ -529,21 +478,38 @@ pub async fn register_parquet(
     name: &str,
     url: &str,
 ) -> Result<(), QueryError> {
-    register_parquet_paths(ctx, name, &[url.to_string()]).await
+    // A user's file is read as the session reads strings (views for `evalflow sql`).
+    register_paths(ctx, name, &[url.to_string()], false).await
 }
 
-/// Listing options for `.parquet` files with the session's Parquet options (so
-/// `schema_force_view_types = false` applies).
-fn parquet_listing(ctx: &SessionContext) -> ListingOptions {
-    let format = ParquetFormat::default().with_options(ctx.state().table_options().parquet.clone());
+/// Listing options for `.parquet` files with the session's Parquet options; `utf8` reads
+/// strings as Utf8 whatever the session says (a run's own tables, whose declared schemas
+/// say Utf8: a sort of their answers read as views would account each batch with the whole
+/// page it points into, and fail under a small `--memory-limit` instead of spilling).
+fn parquet_listing(ctx: &SessionContext, utf8: bool) -> ListingOptions {
+    let mut options = ctx.state().table_options().parquet.clone();
+    if utf8 {
+        options.global.schema_force_view_types = false;
+    }
+    let format = ParquetFormat::default().with_options(options);
     ListingOptions::new(Arc::new(format)).with_file_extension(".parquet")
 }
 
-/// Registers several Parquet folders or files as one table `name`.
+/// Registers several Parquet folders or files as one table `name`, strings as Utf8.
 pub async fn register_parquet_paths(
     ctx: &SessionContext,
     name: &str,
     urls: &[String],
+) -> Result<(), QueryError> {
+    register_paths(ctx, name, urls, true).await
+}
+
+/// [`register_parquet_paths`]; `utf8`: see [`parquet_listing`].
+async fn register_paths(
+    ctx: &SessionContext,
+    name: &str,
+    urls: &[String],
+    utf8: bool,
 ) -> Result<(), QueryError> {
     let what = format!("table `{name}` ({})", urls.join(", "));
     // A table on an object store (`s3://`, `memory://`) needs that store registered,
@@ -556,7 +522,7 @@ pub async fn register_parquet_paths(
         .map(ListingTableUrl::parse)
         .collect::<Result<Vec<_>, _>>()
         .map_err(QueryError::df(what.clone()))?;
-    let options = parquet_listing(ctx);
+    let options = parquet_listing(ctx, utf8);
     let schema = options
         .infer_schema(&ctx.state(), &table_urls[0])
         .await
@@ -670,7 +636,7 @@ fn register_empty_listing(
     let what = format!("table `{name}` ({url})");
     let table_url = ListingTableUrl::parse(url).map_err(QueryError::df(what.clone()))?;
     let config = ListingTableConfig::new(table_url)
-        .with_listing_options(parquet_listing(ctx))
+        .with_listing_options(parquet_listing(ctx, true))
         .with_schema(schema);
     let table = ListingTable::try_new(config).map_err(QueryError::df(what.clone()))?;
     ctx.register_table(name, Arc::new(table))

@@ -10,6 +10,9 @@
 //!      final, compressed parts under `_import/calls/`, and its (`seq`, `call_id`) to a
 //!      small scratch table for the duplicate check. A corpus of such records (the common
 //!      case) is parsed and encoded once, with no staging of its answers.
+//!    - **counted**: a record without a sample index, while every record before it also
+//!      lacked one and none was staged ([`staging::SampleCounts`], one file or
+//!      `--keep-duplicates`): its index is counted in memory and it is a direct record.
 //!    - **staged**: a record without a sample index (its index depends on the repeats of
 //!      its case and model across the whole corpus) or with imported scores (which must
 //!      find their call) is appended to a scratch staging table under
