@@ -296,12 +296,14 @@ pub(super) struct SampleCounts {
 }
 
 impl SampleCounts {
-    /// Counts within a quarter of the memory limit, about 48 bytes a pair.
+    /// Counts within a quarter of the memory limit. A pair is a 32-byte entry (a `u128` key
+    /// and its count, aligned) plus a control byte; a table holds at most 7/8 of its slots
+    /// and doubles when full, so at worst about 80 bytes a pair: 3.3M pairs at 1 GiB.
     pub(super) fn new(memory_limit: usize) -> Self {
         SampleCounts {
             counts: Default::default(),
             models: Default::default(),
-            cap: (memory_limit / 4 / 48).max(1024),
+            cap: (memory_limit / 4 / 80).max(1024),
         }
     }
 }
