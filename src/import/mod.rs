@@ -225,6 +225,9 @@ pub struct Record {
     pub sample_idx: Option<i32>,
     /// Text identifying the request (its parameters); hashed into `request_hash`.
     pub request_key: String,
+    /// `request_key`'s hash when the reader computed it (once per distinct request, not
+    /// per record); `request_key` may then be empty.
+    pub request_hash: Option<Arc<str>>,
     pub max_tokens: Option<u32>,
     pub temperature: Option<f64>,
     pub response: Option<String>,
@@ -520,22 +523,7 @@ pub(crate) fn conversation_key(
 /// `request:` and `{"messages": msgs, "params": params}` as `Value::to_string` writes it,
 /// written straight into one buffer (not through `json!`'s copy and `fmt`'s adapter).
 fn key_of<P: serde::Serialize>(msgs: &[Value], no_params: bool, params: &P) -> Option<String> {
-    let plain_msg = |m: &Value, roles: &[&str]| {
-        m.as_object().is_some_and(|o| {
-            o.len() == 2
-                && o.get("content").is_some_and(Value::is_string)
-                && o.get("role")
-                    .and_then(Value::as_str)
-                    .is_some_and(|r| roles.contains(&r))
-        })
-    };
-    let plain = no_params
-        && match msgs {
-            [u] => plain_msg(u, &["user"]),
-            [s, u] => plain_msg(s, &["system", "developer"]) && plain_msg(u, &["user"]),
-            _ => false,
-        };
-    if plain {
+    if is_plain(msgs, no_params) {
         return None;
     }
     /// The keys `json!` sorts (or keeps in this order): "messages" before "params".
@@ -555,6 +543,86 @@ fn key_of<P: serde::Serialize>(msgs: &[Value], no_params: bool, params: &P) -> O
     )
     .expect("a Value serializes");
     Some(String::from_utf8(out).expect("serde_json writes UTF-8"))
+}
+
+/// Whether a conversation keeps its case keyed by (system, input): no case parameter, and
+/// at most one system (or developer) message and one user message, both plain text.
+fn is_plain(msgs: &[Value], no_params: bool) -> bool {
+    let plain_msg = |m: &Value, roles: &[&str]| {
+        m.as_object().is_some_and(|o| {
+            o.len() == 2
+                && o.get("content").is_some_and(Value::is_string)
+                && o.get("role")
+                    .and_then(Value::as_str)
+                    .is_some_and(|r| roles.contains(&r))
+        })
+    };
+    no_params
+        && match msgs {
+            [u] => plain_msg(u, &["user"]),
+            [s, u] => plain_msg(s, &["system", "developer"]) && plain_msg(u, &["user"]),
+            _ => false,
+        }
+}
+
+/// A request's key (the request as `Value::to_string()` writes it, keys sorted) and its
+/// [`request_case_key`], byte for byte, with each top-level entry written once for both:
+/// the messages, most of either text, are serialized once, not twice.
+pub(crate) fn request_keys(req: &Value) -> (String, Option<String>) {
+    let Some(obj) = req.as_object() else {
+        return (req.to_string(), request_case_key(req));
+    };
+    // Each entry as `"key":value`, in the map's order (sorted, as both keys are).
+    let mut buf = Vec::with_capacity(512);
+    let mut entries = Vec::with_capacity(obj.len());
+    for (k, v) in obj {
+        let start = buf.len();
+        serde_json::to_writer(&mut buf, k).expect("a string serializes");
+        buf.push(b':');
+        let value = buf.len();
+        serde_json::to_writer(&mut buf, v).expect("a Value serializes");
+        entries.push((k.as_str(), v, start, value, buf.len()));
+    }
+    let mut key = Vec::with_capacity(buf.len() + entries.len() + 1);
+    key.push(b'{');
+    for (i, &(_, _, start, _, end)) in entries.iter().enumerate() {
+        if i > 0 {
+            key.push(b',');
+        }
+        key.extend_from_slice(&buf[start..end]);
+    }
+    key.push(b'}');
+    let key = String::from_utf8(key).expect("serde_json writes UTF-8");
+    let msgs = obj
+        .get("messages")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    if is_plain(msgs, CaseParams(obj).is_empty()) {
+        return (key, None);
+    }
+    // `request:{"messages":[...],"params":{...}}`, as [`key_of`] writes it.
+    let mut case = Vec::with_capacity(buf.len() + 32);
+    case.extend_from_slice(b"request:{\"messages\":");
+    match entries.iter().find(|e| e.0 == "messages" && e.1.is_array()) {
+        Some(&(_, _, _, value, end)) => case.extend_from_slice(&buf[value..end]),
+        None => case.extend_from_slice(b"[]"),
+    }
+    case.extend_from_slice(b",\"params\":{");
+    let params = entries
+        .iter()
+        .filter(|(k, v, ..)| *k != "messages" && !NOT_THE_CASE.contains(k) && !v.is_null());
+    for (i, &(_, _, start, _, end)) in params.enumerate() {
+        if i > 0 {
+            case.push(b',');
+        }
+        case.extend_from_slice(&buf[start..end]);
+    }
+    case.extend_from_slice(b"}}");
+    (
+        key,
+        Some(String::from_utf8(case).expect("serde_json writes UTF-8")),
+    )
 }
 
 /// The key as it was first written (a `Map` copied from the request, `json!` and
@@ -669,6 +737,11 @@ mod tests {
         for r in reqs {
             let v: Value = serde_json::from_str(r).unwrap();
             assert_eq!(request_case_key(&v), request_case_key_reference(&v), "{r}");
+            assert_eq!(
+                request_keys(&v),
+                (v.to_string(), request_case_key_reference(&v)),
+                "{r}"
+            );
             let msgs = v
                 .get("messages")
                 .and_then(Value::as_array)

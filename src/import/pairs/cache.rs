@@ -2,6 +2,7 @@
 //! each request many times parses each distinct request about once.
 
 use super::*;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// Lines a parse task takes in order (and so the reach of the last-request reuse).
 pub(super) const SLICE_LINES: usize = 256;
@@ -20,10 +21,30 @@ pub(super) const CACHE_SHARDS: usize = 16;
 /// per line. [`request`] is a function of the text alone, so a cached request is the one
 /// a parse would give. A shard that fills is emptied: memory stays bounded whatever the
 /// corpus, at the cost of parsing its requests again.
+///
+/// A cache that rarely hits costs more than it saves (a request kept is a copy of its
+/// text, an insertion, and later a drop, about a third of what parsing it again costs):
+/// a log whose repeats sit on neighbouring lines (samples in a row) finds them in
+/// [`Seen::last`], not here. So every [`STATS_WINDOW`] lookups the cache measures its hit
+/// rate, and below [`COLD_HIT_RATE`] it goes cold: it keeps and looks up only one request
+/// in [`COLD_SAMPLE`] (by hash, so a request is always or never sampled), which measures
+/// on, and warms up again when those hit.
 #[derive(Default)]
 pub(super) struct RequestCache {
     pub(super) shards: [Shard; CACHE_SHARDS],
+    lookups: AtomicU32,
+    hits: AtomicU32,
+    cold: AtomicBool,
 }
+
+/// Lookups per measure of the hit rate.
+pub(super) const STATS_WINDOW: u32 = 16_384;
+
+/// Below this share of lookups that hit (one in four), the cache goes cold.
+pub(super) const COLD_HIT_RATE: (u32, u32) = (1, 4);
+
+/// A cold cache still serves one request in this many.
+pub(super) const COLD_SAMPLE: u64 = 16;
 
 /// A [`RequestCache`] shard: request text to what it gave.
 pub(super) type Shard = Mutex<HashMap<Box<str>, Arc<Request>, FastHash>>;
@@ -34,19 +55,50 @@ pub(super) struct Seen<'a> {
     pub(super) last: Option<(String, Arc<Request>)>,
 }
 
+/// What a [`RequestCache`] lookup found.
+pub(super) enum Cached {
+    Hit(Arc<Request>),
+    /// Not held: [`RequestCache::put`] it once parsed (the text's hash).
+    Miss(u64),
+    /// The cache is cold and the text not sampled: parse it, do not keep it.
+    Skipped,
+}
+
 impl RequestCache {
-    pub(super) fn shard(&self, text: &str) -> &Shard {
+    pub(super) fn shard(&self, hash: u64) -> &Shard {
+        &self.shards[(hash >> 60) as usize % CACHE_SHARDS]
+    }
+
+    pub(super) fn get(&self, text: &str) -> Cached {
         use std::hash::BuildHasher;
-        &self.shards[(FastHash.hash_one(text) >> 60) as usize % CACHE_SHARDS]
+        let hash = FastHash.hash_one(text);
+        if self.cold.load(Ordering::Relaxed) && !hash.is_multiple_of(COLD_SAMPLE) {
+            return Cached::Skipped;
+        }
+        let found = {
+            let shard = self.shard(hash).lock().unwrap_or_else(|e| e.into_inner());
+            shard.get(text).cloned()
+        };
+        let hits = self
+            .hits
+            .fetch_add(u32::from(found.is_some()), Ordering::Relaxed)
+            + u32::from(found.is_some());
+        if self.lookups.fetch_add(1, Ordering::Relaxed) + 1 == STATS_WINDOW {
+            // One thread ends the window (others may count a lookup into either).
+            let (num, den) = COLD_HIT_RATE;
+            self.cold
+                .store(hits * den < STATS_WINDOW * num, Ordering::Relaxed);
+            self.hits.store(0, Ordering::Relaxed);
+            self.lookups.store(0, Ordering::Relaxed);
+        }
+        match found {
+            Some(rq) => Cached::Hit(rq),
+            None => Cached::Miss(hash),
+        }
     }
 
-    pub(super) fn get(&self, text: &str) -> Option<Arc<Request>> {
-        let shard = self.shard(text).lock().unwrap_or_else(|e| e.into_inner());
-        shard.get(text).cloned()
-    }
-
-    pub(super) fn put(&self, text: &str, rq: Arc<Request>) {
-        let mut shard = self.shard(text).lock().unwrap_or_else(|e| e.into_inner());
+    pub(super) fn put(&self, hash: u64, text: &str, rq: Arc<Request>) {
+        let mut shard = self.shard(hash).lock().unwrap_or_else(|e| e.into_inner());
         if shard.len() >= CACHED_REQUESTS / CACHE_SHARDS {
             shard.clear();
         }

@@ -134,9 +134,10 @@ struct Request {
     system: Option<String>,
     input: String,
     model: Option<String>,
-    /// The request as `Value::to_string()` writes it (keys sorted): hashed into
-    /// `request_hash`, so it must not change with how the file spaced or ordered it.
-    key: String,
+    /// The hash of the request as `Value::to_string()` writes it (keys sorted), so it
+    /// does not change with how the file spaced or ordered it: computed once per
+    /// distinct request, shared by its records.
+    hash: Arc<str>,
     max_tokens: Option<u32>,
     temperature: Option<f64>,
     /// The whole conversation and its parameters when they say more than (system,
@@ -171,19 +172,18 @@ fn request(file: &Path, n: usize, req: &Value) -> Result<Request, ImportError> {
             "no user message with text content",
         )
     })?;
+    let (key, case_key) = super::request_keys(req);
     Ok(Request {
         system,
         input,
         model: req.get("model").and_then(Value::as_str).map(String::from),
-        // The text `Value::to_string()` writes, through a `Vec` rather than `fmt`'s
-        // adapter: about half the time.
-        key: serde_json::to_string(req).expect("a Value serializes"),
+        hash: crate::stages::call::sha_prefix(&[&key], 32).into(),
         max_tokens: req
             .get("max_tokens")
             .and_then(Value::as_u64)
             .map(|m| m as u32),
         temperature: req.get("temperature").and_then(Value::as_f64),
-        case_key: super::request_case_key(req),
+        case_key,
     })
 }
 
@@ -317,12 +317,14 @@ fn record(
         Some((text, rq)) if text == req.get() => Request::clone(rq),
         _ => {
             let rq = match seen.cache.get(req.get()) {
-                Some(rq) => rq,
-                None => {
+                Cached::Hit(rq) => rq,
+                miss => {
                     let parsed: Value =
                         serde_json::from_str(req.get()).expect("raw JSON re-parses");
                     let rq = Arc::new(request(file, n, &parsed)?);
-                    seen.cache.put(req.get(), rq.clone());
+                    if let Cached::Miss(hash) = miss {
+                        seen.cache.put(hash, req.get(), rq.clone());
+                    }
                     rq
                 }
             };
@@ -369,7 +371,7 @@ fn record(
             .as_ref()
             .and_then(Value::as_str)
             .map(String::from),
-        request_key: rq.key,
+        request_hash: Some(rq.hash),
         max_tokens: rq.max_tokens,
         temperature: rq.temperature,
         http_status: status,

@@ -24,9 +24,15 @@ fn request_keys_do_not_depend_on_spacing_or_reuse() {
         .collect::<Result<_, _>>()
         .unwrap();
     let want = serde_json::from_str::<Value>(a).unwrap().to_string();
+    let want = crate::stages::call::sha_prefix(&[&want], 32);
     assert_eq!(records.len(), 4);
     for (i, r) in records.iter().enumerate() {
-        assert_eq!(r.request_key, want, "line {}", i + 1);
+        assert_eq!(
+            r.request_hash.as_deref(),
+            Some(want.as_str()),
+            "line {}",
+            i + 1
+        );
         assert_eq!((r.input.as_str(), r.model.as_str()), ("hi", "m"));
         assert_eq!(r.temperature, Some(0.5));
         assert_eq!(r.sample_idx, Some(i as i32));
@@ -91,15 +97,69 @@ fn cached_requests_give_the_records_of_a_fresh_read() {
         let v: Value = serde_json::from_str(reqs[i % reqs.len()]).unwrap();
         Arc::new(request(&p, 1, &v).unwrap())
     };
+    let hit = |cache: &RequestCache, text: &str| match cache.get(text) {
+        Cached::Hit(rq) => Some(rq),
+        _ => None,
+    };
     for k in 0..CACHED_REQUESTS * 2 {
-        cache.put(&format!("{k}"), parsed(k));
-        let back = cache.get(&format!("{k}")).unwrap();
-        assert_eq!(back.key, parsed(k).key);
+        let text = format!("{k}");
+        if let Cached::Miss(hash) = cache.get(&text) {
+            cache.put(hash, &text, parsed(k));
+        }
+        let back = hit(&cache, &text).unwrap();
+        assert_eq!(back.hash, parsed(k).hash);
     }
     let held = (0..CACHED_REQUESTS * 2)
-        .filter(|k| cache.get(&format!("{k}")).is_some())
+        .filter(|k| hit(&cache, &format!("{k}")).is_some())
         .count();
     assert!(held > 0 && held <= CACHED_REQUESTS, "{held}");
+}
+
+/// A cache whose lookups rarely hit goes cold: it looks up and keeps one request text in
+/// [`COLD_SAMPLE`] (always the same ones), and warms up again once those hit.
+#[test]
+fn a_cache_that_rarely_hits_goes_cold_and_warms_up_again() {
+    let v: Value =
+        serde_json::from_str(r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#)
+            .unwrap();
+    let rq = Arc::new(request(Path::new("c.jsonl"), 1, &v).unwrap());
+    let cache = RequestCache::default();
+    let skipped = |prefix: &str| {
+        (0..1600)
+            .filter(|k| matches!(cache.get(&format!("{prefix}{k}")), Cached::Skipped))
+            .count()
+    };
+    assert_eq!(skipped("warm"), 0);
+    // A window of texts never seen again: no hit.
+    for k in 0..STATS_WINDOW {
+        let text = format!("once{k}");
+        if let Cached::Miss(hash) = cache.get(&text) {
+            cache.put(hash, &text, rq.clone());
+        }
+    }
+    let cold = skipped("cold");
+    assert!(
+        (1350..1600).contains(&cold),
+        "{cold} of 1600 skipped, about 15/16"
+    );
+    // The sampled texts are always the same ones.
+    assert_eq!(skipped("cold"), cold);
+    // Sampled texts that come back hit, and a window of hits warms the cache up.
+    let sampled: Vec<String> = (0..1600)
+        .map(|k| format!("cold{k}"))
+        .filter(|t| !matches!(cache.get(t), Cached::Skipped))
+        .collect();
+    for t in &sampled {
+        if let Cached::Miss(hash) = cache.get(t) {
+            cache.put(hash, t, rq.clone());
+        }
+    }
+    let mut hits = 0;
+    for t in sampled.iter().cycle().take(STATS_WINDOW as usize) {
+        hits += usize::from(matches!(cache.get(t), Cached::Hit(_)));
+    }
+    assert!(hits > STATS_WINDOW as usize / 2, "{hits}");
+    assert_eq!(skipped("warm-again"), 0);
 }
 
 /// A response the one-pass read refuses is read again as raw text with the same result

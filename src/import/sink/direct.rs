@@ -79,30 +79,37 @@ impl DirectWriter {
 }
 
 impl ImportSink {
-    /// Hands the direct batch to the next writer task and stages its ids.
+    /// Hands the direct batch to the next writer task and stages its ids. Counted records
+    /// ([`SampleCounts`]) are distinct by their numbers: every direct record of an import
+    /// that counts is counted, so their ids need no duplicate check.
     pub(super) async fn send_direct(&mut self) -> Result<(), ImportError> {
         let batch = self.direct.finish();
         let ids: ArrayRef = Arc::new(self.direct_ids.finish());
-        self.send_calls(batch, ids).await
+        let numbered = self.counted > 0;
+        self.send_calls(batch, ids, numbered).await
     }
 
-    /// Hands a batch of numbered records ([`staging_schema`], with their call ids) to the
-    /// next writer task and stages its ids.
+    /// Hands a batch of direct records ([`staging_schema`], with their call ids) to the
+    /// next writer task, and keeps their ids for the duplicate check unless `numbered`:
+    /// their samples were numbered here (counted, or by [`numbering`]), one per (case,
+    /// model) and each once, so no two share an id.
     pub(super) async fn send_calls(
         &mut self,
         batch: RecordBatch,
         ids: ArrayRef,
+        numbered: bool,
     ) -> Result<(), ImportError> {
         let calls = direct_calls(&batch, &ids)
             .map_err(|e| QueryError::df("import: direct calls batch")(e.into()))?;
-        let fps = batch
-            .column_by_name("fp")
-            .expect("the staging schema has fp")
-            .clone();
-        let id_batch = RecordBatch::try_new(ids_schema(), vec![batch.column(0).clone(), ids, fps])
-            .expect("ids batch matches its schema");
-        for (b, rows) in id_buckets(&id_batch) {
-            self.ids[b].write(rows).await?;
+        if !numbered {
+            let fps = batch
+                .column_by_name("fp")
+                .expect("the staging schema has fp")
+                .clone();
+            let id_batch =
+                RecordBatch::try_new(ids_schema(), vec![batch.column(0).clone(), ids, fps])
+                    .expect("ids batch matches its schema");
+            self.keep_ids(id_batch).await?;
         }
         let k = self.next_writer;
         self.next_writer = (k + 1) % self.writers.len();
@@ -116,6 +123,37 @@ impl ImportSink {
             let w = self.writers.remove(k);
             w.join().await?;
             return Err(ImportError::Writer("a calls writer stopped early".into()));
+        }
+        Ok(())
+    }
+
+    /// Keeps direct ids for the duplicate check: in memory while they are distinct and
+    /// fit ([`SeenIds`]), else (from then on, with those held) in the ids table.
+    async fn keep_ids(&mut self, batch: RecordBatch) -> Result<(), ImportError> {
+        if let Some(seen) = self.seen_ids.as_mut() {
+            if seen.add(&batch) {
+                return Ok(());
+            }
+            self.spill_seen_ids().await?;
+        }
+        self.write_ids(&batch).await
+    }
+
+    /// Writes the ids held in memory to the ids table, and holds no more: the plans check
+    /// them with the rest.
+    pub(super) async fn spill_seen_ids(&mut self) -> Result<(), ImportError> {
+        if let Some(seen) = self.seen_ids.take() {
+            for b in seen.into_batches() {
+                self.write_ids(&b).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_ids(&mut self, batch: &RecordBatch) -> Result<(), ImportError> {
+        self.ids_rows += batch.num_rows() as u64;
+        for (b, rows) in id_buckets(batch) {
+            self.ids[b].write(rows).await?;
         }
         Ok(())
     }

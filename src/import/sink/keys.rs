@@ -33,10 +33,12 @@ pub(super) fn keys_after(test: &Option<String>, r: &Record, p: &Record, pk: &Key
     if !same_case {
         return keys(test, r);
     }
-    let request_hash = if r.request_key == p.request_key {
-        pk.request_hash.clone()
-    } else {
-        call::sha_prefix(&[&r.request_key], 32).into()
+    let request_hash = match &r.request_hash {
+        Some(h) => h.clone(),
+        None if p.request_hash.is_none() && r.request_key == p.request_key => {
+            pk.request_hash.clone()
+        }
+        None => call::sha_prefix(&[&r.request_key], 32).into(),
     };
     let response_hash = call::response_hash(r.response.as_deref());
     Keys {
@@ -246,7 +248,10 @@ pub(super) fn keys(test: &Option<String>, r: &Record) -> Keys {
             24,
         ),
     };
-    let request_hash: Arc<str> = call::sha_prefix(&[&r.request_key], 32).into();
+    let request_hash: Arc<str> = match &r.request_hash {
+        Some(h) => h.clone(),
+        None => call::sha_prefix(&[&r.request_key], 32).into(),
+    };
     let case_id: Arc<str> = case_id.into();
     let response_hash = call::response_hash(r.response.as_deref());
     Keys {

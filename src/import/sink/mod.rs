@@ -7,12 +7,15 @@
 //!    rayon's pool), then routes it:
 //!    - **direct**: a record with its sample index and no imported scores is already a
 //!      `calls` row. Its batch goes to one of `--threads` writer tasks that encode the
-//!      final, compressed parts under `_import/calls/`, and its (`seq`, `call_id`) to a
-//!      small scratch table for the duplicate check. A corpus of such records (the common
-//!      case) is parsed and encoded once, with no staging of its answers.
+//!      final, compressed parts under `_import/calls/`. Its (`seq`, `call_id`, `fp`) is
+//!      held in memory while every id is distinct and they fit ([`seen_ids::SeenIds`]),
+//!      else written to a small scratch table for the duplicate check. A corpus of such
+//!      records (the common case) is parsed and encoded once, with no staging of its
+//!      answers.
 //!    - **counted**: a record without a sample index, while every record before it also
 //!      lacked one and none was staged ([`staging::SampleCounts`], one file or
-//!      `--keep-duplicates`): its index is counted in memory and it is a direct record.
+//!      `--keep-duplicates`): its index is counted in memory and it is a direct record,
+//!      distinct from every other by its number (no duplicate check of its id).
 //!    - **staged**: a record without a sample index (its index depends on the repeats of
 //!      its case and model across the whole corpus) or with imported scores (which must
 //!      find their call) is appended to a scratch staging table under
@@ -30,7 +33,8 @@
 //!    - a record of a later file identical to one of an earlier file ([`Keys::fp`], the
 //!      k-th copy within a file matching the k-th of another) is dropped before samples are
 //!      numbered (the same file twice, a copy of it);
-//!    - a duplicate call id (two records of the same case, model and sample) is refused
+//!    - a duplicate call id (two records of the same case, model and sample; not checked
+//!      when every direct id was distinct in memory and nothing was staged) is refused
 //!      (exit 2) when the records differ, and kept once when they are copies, before
 //!      anything reaches `calls/`; a refusal leaves the run root no table;
 //!    - two `expected` of one case are refused (or one wins: `--on-conflicting-expected`);
@@ -42,6 +46,7 @@
 mod direct;
 mod keys;
 mod plan;
+mod seen_ids;
 mod staging;
 
 use std::collections::BTreeSet;
@@ -66,6 +71,7 @@ use crate::stages::call;
 use crate::storage::{PartWriter, RunStore, StorageError};
 use direct::*;
 use keys::*;
+use seen_ids::*;
 use staging::*;
 
 /// Chunks pushed whose keys are still being computed before a push waits for the oldest:
@@ -231,6 +237,12 @@ pub struct ImportSink {
     next_writer: usize,
     /// The ids scratch table's writers, one per [`ID_BUCKETS`] bucket.
     ids: Vec<PartWriter>,
+    /// The direct records' ids while they are all distinct and fit in memory
+    /// ([`SeenIds`]); `None` once they are written to the ids table.
+    seen_ids: Option<SeenIds>,
+    /// Rows written to the ids table: none when every direct id was distinct in memory
+    /// (or distinct by how it was numbered), and the plans check no direct id.
+    ids_rows: u64,
     staging: Option<PartWriter>,
     case_staging: Option<PartWriter>,
     score_staging: Option<PartWriter>,
@@ -315,6 +327,8 @@ impl ImportSink {
                         .with_part_rows(ID_BUCKET_PART_ROWS)
                 })
                 .collect(),
+            seen_ids: Some(SeenIds::new(crate::query::resources().memory_limit)),
+            ids_rows: 0,
             staging: scratch(STAGING, staging_schema()),
             case_staging: scratch(CASE_STAGING, case_staging_schema()),
             score_staging: scratch(SCORE_STAGING, scores_staging_schema()),

@@ -61,6 +61,12 @@ impl ImportSink {
                 w.finish().await?;
             }
         }
+        // Staged calls may share an id with a direct one: the plans check them together.
+        // Else distinct direct ids held in memory need no check.
+        if self.staged_rows > 0 {
+            self.spill_seen_ids().await?;
+        }
+        self.seen_ids = None;
         for w in std::mem::take(&mut self.ids) {
             w.finish().await?;
         }
@@ -87,6 +93,10 @@ impl ImportSink {
         if direct {
             crate::query::register_parquet(&ctx, "direct", &self.store.table_url(STAGED_CALLS))
                 .await?;
+        }
+        // Direct ids to check: none when they were all distinct in memory.
+        let direct_ids = self.ids_rows > 0;
+        if direct_ids {
             crate::query::register_parquet(&ctx, "ids", &self.store.table_url(IDS)).await?;
         }
         let has_scores = !self.tool_scorers.is_empty();
@@ -114,7 +124,7 @@ impl ImportSink {
         // Records a cross-file copy check dropped before they were numbered.
         let mut duplicates = self.staged_rows + self.direct_rows - calls + self.copies_dropped;
         let t = std::time::Instant::now();
-        let (direct_dups, staged_dups) = self.check_duplicates(&ctx, direct, staged).await?;
+        let (direct_dups, staged_dups) = self.check_duplicates(&ctx, direct_ids, staged).await?;
         tracing::debug!(secs = t.elapsed().as_secs_f64(), "import: duplicate check");
         // Exact copies of one call (the same record twice): keep one, in place of the
         // parts written, by a window that sorts (and spills) only on this path.
@@ -366,7 +376,8 @@ impl ImportSink {
 
     /// Fails on the first call id that two different records share, and counts the
     /// exact copies (records whose call id and [`Keys::fp`] are another's) of the direct
-    /// and of the staged calls, which the caller drops.
+    /// (`direct`: those in the ids table, see [`SeenIds`]) and of the staged calls, which
+    /// the caller drops.
     ///
     /// Call ids are hex digests, so their first two digits split them into 256 even slices; the
     /// check runs one `GROUP BY call_id` per range of slices, each over at most about
@@ -379,6 +390,9 @@ impl ImportSink {
         direct: bool,
         staged: bool,
     ) -> Result<(u64, u64), ImportError> {
+        if !direct && !staged {
+            return Ok((0, 0));
+        }
         let union = |cols: &str| {
             let mut from = Vec::new();
             if direct {

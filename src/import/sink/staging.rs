@@ -601,7 +601,7 @@ impl ImportSink {
                     .collect();
                 let ids: ArrayRef = Arc::new(StringArray::from(ids));
                 sent += b.num_rows() as u64;
-                self.send_calls(b, ids).await?;
+                self.send_calls(b, ids, true).await?;
             }
         }
         debug_assert_eq!(sent + self.copies_dropped, self.staged_rows);

@@ -1,0 +1,229 @@
+//! The call ids of direct records held in memory while they fit: an import whose ids are
+//! all distinct (the usual case) needs no scratch ids table and no duplicate check plan.
+//!
+//! The set only ever answers "every id so far is distinct". At the first id it already
+//! holds, or once it is full, the sink writes everything it holds to the ids table and the
+//! plan decides as before ([`ImportSink::check_duplicates`]): which records are copies,
+//! which differ, and the error naming them. So the in-memory path changes no outcome.
+
+use super::*;
+
+/// A direct record's call id and fingerprint (24 hex digits each, as 12 bytes) and `seq`.
+#[derive(Clone, Copy)]
+pub(super) struct SeenId {
+    id: [u8; 12],
+    fp: [u8; 12],
+    seq: u64,
+}
+
+impl PartialEq for SeenId {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for SeenId {}
+
+impl std::hash::Hash for SeenId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // Digest bytes: the first eight spread as well as any hash of them would.
+        state.write_u64(u64::from_le_bytes(
+            self.id[..8].try_into().expect("8 bytes"),
+        ));
+    }
+}
+
+/// Hashes a [`SeenId`] by the `u64` it writes, as it is.
+#[derive(Default)]
+pub(super) struct DigestHasher(u64);
+
+impl std::hash::Hasher for DigestHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        self.0 = x;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// The direct records' ids seen so far, all distinct, at most `cap` of them.
+pub(super) struct SeenIds {
+    set: std::collections::HashSet<SeenId, std::hash::BuildHasherDefault<DigestHasher>>,
+    cap: usize,
+}
+
+impl SeenIds {
+    /// Within an eighth of the memory limit: a 32-byte entry and a control byte, in a
+    /// table at least 7/16 full that doubles (both tables live while it grows): at worst
+    /// about 96 bytes an id, 1.4M ids at 1 GiB.
+    pub(super) fn new(memory_limit: usize) -> Self {
+        SeenIds {
+            set: Default::default(),
+            cap: (memory_limit / 8 / 96).max(1024),
+        }
+    }
+
+    /// Adds an ids batch ([`ids_schema`]). `false`, with the set as it was before the
+    /// call, when an id is already held (in the set or earlier in the batch), when an id
+    /// or fingerprint is not 24 hex digits, or when the set would pass its bound.
+    pub(super) fn add(&mut self, batch: &RecordBatch) -> bool {
+        if self.set.len() + batch.num_rows() > self.cap {
+            return false;
+        }
+        let seqs = batch
+            .column(0)
+            .as_primitive::<datafusion::arrow::datatypes::UInt64Type>();
+        let (ids, fps) = (
+            batch.column(1).as_string::<i32>(),
+            batch.column(2).as_string::<i32>(),
+        );
+        for i in 0..batch.num_rows() {
+            let mut s = SeenId {
+                id: [0; 12],
+                fp: [0; 12],
+                seq: seqs.value(i),
+            };
+            let parsed = ids.is_valid(i)
+                && fps.is_valid(i)
+                && hex::decode_to_slice(ids.value(i), &mut s.id).is_ok()
+                && hex::decode_to_slice(fps.value(i), &mut s.fp).is_ok();
+            if !parsed || !self.set.insert(s) {
+                // Undo this batch's rows: the caller writes the whole batch to the table.
+                for j in 0..i {
+                    let mut probe = SeenId {
+                        id: [0; 12],
+                        fp: [0; 12],
+                        seq: 0,
+                    };
+                    hex::decode_to_slice(ids.value(j), &mut probe.id).expect("added above");
+                    self.set.remove(&probe);
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The ids held, as ids batches of at most [`STAGE_ROWS`] rows, for the ids table.
+    pub(super) fn into_batches(self) -> impl Iterator<Item = RecordBatch> {
+        let mut rows = self.set.into_iter().peekable();
+        std::iter::from_fn(move || {
+            rows.peek()?;
+            let (mut seq, mut id, mut fp) = (
+                UInt64Builder::with_capacity(STAGE_ROWS),
+                StringBuilder::with_capacity(STAGE_ROWS, STAGE_ROWS * 24),
+                StringBuilder::with_capacity(STAGE_ROWS, STAGE_ROWS * 24),
+            );
+            for s in rows.by_ref().take(STAGE_ROWS) {
+                seq.append_value(s.seq);
+                id.append_value(hex::encode(s.id));
+                fp.append_value(hex::encode(s.fp));
+            }
+            let cols: Vec<ArrayRef> = vec![
+                Arc::new(seq.finish()),
+                Arc::new(id.finish()),
+                Arc::new(fp.finish()),
+            ];
+            Some(RecordBatch::try_new(ids_schema(), cols).expect("ids batch matches its schema"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(rows: &[(u64, &str, &str)]) -> RecordBatch {
+        RecordBatch::try_new(
+            ids_schema(),
+            vec![
+                Arc::new(datafusion::arrow::array::UInt64Array::from_iter_values(
+                    rows.iter().map(|r| r.0),
+                )),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.2))),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn held(s: SeenIds) -> Vec<(u64, String, String)> {
+        let mut out: Vec<(u64, String, String)> = s
+            .into_batches()
+            .flat_map(|b| {
+                let seq = b
+                    .column(0)
+                    .as_primitive::<datafusion::arrow::datatypes::UInt64Type>()
+                    .clone();
+                let id = b.column(1).as_string::<i32>().clone();
+                let fp = b.column(2).as_string::<i32>().clone();
+                (0..b.num_rows())
+                    .map(|i| {
+                        (
+                            seq.value(i),
+                            id.value(i).to_string(),
+                            fp.value(i).to_string(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    const A: &str = "0123456789abcdef01234567";
+    const B: &str = "fedcba9876543210fedcba98";
+    const C: &str = "00000000000000000000000c";
+    const F1: &str = "aaaaaaaaaaaaaaaaaaaaaaaa";
+    const F2: &str = "bbbbbbbbbbbbbbbbbbbbbbbb";
+
+    /// Distinct ids are held and given back as they came (seq, id, fingerprint); a batch
+    /// with an id already held (in an earlier batch or in itself), or one that is not a
+    /// 24-digit hex digest, is refused whole and leaves the set as it was.
+    #[test]
+    fn a_refused_batch_leaves_the_set_as_it_was() {
+        let mut s = SeenIds::new(1 << 30);
+        assert!(s.add(&ids(&[(0, A, F1), (1, B, F2)])));
+        // Copy of A (same fingerprint) after a new id: refused, C not kept.
+        assert!(!s.add(&ids(&[(2, C, F1), (3, A, F1)])));
+        // Twice within one batch.
+        assert!(!s.add(&ids(&[(4, C, F1), (5, C, F2)])));
+        // Not a digest of 24 hex digits.
+        assert!(!s.add(&ids(&[(6, C, F1), (7, "xyz", F1)])));
+        assert!(!s.add(&ids(&[(8, C, "short")])));
+        assert_eq!(
+            held(s),
+            vec![
+                (0, A.to_string(), F1.to_string()),
+                (1, B.to_string(), F2.to_string())
+            ]
+        );
+    }
+
+    /// The bound refuses a batch that would pass it, whole.
+    #[test]
+    fn a_batch_past_the_bound_is_refused() {
+        let mut s = SeenIds::new(0);
+        assert_eq!(s.cap, 1024);
+        let texts: Vec<String> = (0..1025u32).map(|i| format!("{i:024x}")).collect();
+        let rows: Vec<(u64, &str, &str)> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (i as u64, t.as_str(), F1))
+            .collect();
+        assert!(s.add(&ids(&rows[..1000])));
+        assert!(!s.add(&ids(&rows[1000..])));
+        assert!(s.add(&ids(&rows[1000..1024])));
+        let got = held(s);
+        assert_eq!(got.len(), 1024);
+        assert_eq!(got[1023], (1023, format!("{:024x}", 1023), F1.to_string()));
+    }
+}
