@@ -370,6 +370,7 @@ async fn import_into(
         model: a.model.clone(),
         cluster: a.cluster.clone(),
         batch_inputs: inputs.clone(),
+        test: a.test.clone(),
     };
     let requests = if files.iter().any(|(_, f)| *f == Format::OpenaiBatch) {
         Arc::new(import::openai_batch::read_inputs(&inputs).map_err(bad)?)

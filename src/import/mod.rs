@@ -228,6 +228,9 @@ pub struct Record {
     /// `request_key`'s hash when the reader computed it (once per distinct request, not
     /// per record); `request_key` may then be empty.
     pub request_hash: Option<Arc<str>>,
+    /// The test a reader assumed and the [`case_id`] it computed for it, once per distinct
+    /// request; the sink uses it when the record's test is that one.
+    pub case_id: Option<(Arc<str>, Arc<str>)>,
     pub max_tokens: Option<u32>,
     pub temperature: Option<f64>,
     pub response: Option<String>,
@@ -259,6 +262,21 @@ impl Record {
     }
 }
 
+/// The case id of a record of `test`: one case per (test, the source's case id, `case_key`)
+/// where the source has one, else per (test, system, input).
+pub(crate) fn case_id(
+    test: &str,
+    case_key: Option<&str>,
+    system: Option<&str>,
+    input: &str,
+) -> String {
+    use crate::stages::call::sha_prefix;
+    match case_key {
+        Some(k) => sha_prefix(&["imported", test, &format!("\u{0}{k}"), ""], 24),
+        None => sha_prefix(&["imported", test, system.unwrap_or(""), input], 24),
+    }
+}
+
 /// Records of one source, one at a time.
 pub type RecordIter = Box<dyn Iterator<Item = Result<Record, ImportError>> + Send>;
 
@@ -272,6 +290,9 @@ pub struct Options {
     pub cluster: Option<String>,
     /// OpenAI Batch API input files, joined with output files by `custom_id`.
     pub batch_inputs: Vec<PathBuf>,
+    /// The test of every record (`--test`), over the file's own: a reader that computes
+    /// case ids ([`Record::case_id`]) computes them for it.
+    pub test: Option<String>,
 }
 
 /// The tool name in imported scores versions (`<tool>-<scorer>@imported`).

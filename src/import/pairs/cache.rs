@@ -31,6 +31,8 @@ pub(super) const CACHE_SHARDS: usize = 16;
 /// on, and warms up again when those hit.
 #[derive(Default)]
 pub(super) struct RequestCache {
+    /// The test the requests' case ids are computed for (`--test`, else "imported").
+    pub(super) test: Arc<str>,
     pub(super) shards: [Shard; CACHE_SHARDS],
     lookups: AtomicU32,
     hits: AtomicU32,
@@ -65,6 +67,13 @@ pub(super) enum Cached {
 }
 
 impl RequestCache {
+    pub(super) fn new(test: &str) -> Self {
+        RequestCache {
+            test: test.into(),
+            ..RequestCache::default()
+        }
+    }
+
     pub(super) fn shard(&self, hash: u64) -> &Shard {
         &self.shards[(hash >> 60) as usize % CACHE_SHARDS]
     }

@@ -54,7 +54,9 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
     let file = std::sync::Arc::new(path.to_path_buf());
     let model = std::sync::Arc::new(opts.model.clone());
     let cluster = std::sync::Arc::new(opts.cluster.clone());
-    let cache = std::sync::Arc::new(RequestCache::default());
+    let cache = std::sync::Arc::new(RequestCache::new(
+        opts.test.as_deref().unwrap_or("imported"),
+    ));
     let (btx, brx) = std::sync::mpsc::sync_channel::<std::io::Result<Block>>(2);
     std::thread::spawn(move || match f.metadata() {
         Ok(m) if m.is_file() => map_blocks(&f, m.len(), &btx),
@@ -143,10 +145,12 @@ struct Request {
     /// The whole conversation and its parameters when they say more than (system,
     /// input): see [`super::request_case_key`].
     case_key: Option<String>,
+    /// The case id for the file's test ([`RequestCache::test`]), once per request.
+    case_id: Arc<str>,
 }
 
-/// Reads a line's `request` object.
-fn request(file: &Path, n: usize, req: &Value) -> Result<Request, ImportError> {
+/// Reads a line's `request` object; its case id is computed for `test`.
+fn request(file: &Path, n: usize, req: &Value, test: &str) -> Result<Request, ImportError> {
     check_request_fields(file, n, req)?;
     let msgs = req
         .get("messages")
@@ -173,6 +177,7 @@ fn request(file: &Path, n: usize, req: &Value) -> Result<Request, ImportError> {
         )
     })?;
     let (key, case_key) = super::request_keys(req);
+    let case_id = super::case_id(test, case_key.as_deref(), system.as_deref(), &input).into();
     Ok(Request {
         system,
         input,
@@ -184,6 +189,7 @@ fn request(file: &Path, n: usize, req: &Value) -> Result<Request, ImportError> {
             .map(|m| m as u32),
         temperature: req.get("temperature").and_then(Value::as_f64),
         case_key,
+        case_id,
     })
 }
 
@@ -321,7 +327,7 @@ fn record(
                 miss => {
                     let parsed: Value =
                         serde_json::from_str(req.get()).expect("raw JSON re-parses");
-                    let rq = Arc::new(request(file, n, &parsed)?);
+                    let rq = Arc::new(request(file, n, &parsed, &seen.cache.test)?);
                     if let Cached::Miss(hash) = miss {
                         seen.cache.put(hash, req.get(), rq.clone());
                     }
@@ -372,6 +378,7 @@ fn record(
             .and_then(Value::as_str)
             .map(String::from),
         request_hash: Some(rq.hash),
+        case_id: Some((seen.cache.test.clone(), rq.case_id)),
         max_tokens: rq.max_tokens,
         temperature: rq.temperature,
         http_status: status,

@@ -95,7 +95,7 @@ fn cached_requests_give_the_records_of_a_fresh_read() {
     let cache = RequestCache::default();
     let parsed = |i: usize| {
         let v: Value = serde_json::from_str(reqs[i % reqs.len()]).unwrap();
-        Arc::new(request(&p, 1, &v).unwrap())
+        Arc::new(request(&p, 1, &v, "imported").unwrap())
     };
     let hit = |cache: &RequestCache, text: &str| match cache.get(text) {
         Cached::Hit(rq) => Some(rq),
@@ -115,6 +115,40 @@ fn cached_requests_give_the_records_of_a_fresh_read() {
     assert!(held > 0 && held <= CACHED_REQUESTS, "{held}");
 }
 
+/// The case id a line's request gives is computed for the file's test (`--test`, else
+/// "imported") from the record's own fields, as the sink would compute it.
+#[test]
+fn case_ids_are_computed_for_the_files_test() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("c.jsonl");
+    let resp = r#""response": {"choices": [{"message": {"content": "ok"}}]}"#;
+    std::fs::write(
+        &p,
+        [
+            format!(r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "hi"}}]}}, {resp}}}"#),
+            format!(r#"{{"request": {{"model": "m", "messages": [{{"role": "system", "content": "s"}}, {{"role": "user", "content": "hi"}}], "temperature": 0}}, {resp}}}"#),
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    for test in [None, Some("t")] {
+        let opts = Options {
+            test: test.map(String::from),
+            ..Options::default()
+        };
+        let records: Vec<Record> = open(&p, &opts).unwrap().collect::<Result<_, _>>().unwrap();
+        assert_eq!(records.len(), 2);
+        assert!(records[0].case_key.is_none() && records[1].case_key.is_some());
+        for r in &records {
+            let t = test.unwrap_or("imported");
+            let want =
+                super::super::case_id(t, r.case_key.as_deref(), r.system.as_deref(), &r.input);
+            let (got_test, got) = r.case_id.clone().unwrap();
+            assert_eq!((&*got_test, &*got), (t, want.as_str()));
+        }
+    }
+}
+
 /// A cache whose lookups rarely hit goes cold: it looks up and keeps one request text in
 /// [`COLD_SAMPLE`] (always the same ones), and warms up again once those hit.
 #[test]
@@ -122,7 +156,7 @@ fn a_cache_that_rarely_hits_goes_cold_and_warms_up_again() {
     let v: Value =
         serde_json::from_str(r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#)
             .unwrap();
-    let rq = Arc::new(request(Path::new("c.jsonl"), 1, &v).unwrap());
+    let rq = Arc::new(request(Path::new("c.jsonl"), 1, &v, "imported").unwrap());
     let cache = RequestCache::default();
     let skipped = |prefix: &str| {
         (0..1600)

@@ -7,17 +7,29 @@ use super::*;
 /// written in place, not gathered into one vector). Records of one case (its samples, its
 /// models) usually sit together: each slice reuses the previous record's hashes when its
 /// case or request is the same.
-pub(super) fn chunk_keys(test: &Option<String>, records: &[Record]) -> Vec<Vec<Keys>> {
+///
+/// While the sink counts samples (`counting`), a record without its sample index or
+/// imported scores will most likely be counted, and a counted call needs no fingerprint
+/// (its id is distinct by its number): it is left to [`Keys::fp`], should the record be
+/// staged after all.
+pub(super) fn chunk_keys(
+    test: &Option<String>,
+    records: &[Record],
+    counting: bool,
+) -> Vec<Vec<Keys>> {
     use rayon::prelude::*;
     records
         .par_chunks(256)
         .map(|chunk| {
             let mut out: Vec<Keys> = Vec::with_capacity(chunk.len());
             for (i, r) in chunk.iter().enumerate() {
-                let k = match i.checked_sub(1) {
+                let mut k = match i.checked_sub(1) {
                     Some(p) => keys_after(test, r, &chunk[p], &out[p]),
                     None => keys(test, r),
                 };
+                if !(counting && r.sample_idx.is_none() && r.scores.is_empty()) {
+                    k.fp = Some(k.fp(r).into_owned());
+                }
                 out.push(k);
             }
             out
@@ -25,11 +37,29 @@ pub(super) fn chunk_keys(test: &Option<String>, records: &[Record]) -> Vec<Vec<K
         .collect()
 }
 
+impl Keys {
+    /// The record's fingerprint: the one computed with its keys, else computed now.
+    pub(super) fn fp(&self, r: &Record) -> std::borrow::Cow<'_, str> {
+        match &self.fp {
+            Some(f) => std::borrow::Cow::Borrowed(f),
+            None => std::borrow::Cow::Owned(fingerprint(
+                r,
+                &self.case_id,
+                &self.request_hash,
+                self.response_hash.as_deref(),
+            )),
+        }
+    }
+}
+
 /// [`keys`] of `r`, reusing those of the record before it (`p`, whose keys are `pk`) where
 /// the inputs are the same.
 pub(super) fn keys_after(test: &Option<String>, r: &Record, p: &Record, pk: &Keys) -> Keys {
-    let same_case =
-        r.test == p.test && r.case_key == p.case_key && r.system == p.system && r.input == p.input;
+    let same_case = r.test == p.test
+        && match (&r.case_id, &p.case_id) {
+            (Some(a), Some(b)) => a == b,
+            _ => r.case_key == p.case_key && r.system == p.system && r.input == p.input,
+        };
     if !same_case {
         return keys(test, r);
     }
@@ -44,7 +74,7 @@ pub(super) fn keys_after(test: &Option<String>, r: &Record, p: &Record, pk: &Key
     Keys {
         test: pk.test.clone(),
         call_id: direct_call_id(r, &pk.case_id, &request_hash),
-        fp: fingerprint(r, &pk.case_id, &request_hash, response_hash.as_deref()),
+        fp: None,
         case_id: pk.case_id.clone(),
         request_hash,
         response_hash,
@@ -234,29 +264,19 @@ pub(super) fn keys(test: &Option<String>, r: &Record) -> Keys {
         .or(r.test.as_deref())
         .unwrap_or("imported")
         .into();
-    // One case per (test, the source's case id) where the source has one, else per
-    // (test, system, input).
-    let case_id = match &r.case_key {
-        Some(k) => call::sha_prefix(&["imported", &test, &format!("\u{0}{k}"), ""], 24),
-        None => call::sha_prefix(
-            &[
-                "imported",
-                &test,
-                r.system.as_deref().unwrap_or(""),
-                &r.input,
-            ],
-            24,
-        ),
+    let case_id: Arc<str> = match &r.case_id {
+        Some((t, id)) if *t == test => id.clone(),
+        _ => crate::import::case_id(&test, r.case_key.as_deref(), r.system.as_deref(), &r.input)
+            .into(),
     };
     let request_hash: Arc<str> = match &r.request_hash {
         Some(h) => h.clone(),
         None => call::sha_prefix(&[&r.request_key], 32).into(),
     };
-    let case_id: Arc<str> = case_id.into();
     let response_hash = call::response_hash(r.response.as_deref());
     Keys {
         call_id: direct_call_id(r, &case_id, &request_hash),
-        fp: fingerprint(r, &case_id, &request_hash, response_hash.as_deref()),
+        fp: None,
         response_hash,
         request_hash,
         test,

@@ -211,8 +211,9 @@ struct Keys {
     /// one.
     call_id: Option<String>,
     /// A digest of everything the record says but where it came from: two records with
-    /// the same are copies of one (the same file imported twice).
-    fp: String,
+    /// the same are copies of one (the same file imported twice). `None` until needed
+    /// ([`Keys::fp`]).
+    fp: Option<String>,
 }
 
 /// Receives imported records in file order; see the module documentation.
@@ -372,8 +373,9 @@ impl ImportSink {
         self.pushed += records.len() as u64;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let test = self.defaults.test.clone();
+        let counting = self.counts.is_some();
         rayon::spawn(move || {
-            let keys = chunk_keys(&test, &records);
+            let keys = chunk_keys(&test, &records, counting);
             let _ = tx.send((records, keys));
         });
         self.pending.push_back(rx);
@@ -497,6 +499,30 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A case id a reader computed is used only for the test it was computed for: a record
+    /// whose test resolves to another (`--test`, or its own) gets its case id computed again,
+    /// as `sha256("imported\0" test "\0" system "\0" input "\0")` (hashlib by hand).
+    #[test]
+    fn a_precomputed_case_id_is_used_only_for_its_test() {
+        let r = Record {
+            input: "hi".into(),
+            model: "m".into(),
+            case_id: Some(("t".into(), "precomputed".into())),
+            ..Record::default()
+        };
+        assert_eq!(&*keys(&Some("t".into()), &r).case_id, "precomputed");
+        assert_eq!(&*keys(&None, &r).case_id, "99fa1e10904bacb7a835daf0");
+        let own = Record {
+            test: Some("own".into()),
+            ..r.clone()
+        };
+        assert_eq!(&*keys(&None, &own).case_id, "e857fedff26837b6217f17f4");
+        assert_eq!(
+            crate::import::case_id("imported", None, None, "hi"),
+            "99fa1e10904bacb7a835daf0"
+        );
     }
 
     #[test]

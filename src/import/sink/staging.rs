@@ -151,6 +151,7 @@ impl Builders {
         seq: u64,
         r: &Record,
         k: &Keys,
+        fp: &str,
         file_idx: u32,
         sample: Option<i32>,
     ) {
@@ -178,7 +179,7 @@ impl Builders {
         self.source_format.append_value(r.source.format);
         self.source_file.append_value(&r.source.file);
         self.source_id.append_option(r.source.id.as_deref());
-        self.fp.append_value(&k.fp);
+        self.fp.append_value(fp);
         self.file_idx.append_value(file_idx);
         self.rows += 1;
     }
@@ -290,8 +291,8 @@ impl ScoreBuilders {
 /// counted numbers wrong: the sink refuses it with [`ImportError::Renumber`] and the
 /// import starts again without counting.
 pub(super) struct SampleCounts {
-    counts: std::collections::HashMap<u128, u32>,
-    models: std::collections::HashMap<String, u32>,
+    counts: std::collections::HashMap<u128, u32, DigestHash>,
+    models: std::collections::HashMap<String, u32, DigestHash>,
     cap: usize,
 }
 
@@ -317,7 +318,8 @@ pub(super) const RECENT_CASES: usize = 8192;
 /// only staged once more.
 #[derive(Default)]
 pub(super) struct RecentCases {
-    pub(super) fields: std::collections::HashMap<Arc<str>, (Option<String>, Option<String>)>,
+    pub(super) fields:
+        std::collections::HashMap<Arc<str>, (Option<String>, Option<String>), DigestHash>,
     pub(super) order: std::collections::VecDeque<Arc<str>>,
 }
 
@@ -426,7 +428,9 @@ impl ImportSink {
             && let Some(sample) = self.count_sample(&k.case_id, &r.model)
         {
             let id = call::call_id(&k.case_id, &r.model, sample, &k.request_hash);
-            self.direct.append(seq, r, k, file_idx, Some(sample));
+            // A counted call's fingerprint is never read (its id needs no check).
+            let fp = k.fp.as_deref().unwrap_or("");
+            self.direct.append(seq, r, k, fp, file_idx, Some(sample));
             self.direct_ids.append_value(&id);
             self.direct_rows += 1;
             self.counted += 1;
@@ -448,7 +452,8 @@ impl ImportSink {
             self.counts = None;
         }
         if let Some(id) = &k.call_id {
-            self.direct.append(seq, r, k, file_idx, r.sample_idx);
+            self.direct
+                .append(seq, r, k, &k.fp(r), file_idx, r.sample_idx);
             self.direct_ids.append_value(id);
             self.direct_rows += 1;
             if self.direct.rows >= STAGE_ROWS {
@@ -474,7 +479,8 @@ impl ImportSink {
             sb.detail.append_option(sc.detail.as_deref());
             sb.rows += 1;
         }
-        self.staged.append(seq, r, k, file_idx, r.sample_idx);
+        self.staged
+            .append(seq, r, k, &k.fp(r), file_idx, r.sample_idx);
         self.staged_rows += 1;
         if r.sample_idx.is_none() {
             self.missing_samples += 1;
