@@ -87,7 +87,14 @@ fn encode_with(
     batches: &[RecordBatch],
     props: WriterProperties,
 ) -> Result<Vec<u8>, datafusion::parquet::errors::ParquetError> {
-    let mut w = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props))?;
+    // Room for the batches' own size: the file is rarely larger, and a buffer grown by
+    // doubling copied each part about once more and faulted in fresh pages to do it (4%
+    // of an import's CPU). Pages not written to are never touched.
+    let size = batches
+        .iter()
+        .map(|b| b.get_array_memory_size())
+        .sum::<usize>();
+    let mut w = ArrowWriter::try_new(Vec::with_capacity(size), schema.clone(), Some(props))?;
     for b in batches {
         w.write(b)?;
     }

@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 /// Lines a parse task takes in order (and so the reach of the last-request reuse).
 pub(super) const SLICE_LINES: usize = 256;
 
-/// Distinct request texts a [`RequestCache`] holds at most (about 40 MB of requests and
-/// what they gave at the bench's sizes): more than the requests of a shuffled block of a
-/// log that repeats each request (5,000 cases x 5 models in the bench's repeated corpus).
+/// Distinct request texts a [`RequestCache`] generation holds at most (about 40 MB of
+/// requests and what they gave at the bench's sizes; the cache holds two generations):
+/// more than the requests of a shuffled block of a log that repeats each request (5,000
+/// cases x 5 models in the bench's repeated corpus).
 pub(super) const CACHED_REQUESTS: usize = 32_768;
 
 /// Shards of a [`RequestCache`], so the parse threads rarely wait on one lock.
@@ -19,8 +20,11 @@ pub(super) const CACHE_SHARDS: usize = 16;
 /// thread of a file: a log that sends each request many times (samples, models, retries),
 /// in any order, parses each distinct request (and writes its keys) about once, not once
 /// per line. [`request`] is a function of the text alone, so a cached request is the one
-/// a parse would give. A shard that fills is emptied: memory stays bounded whatever the
-/// corpus, at the cost of parsing its requests again.
+/// a parse would give. Each shard holds two generations: when the newer fills, it becomes
+/// the older and the older is dropped, and a request found in the older moves to the newer.
+/// So memory stays bounded whatever the corpus, and the requests still in use survive a
+/// turnover (a shard emptied at once lost them all: a third more parses on the bench's
+/// shuffled corpus).
 ///
 /// A cache that rarely hits costs more than it saves (a request kept is a copy of its
 /// text, an insertion, and later a drop, about a third of what parsing it again costs):
@@ -48,8 +52,11 @@ pub(super) const COLD_HIT_RATE: (u32, u32) = (1, 4);
 /// A cold cache still serves one request in this many.
 pub(super) const COLD_SAMPLE: u64 = 16;
 
-/// A [`RequestCache`] shard: request text to what it gave.
-pub(super) type Shard = Mutex<HashMap<Box<str>, Arc<Request>, FastHash>>;
+/// A [`RequestCache`] shard: request text to what it gave, newer and older generation.
+pub(super) type Shard = Mutex<[Generation; 2]>;
+
+/// Request texts to what they gave.
+pub(super) type Generation = HashMap<Box<str>, Arc<Request>, FastHash>;
 
 /// The requests a parse slice has read: the last line's, and the file's cache.
 pub(super) struct Seen<'a> {
@@ -85,8 +92,22 @@ impl RequestCache {
             return Cached::Skipped;
         }
         let found = {
-            let shard = self.shard(hash).lock().unwrap_or_else(|e| e.into_inner());
-            shard.get(text).cloned()
+            let mut shard = self.shard(hash).lock().unwrap_or_else(|e| e.into_inner());
+            let [newer, older] = &mut *shard;
+            match newer.get(text) {
+                Some(rq) => Some(rq.clone()),
+                None => {
+                    let rq = older.get(text).cloned();
+                    // Moved (not copied) while the newer has room; else it stays older.
+                    if rq.is_some()
+                        && newer.len() < CACHED_REQUESTS / CACHE_SHARDS
+                        && let Some((text, rq)) = older.remove_entry(text)
+                    {
+                        newer.insert(text, rq);
+                    }
+                    rq
+                }
+            }
         };
         let hits = self
             .hits
@@ -108,10 +129,11 @@ impl RequestCache {
 
     pub(super) fn put(&self, hash: u64, text: &str, rq: Arc<Request>) {
         let mut shard = self.shard(hash).lock().unwrap_or_else(|e| e.into_inner());
-        if shard.len() >= CACHED_REQUESTS / CACHE_SHARDS {
-            shard.clear();
+        let [newer, older] = &mut *shard;
+        if newer.len() >= CACHED_REQUESTS / CACHE_SHARDS {
+            *older = std::mem::take(newer);
         }
-        shard.insert(text.into(), rq);
+        newer.insert(text.into(), rq);
     }
 }
 

@@ -44,7 +44,7 @@ fn request_keys_do_not_depend_on_spacing_or_reuse() {
 
 /// Requests interleaved in any order give each line the record its request gives read
 /// alone: the cache of requests read lately holds them by their exact text, and a
-/// shard that fills is emptied without losing a request's fields.
+/// shard that fills turns over (two generations) without losing a request's fields.
 #[test]
 fn cached_requests_give_the_records_of_a_fresh_read() {
     let d = tempfile::tempdir().unwrap();
@@ -112,7 +112,10 @@ fn cached_requests_give_the_records_of_a_fresh_read() {
     let held = (0..CACHED_REQUESTS * 2)
         .filter(|k| hit(&cache, &format!("{k}")).is_some())
         .count();
-    assert!(held > 0 && held <= CACHED_REQUESTS, "{held}");
+    assert!(
+        held > CACHED_REQUESTS / 2 && held <= 2 * CACHED_REQUESTS,
+        "{held}"
+    );
 }
 
 /// The case id a line's request gives is computed for the file's test (`--test`, else
