@@ -128,9 +128,14 @@ fn case_ids_are_computed_for_the_files_test() {
     std::fs::write(
         &p,
         [
-            format!(r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "hi"}}]}}, {resp}}}"#),
-            format!(r#"{{"request": {{"model": "m", "messages": [{{"role": "system", "content": "s"}}, {{"role": "user", "content": "hi"}}], "temperature": 0}}, {resp}}}"#),
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+            serde_json::json!({
+                "model": "m",
+                "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}],
+                "temperature": 0
+            }),
         ]
+        .map(|req| format!(r#"{{"request": {req}, {resp}}}"#))
         .join("\n"),
     )
     .unwrap();
