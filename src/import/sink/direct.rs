@@ -127,8 +127,8 @@ impl ImportSink {
         Ok(())
     }
 
-    /// Keeps direct ids for the duplicate check: in memory while they are distinct and
-    /// fit ([`SeenIds`]), else (from then on, with those held) in the ids table.
+    /// Keeps direct ids for the duplicate check: in memory while they fit ([`SeenIds`]),
+    /// else (from then on, with those held) in the ids table.
     async fn keep_ids(&mut self, batch: RecordBatch) -> Result<(), ImportError> {
         if let Some(seen) = self.seen_ids.as_mut() {
             if seen.add(&batch) {

@@ -8,8 +8,9 @@
 //!    - **direct**: a record with its sample index and no imported scores is already a
 //!      `calls` row. Its batch goes to one of `--threads` writer tasks that encode the
 //!      final, compressed parts under `_import/calls/`. Its (`seq`, `call_id`, `fp`) is
-//!      held in memory while every id is distinct and they fit ([`seen_ids::SeenIds`]),
-//!      else written to a small scratch table for the duplicate check. A corpus of such
+//!      held in memory while they fit ([`seen_ids::SeenIds`]; checked at the end, and
+//!      written to a small scratch table for the duplicate check only when two are
+//!      equal), else written to that table. A corpus of such
 //!      records (the common case) is parsed and encoded once, with no staging of its
 //!      answers.
 //!    - **counted**: a record without a sample index, while every record before it also
@@ -238,8 +239,8 @@ pub struct ImportSink {
     next_writer: usize,
     /// The ids scratch table's writers, one per [`ID_BUCKETS`] bucket.
     ids: Vec<PartWriter>,
-    /// The direct records' ids while they are all distinct and fit in memory
-    /// ([`SeenIds`]); `None` once they are written to the ids table.
+    /// The direct records' ids while they fit in memory ([`SeenIds`]); `None` once they
+    /// are written to the ids table.
     seen_ids: Option<SeenIds>,
     /// Rows written to the ids table: none when every direct id was distinct in memory
     /// (or distinct by how it was numbered), and the plans check no direct id.

@@ -61,9 +61,10 @@ impl ImportSink {
                 w.finish().await?;
             }
         }
-        // Staged calls may share an id with a direct one: the plans check them together.
-        // Else distinct direct ids held in memory need no check.
-        if self.staged_rows > 0 {
+        // Staged calls may share an id with a direct one, and two direct ones may be equal:
+        // the plans check them. Else distinct direct ids held in memory need no check.
+        let distinct = self.seen_ids.as_mut().is_none_or(SeenIds::all_distinct);
+        if self.staged_rows > 0 || !distinct {
             self.spill_seen_ids().await?;
         }
         self.seen_ids = None;
