@@ -485,6 +485,56 @@ fn import_refuses_two_records_of_one_sample_and_keeps_no_table() {
     }
 }
 
+/// Past the bound of the call ids held in memory (an eighth of `--memory-limit`: about
+/// 10,400 ids at 8 MB), the ids go to the scratch table and the plan checks them: a corpus
+/// of 12,000 distinct samples gives the calls it gives under the default limit, and the
+/// first line given again with another answer after the bound is refused naming both
+/// records, as it is before it.
+#[test]
+fn import_past_the_ids_held_in_memory_checks_them_with_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    write_corpus(&corpus, 12_000);
+    let once = import_file(&corpus, &dir.path().join("once"));
+    let tight = dir.path().join("tight");
+    let out = ok(&[
+        "import",
+        corpus.to_str().unwrap(),
+        "--out",
+        tight.to_str().unwrap(),
+        "--memory-limit",
+        "8MB",
+    ]);
+    assert!(!out.contains("duplicates"), "{out}");
+    let q = "SELECT count(*) AS n, count(DISTINCT call_id) AS ids, sum(length(response)) AS chars, \
+             sum(sample_idx) AS samples FROM calls";
+    assert_eq!(sql(&tight, q, &[]), sql(&once, q, &[]));
+    assert_eq!(sql(&tight, q, &[])[0]["ids"], 12_000);
+    let body = std::fs::read_to_string(&corpus).unwrap();
+    let mut first: serde_json::Value = serde_json::from_str(body.lines().next().unwrap()).unwrap();
+    first["response"]["choices"][0]["message"]["content"] = "a different answer".into();
+    let dup = dir.path().join("dup.jsonl");
+    std::fs::write(&dup, format!("{body}{first}\n")).unwrap();
+    let root = dir.path().join("dup-run");
+    let o = bin(&[
+        "import",
+        dup.to_str().unwrap(),
+        "--out",
+        root.to_str().unwrap(),
+        "--memory-limit",
+        "8MB",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("(records 1 and 12001 of the import): give distinct sample_idx"),
+        "{}",
+        text(&o)
+    );
+    for t in ["cases", "calls", "_import"] {
+        assert_eq!(parts(&root.join(t)), 0, "{t} has no part");
+    }
+}
+
 /// An exact copy of a record that names its sample (the first line again at the end, one
 /// of a corpus imported with a copy of itself) is the same call: imported once, counted,
 /// over several duplicate-check passes; the calls are those of the corpus alone.
