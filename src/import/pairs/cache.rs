@@ -30,9 +30,11 @@ pub(super) const CACHE_SHARDS: usize = 16;
 /// text, an insertion, and later a drop, about a third of what parsing it again costs):
 /// a log whose repeats sit on neighbouring lines (samples in a row) finds them in
 /// [`Seen::last`], not here. So every [`STATS_WINDOW`] lookups the cache measures its hit
-/// rate, and below [`COLD_HIT_RATE`] it goes cold: it keeps and looks up only one request
-/// in [`COLD_SAMPLE`] (by hash, so a request is always or never sampled), which measures
-/// on, and warms up again when those hit.
+/// rate, and after [`COLD_AFTER`] windows in a row below [`COLD_HIT_RATE`] it goes cold: it
+/// keeps and looks up only one request in [`COLD_SAMPLE`] (by hash, so a request is always
+/// or never sampled), which measures on, and warms up again when those hit. Several
+/// windows, so a log that repeats its requests a pass later (epochs of up to 64k lines)
+/// finds them held when the second pass starts.
 #[derive(Default)]
 pub(super) struct RequestCache {
     /// The test the requests' case ids are computed for (`--test`, else "imported").
@@ -40,6 +42,8 @@ pub(super) struct RequestCache {
     pub(super) shards: [Shard; CACHE_SHARDS],
     lookups: AtomicU32,
     hits: AtomicU32,
+    /// Windows in a row below the hit rate.
+    low: AtomicU32,
     cold: AtomicBool,
 }
 
@@ -48,6 +52,9 @@ pub(super) const STATS_WINDOW: u32 = 16_384;
 
 /// Below this share of lookups that hit (one in four), the cache goes cold.
 pub(super) const COLD_HIT_RATE: (u32, u32) = (1, 4);
+
+/// Windows in a row below [`COLD_HIT_RATE`] before the cache goes cold.
+pub(super) const COLD_AFTER: u32 = 4;
 
 /// A cold cache still serves one request in this many.
 pub(super) const COLD_SAMPLE: u64 = 16;
@@ -116,8 +123,13 @@ impl RequestCache {
         if self.lookups.fetch_add(1, Ordering::Relaxed) + 1 == STATS_WINDOW {
             // One thread ends the window (others may count a lookup into either).
             let (num, den) = COLD_HIT_RATE;
-            self.cold
-                .store(hits * den < STATS_WINDOW * num, Ordering::Relaxed);
+            if hits * den < STATS_WINDOW * num {
+                let low = self.low.fetch_add(1, Ordering::Relaxed) + 1;
+                self.cold.store(low >= COLD_AFTER, Ordering::Relaxed);
+            } else {
+                self.low.store(0, Ordering::Relaxed);
+                self.cold.store(false, Ordering::Relaxed);
+            }
             self.hits.store(0, Ordering::Relaxed);
             self.lookups.store(0, Ordering::Relaxed);
         }
