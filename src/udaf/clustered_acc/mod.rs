@@ -290,9 +290,15 @@ impl GroupsAccumulator for ClusteredGroups {
                 f64_array(&values[0])?.values(),
                 f64_array(&values[1])?.values(),
             );
-            for (i, &g) in group_indices.iter().enumerate() {
-                if !(is_01(a[i]) && is_01(b[i])) && self.pairs_binary[g] && rows.keep(i) {
-                    self.pairs_binary[g] = false;
+            // Usually every value of the batch is 0 or 1 (used or not), and then no group
+            // stops being binary: one pass the compiler vectorizes (no early exit) settles
+            // it, instead of a test per row and group.
+            let all_01 = |v: &[f64]| v.iter().fold(true, |ok, &x| ok & is_01(x));
+            if !(all_01(a) && all_01(b)) {
+                for (i, &g) in group_indices.iter().enumerate() {
+                    if !(is_01(a[i]) && is_01(b[i])) && self.pairs_binary[g] && rows.keep(i) {
+                        self.pairs_binary[g] = false;
+                    }
                 }
             }
         }
@@ -547,6 +553,57 @@ mod tests {
                 (a, b) => assert_eq!(*a, b, "group {g}"),
             }
         }
+    }
+
+    /// A group stays binary while every pair it uses is 0/1: a batch all 0/1 leaves every
+    /// group as it was, and in a mixed batch only a used row (not filtered out, not NULL)
+    /// with a value other than 0 or 1 makes its group non-binary.
+    #[test]
+    fn pairs_stay_binary_until_a_used_pair_is_not() {
+        use datafusion::arrow::array::Int64Array;
+        let finish: ClusterFinish = Arc::new(|g: &[GroupCells]| {
+            Ok(Arc::new(
+                g.iter()
+                    .map(|c| Some(f64::from(u8::from(c.pairs_binary))))
+                    .collect::<Float64Array>(),
+            ) as ArrayRef)
+        });
+        let mut acc = ClusteredGroups::new(Input::Diff, KeyKind::Int, finish);
+        let batch = |acc: &mut ClusteredGroups,
+                     rows: &[(usize, Option<f64>, f64)],
+                     filter: Option<&BooleanArray>| {
+            let a: ArrayRef = Arc::new(rows.iter().map(|r| r.1).collect::<Float64Array>());
+            let b: ArrayRef = Arc::new(rows.iter().map(|r| Some(r.2)).collect::<Float64Array>());
+            let c: ArrayRef = Arc::new((0..rows.len() as i64).collect::<Int64Array>());
+            let g: Vec<usize> = rows.iter().map(|r| r.0).collect();
+            acc.update_batch(&[a, b, c], &g, filter, 4).unwrap();
+        };
+        batch(
+            &mut acc,
+            &[
+                (0, Some(1.0), 0.0),
+                (1, Some(0.0), 1.0),
+                (2, Some(1.0), 1.0),
+                (3, Some(0.0), 0.0),
+            ],
+            None,
+        );
+        let mixed = [
+            (0, Some(1.0), 1.0),
+            (1, Some(0.5), 1.0),
+            (2, Some(0.5), 0.0),
+            (3, None, 2.0),
+        ];
+        let keep = BooleanArray::from(vec![true, true, false, true]);
+        batch(&mut acc, &mixed, Some(&keep));
+        let got = acc.evaluate(EmitTo::All).unwrap();
+        let got: Vec<Option<f64>> = got
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .unwrap()
+            .iter()
+            .collect();
+        assert_eq!(got, [Some(1.0), Some(0.0), Some(1.0), Some(1.0)]);
     }
 
     #[test]
