@@ -30,6 +30,8 @@ import sys, time, duckdb
 t = time.time()
 con = duckdb.connect()
 con.execute("SET threads TO 2")
+# A query past two seconds (a file read cold) would print a progress bar into the output.
+con.execute("SET enable_progress_bar = false")
 r = con.execute('''WITH c AS (SELECT model, template_id, count(*) AS n, sum(score) AS s,
       sum(score * score) AS ss FROM read_parquet(?) GROUP BY model, template_id),
   g AS (SELECT model, sum(n) AS n, sum(s) / sum(n) AS m, sum(ss) AS ss FROM c GROUP BY model)
