@@ -766,6 +766,7 @@ mod tests {
             )
             .await
             .unwrap();
+        // One literal row: collecting it is bounded.
         let before = pretty_format_batches(&df.clone().collect().await.unwrap())
             .unwrap()
             .to_string();

@@ -457,16 +457,22 @@ fn import_with_a_bad_line_deep_in_the_file_names_it_and_writes_nothing() {
     assert!(!root.join("manifest.json").exists());
 }
 
+/// Writes `corpus` to `out` with its first line again at the end, answered differently:
+/// two different records of one sample.
+fn with_first_line_answered_again(corpus: &Path, out: &Path) {
+    let body = std::fs::read_to_string(corpus).unwrap();
+    let mut first: serde_json::Value = serde_json::from_str(body.lines().next().unwrap()).unwrap();
+    first["response"]["choices"][0]["message"]["content"] = "a different answer".into();
+    std::fs::write(out, format!("{body}{first}\n")).unwrap();
+}
+
 #[test]
 fn import_refuses_two_records_of_one_sample_and_keeps_no_table() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("dup.jsonl");
     write_corpus(&corpus, 3_000);
-    let body = std::fs::read_to_string(&corpus).unwrap();
     // The first line again with another answer: two different records of one sample.
-    let mut first: serde_json::Value = serde_json::from_str(body.lines().next().unwrap()).unwrap();
-    first["response"]["choices"][0]["message"]["content"] = "a different answer".into();
-    std::fs::write(&corpus, format!("{body}{first}\n")).unwrap();
+    with_first_line_answered_again(&corpus, &corpus);
     let root = dir.path().join("dup-run");
     let o = bin(&[
         "import",
@@ -510,11 +516,8 @@ fn import_past_the_ids_held_in_memory_checks_them_with_the_plan() {
              sum(sample_idx) AS samples FROM calls";
     assert_eq!(sql(&tight, q, &[]), sql(&once, q, &[]));
     assert_eq!(sql(&tight, q, &[])[0]["ids"], 12_000);
-    let body = std::fs::read_to_string(&corpus).unwrap();
-    let mut first: serde_json::Value = serde_json::from_str(body.lines().next().unwrap()).unwrap();
-    first["response"]["choices"][0]["message"]["content"] = "a different answer".into();
     let dup = dir.path().join("dup.jsonl");
-    std::fs::write(&dup, format!("{body}{first}\n")).unwrap();
+    with_first_line_answered_again(&corpus, &dup);
     let root = dir.path().join("dup-run");
     let o = bin(&[
         "import",

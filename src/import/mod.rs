@@ -22,6 +22,7 @@
 //! [`ImportError`]: every variant names the file, and a bad row names its line (or row,
 //! or zip entry) and field. The CLI maps them all to exit code 2.
 
+mod fast_hash;
 pub mod inspect;
 pub mod lm_eval;
 mod numbering;

@@ -2,6 +2,7 @@
 //! each request many times parses each distinct request about once.
 
 use super::*;
+use crate::import::fast_hash::FastHash;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// Lines a parse task takes in order (and so the reach of the last-request reuse).
@@ -146,41 +147,5 @@ impl RequestCache {
             *older = std::mem::take(newer);
         }
         newer.insert(text.into(), rq);
-    }
-}
-
-/// A hash of request texts eight bytes at a time: a table's keys are compared in full, so
-/// it only needs to spread them, and SipHash over every request of a corpus costs about as
-/// much as the SHA-256 of it.
-#[derive(Default, Clone, Copy)]
-pub(super) struct FastHash;
-
-impl std::hash::BuildHasher for FastHash {
-    type Hasher = FastHasher;
-    fn build_hasher(&self) -> FastHasher {
-        FastHasher(0x243f_6a88_85a3_08d3)
-    }
-}
-
-pub(super) struct FastHasher(u64);
-
-impl std::hash::Hasher for FastHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-            self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(K);
-        }
-        let mut tail = [0u8; 8];
-        tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
-        self.0 =
-            (self.0.rotate_left(5) ^ u64::from_le_bytes(tail) ^ bytes.len() as u64).wrapping_mul(K);
-    }
-
-    fn finish(&self) -> u64 {
-        // Mix the high bits down: the table uses the low ones, the shard the top four.
-        let x = self.0 ^ (self.0 >> 29);
-        x.wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ (x >> 32)
     }
 }

@@ -18,41 +18,6 @@ pub(super) struct SeenId {
     seq: u64,
 }
 
-/// A cheap hash for the sink's maps, whose keys are digests or short texts: a `u64` is
-/// taken as it is (a digest's bytes are already spread), a `u128` folded, bytes mixed eight
-/// at a time; the result is mixed down, as hashbrown reads both ends. The default SipHash
-/// cost the sink about 7% of an import (its maps are looked up once per record).
-#[derive(Default)]
-pub(super) struct DigestHasher(u64);
-
-const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
-
-impl std::hash::Hasher for DigestHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for c in bytes.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..c.len()].copy_from_slice(c);
-            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(MIX);
-        }
-    }
-
-    fn write_u64(&mut self, x: u64) {
-        self.0 ^= x;
-    }
-
-    fn write_u128(&mut self, x: u128) {
-        self.0 ^= ((x >> 64) as u64) ^ (x as u64).wrapping_mul(MIX);
-    }
-
-    fn finish(&self) -> u64 {
-        let x = self.0 ^ (self.0 >> 29);
-        x.wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ (x >> 32)
-    }
-}
-
-/// Builds [`DigestHasher`]s.
-pub(super) type DigestHash = std::hash::BuildHasherDefault<DigestHasher>;
-
 /// The direct records' ids seen so far, at most `cap` of them.
 pub(super) struct SeenIds {
     rows: Vec<SeenId>,

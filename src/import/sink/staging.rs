@@ -2,6 +2,7 @@
 //! fields, its imported scores, its ids) and the numbering of staged records.
 
 use super::*;
+use crate::import::fast_hash::FastHash;
 
 /// The calls-side columns of a record, known at parse time, and its order (`seq`): the
 /// staging table's schema, and the batch a direct record's `calls` row is cut from.
@@ -291,8 +292,8 @@ impl ScoreBuilders {
 /// counted numbers wrong: the sink refuses it with [`ImportError::Renumber`] and the
 /// import starts again without counting.
 pub(super) struct SampleCounts {
-    counts: std::collections::HashMap<u128, u32, DigestHash>,
-    models: std::collections::HashMap<String, u32, DigestHash>,
+    counts: std::collections::HashMap<u128, u32, FastHash>,
+    models: std::collections::HashMap<String, u32, FastHash>,
     cap: usize,
 }
 
@@ -319,7 +320,7 @@ pub(super) const RECENT_CASES: usize = 8192;
 #[derive(Default)]
 pub(super) struct RecentCases {
     pub(super) fields:
-        std::collections::HashMap<Arc<str>, (Option<String>, Option<String>), DigestHash>,
+        std::collections::HashMap<Arc<str>, (Option<String>, Option<String>), FastHash>,
     pub(super) order: std::collections::VecDeque<Arc<str>>,
 }
 
