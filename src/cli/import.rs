@@ -437,7 +437,7 @@ async fn import_into(
     let mut bad_shown: Vec<String> = Vec::new();
     let mut bad_total = 0u64;
     // With --model: each model the sources name, and where it was first named.
-    let mut named: BTreeMap<String, String> = BTreeMap::new();
+    let mut named: BTreeMap<Arc<str>, String> = BTreeMap::new();
     // Record by record: memory holds one staging batch, not the sources.
     let mut per_format: BTreeMap<&'static str, u64> = BTreeMap::new();
     let pushed: Result<(), CliError> = async {

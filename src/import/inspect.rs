@@ -429,14 +429,14 @@ fn sample_record(
     }
     let meta = |f: &str| s.get("metadata").and_then(|m| m.get(f)).and_then(as_text);
     Ok(Record {
-        source_model: Some(h.model.clone()),
+        source_model: Some(h.model.as_str().into()),
         capability: meta("capability"),
         provider: h.model.split_once('/').map(|(p, _)| p.to_string()),
         request_key: json!({"model": model, "system": system, "input": input, "config": cfg})
             .to_string(),
-        model,
-        system,
-        input,
+        model: model.into(),
+        system: system.map(Into::into),
+        input: input.into(),
         expected,
         test: meta("test").or_else(|| h.task.clone()),
         cluster: opts
@@ -469,7 +469,7 @@ fn sample_record(
             .and_then(Value::as_str)
             .and_then(super::rfc3339_us),
         // The sample id is the case: two samples with the same input are two cases.
-        case_key: Some(format!("sample:{id}")),
+        case_key: Some(format!("sample:{id}").into()),
         source: Provenance {
             format: "inspect",
             file: file.display().to_string(),

@@ -24,6 +24,7 @@
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 
@@ -74,7 +75,7 @@ fn results_model(path: &Path) -> Option<(String, Option<String>)> {
 pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
     let f = std::fs::File::open(path).map_err(|e| bad_file(path, e))?;
     let results = results_model(path);
-    let source_model = results.as_ref().map(|r| r.0.clone());
+    let source_model: Option<Arc<str>> = results.as_ref().map(|r| r.0.as_str().into());
     let (model, provider) = match (&opts.model, results) {
         (Some(m), r) => (m.clone(), r.and_then(|r| r.1)),
         (None, Some((m, p))) => (m, p),
@@ -160,9 +161,12 @@ fn records(
     let (system, input) = match serde_json::from_str::<Value>(&context) {
         Ok(Value::Array(msgs)) if msgs.iter().all(|m| m.get("role").is_some()) => {
             let (s, i) = super::chat_prompt(&msgs);
-            (s, i.unwrap_or(context.clone()))
+            (
+                s.map(Arc::<str>::from),
+                Arc::<str>::from(i.unwrap_or(context.clone())),
+            )
         }
-        _ => (None, context.clone()),
+        _ => (None, Arc::<str>::from(context.clone())),
     };
     let kwargs = kwargs.unwrap_or(Value::Null);
     let max_tokens = kwargs
@@ -213,7 +217,7 @@ fn records(
         .into_iter()
         .enumerate()
         .map(|(k, response)| Record {
-            model: model.to_string(),
+            model: model.into(),
             provider: provider.clone(),
             system: system.clone(),
             input: input.clone(),
@@ -226,7 +230,7 @@ fn records(
             temperature,
             response,
             // The doc is the case: two docs with the same prompt are two cases.
-            case_key: Some(format!("doc:{doc_id}")),
+            case_key: Some(format!("doc:{doc_id}").into()),
             source: Provenance {
                 format: "lm-eval",
                 file: file.display().to_string(),

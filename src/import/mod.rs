@@ -205,13 +205,15 @@ pub struct Provenance {
 /// becomes the case's `template_id` when present.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Record {
-    pub model: String,
+    /// Shared (`Arc`) where a reader gives many records the same text: a request's
+    /// model, system, input and case key are one allocation, not one per record.
+    pub model: Arc<str>,
     /// The model the source itself named (before `--model`), to refuse a `--model` that
     /// would merge distinct models into one.
-    pub source_model: Option<String>,
+    pub source_model: Option<Arc<str>>,
     pub provider: Option<String>,
-    pub system: Option<String>,
-    pub input: String,
+    pub system: Option<Arc<str>>,
+    pub input: Arc<str>,
     pub expected: Option<String>,
     /// The test the tool ran (Inspect task, lm-eval task, promptfoo description).
     pub test: Option<String>,
@@ -221,7 +223,7 @@ pub struct Record {
     /// What identifies the case when the source has its own case id (an Inspect sample
     /// id, an lm-eval doc id) or recorded no prompt (a batch output line with no input
     /// line): used in place of (system, input).
-    pub case_key: Option<String>,
+    pub case_key: Option<Arc<str>>,
     /// The repeat index (Inspect epoch - 1, promptfoo repeat index).
     pub sample_idx: Option<i32>,
     /// Text identifying the request (its parameters); hashed into `request_hash`.

@@ -154,8 +154,8 @@ fn record(
                     )
                 })?;
             let (system, input) = super::chat_prompt(msgs);
-            r.system = system;
-            r.input = input.ok_or_else(|| {
+            r.system = system.map(Into::into);
+            r.input = input.map(Into::into).ok_or_else(|| {
                 bad(
                     file,
                     n,
@@ -164,7 +164,7 @@ fn record(
                 )
             })?;
             r.request_key = req.to_string();
-            r.case_key = super::request_case_key(req);
+            r.case_key = super::request_case_key(req).map(Into::into);
             r.max_tokens = req
                 .get("max_tokens")
                 .or_else(|| req.get("max_completion_tokens"))
@@ -173,21 +173,22 @@ fn record(
             r.temperature = req.get("temperature").and_then(Value::as_f64);
         }
         None => {
-            r.case_key = Some(id.to_string());
+            r.case_key = Some(id.into());
             r.request_key = id.to_string();
         }
     }
     r.source_model = req
         .and_then(|q| q.get("model"))
         .and_then(Value::as_str)
-        .map(String::from)
+        .map(Arc::from)
         .or_else(|| {
             body.and_then(|b| b.get("model"))
                 .and_then(Value::as_str)
-                .map(String::from)
+                .map(Arc::from)
         });
     r.model = model
-        .clone()
+        .as_deref()
+        .map(Arc::from)
         .or_else(|| r.source_model.clone())
         .ok_or_else(|| {
             bad(

@@ -226,8 +226,8 @@ fn batch_records(
             k => k.map(|k| k as i32),
         };
         Ok(Record {
-            source_model,
-            case_key,
+            source_model: source_model.map(Into::into),
+            case_key: case_key.map(Into::into),
             test: gs(&test_c, r),
             capability: gs(&cap_c, r),
             cluster: gs(&cluster_c, r),
@@ -237,9 +237,9 @@ fn batch_records(
                 id: Some(line.to_string()),
             },
             request_key: json!({"model": model, "system": gs(&sys, r), "input": inp}).to_string(),
-            model,
-            system: gs(&sys, r),
-            input: inp,
+            model: model.into(),
+            system: gs(&sys, r).map(Into::into),
+            input: inp.into(),
             expected: gs(&exp, r),
             sample_idx,
             max_tokens: gi(&mt, r).map(|m| m as u32),

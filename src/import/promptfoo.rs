@@ -176,13 +176,13 @@ fn record(
     });
     Ok(Record {
         request_key: json!({"provider": pid, "prompt": raw, "config": cfg}).to_string(),
-        model,
-        source_model,
-        case_key,
+        model: model.into(),
+        source_model: source_model.map(Into::into),
+        case_key: case_key.map(Into::into),
         capability: meta("capability"),
         provider: Some(provider),
-        system,
-        input,
+        system: system.map(Into::into),
+        input: input.into(),
         expected,
         test: meta("test").or_else(|| test.clone()),
         cluster: opts

@@ -52,7 +52,7 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
     type Parsed = Vec<Vec<Result<Record, ImportError>>>;
     let f = std::fs::File::open(path).map_err(|e| bad_file(path, e))?;
     let file = std::sync::Arc::new(path.to_path_buf());
-    let model = std::sync::Arc::new(opts.model.clone());
+    let model = std::sync::Arc::new(opts.model.as_deref().map(Arc::<str>::from));
     let cluster = std::sync::Arc::new(opts.cluster.clone());
     let cache = std::sync::Arc::new(RequestCache::new(
         opts.test.as_deref().unwrap_or("imported"),
@@ -101,7 +101,7 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
 /// in place, not gathered into one vector).
 fn parse_block(
     file: &Path,
-    model: &Option<String>,
+    model: &Option<Arc<str>>,
     cluster: &Option<String>,
     cache: &RequestCache,
     block: &Block,
@@ -133,9 +133,9 @@ fn parse_block(
 /// What a line's `request` gives its record.
 #[derive(Clone)]
 struct Request {
-    system: Option<String>,
-    input: String,
-    model: Option<String>,
+    system: Option<Arc<str>>,
+    input: Arc<str>,
+    model: Option<Arc<str>>,
     /// The hash of the request as `Value::to_string()` writes it (keys sorted), so it
     /// does not change with how the file spaced or ordered it: computed once per
     /// distinct request, shared by its records.
@@ -144,7 +144,7 @@ struct Request {
     temperature: Option<f64>,
     /// The whole conversation and its parameters when they say more than (system,
     /// input): see [`super::request_case_key`].
-    case_key: Option<String>,
+    case_key: Option<Arc<str>>,
     /// The case id for the file's test ([`RequestCache::test`]), once per request.
     case_id: Arc<str>,
 }
@@ -179,16 +179,16 @@ fn request(file: &Path, n: usize, req: &Value, test: &str) -> Result<Request, Im
     let (key, case_key) = super::request_keys(req);
     let case_id = super::case_id(test, case_key.as_deref(), system.as_deref(), &input).into();
     Ok(Request {
-        system,
-        input,
-        model: req.get("model").and_then(Value::as_str).map(String::from),
+        system: system.map(Into::into),
+        input: input.into(),
+        model: req.get("model").and_then(Value::as_str).map(Arc::from),
         hash: crate::stages::call::sha_prefix(&[&key], 32).into(),
         max_tokens: req
             .get("max_tokens")
             .and_then(Value::as_u64)
             .map(|m| m as u32),
         temperature: req.get("temperature").and_then(Value::as_f64),
-        case_key,
+        case_key: case_key.map(Into::into),
         case_id,
     })
 }
@@ -249,9 +249,7 @@ struct Scalars {
 
 impl Scalars {
     fn of<R>(line: &Line<R>) -> Self {
-        let read = |raw: Option<&RawValue>| {
-            raw.map(|r| serde_json::from_str::<Value>(r.get()).expect("raw JSON re-parses"))
-        };
+        let read = |raw: Option<&RawValue>| raw.map(|r| scalar(r.get()));
         Scalars {
             sample_idx: read(line.sample_idx),
             expected: read(line.expected),
@@ -267,9 +265,28 @@ impl Scalars {
     }
 }
 
+/// A field's value from its raw JSON text (which the line's parse checked): the usual
+/// shapes, a small integer and a string without escapes, read straight from the text,
+/// anything else parsed.
+fn scalar(raw: &str) -> Value {
+    let b = raw.as_bytes();
+    if !b.is_empty()
+        && b.len() <= 18
+        && b.iter().all(u8::is_ascii_digit)
+        && (b[0] != b'0' || b.len() == 1)
+    {
+        return Value::from(raw.parse::<u64>().expect("at most 18 digits"));
+    }
+    if b.len() >= 2 && b[0] == b'"' && !b.contains(&b'\\') {
+        // Valid JSON: with no escape, the only quotes are the two that delimit it.
+        return Value::String(raw[1..raw.len() - 1].to_string());
+    }
+    serde_json::from_str::<Value>(raw).expect("raw JSON re-parses")
+}
+
 /// One line as a record (`file_text` is `file` as `source_file` names it). `last` is the
 /// previous line's request text and what it gave, reused when this line's request text is
-/// the same byte for byte, as is what `cache` holds for it (both in `seen`).
+/// the same (by its hash, [`text_hash`]), as is what `cache` holds for it (both in `seen`).
 ///
 /// The line is split into its fields with `request` left as raw text, parsed only when it
 /// differs from the last one, and the response read as types in the same pass (else as raw
@@ -280,7 +297,7 @@ fn record(
     file_text: &str,
     n: usize,
     line: &str,
-    model: &Option<String>,
+    model: &Option<Arc<str>>,
     cluster: &Option<String>,
     seen: &mut Seen,
 ) -> Result<Record, ImportError> {
@@ -319,23 +336,24 @@ fn record(
     let req = req
         .filter(|r| r.get().starts_with('{'))
         .ok_or_else(|| bad(file, n, "request", "missing or not an object"))?;
+    let hash = text_hash(req.get());
     let rq = match seen.last.as_ref() {
-        Some((text, rq)) if text == req.get() => Request::clone(rq),
+        Some((h, rq)) if *h == hash => Request::clone(rq),
         _ => {
-            let rq = match seen.cache.get(req.get()) {
+            let rq = match seen.cache.get(hash) {
                 Cached::Hit(rq) => rq,
                 miss => {
                     let parsed: Value =
                         serde_json::from_str(req.get()).expect("raw JSON re-parses");
                     let rq = Arc::new(request(file, n, &parsed, &seen.cache.test)?);
-                    if let Cached::Miss(hash) = miss {
-                        seen.cache.put(hash, req.get(), rq.clone());
+                    if let Cached::Miss = miss {
+                        seen.cache.put(hash, rq.clone());
                     }
                     rq
                 }
             };
             let out = Request::clone(&rq);
-            seen.last = Some((req.get().to_string(), rq));
+            seen.last = Some((hash, rq));
             out
         }
     };

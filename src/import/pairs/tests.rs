@@ -33,7 +33,7 @@ fn request_keys_do_not_depend_on_spacing_or_reuse() {
             "line {}",
             i + 1
         );
-        assert_eq!((r.input.as_str(), r.model.as_str()), ("hi", "m"));
+        assert_eq!((&*r.input, &*r.model), ("hi", "m"));
         assert_eq!(r.temperature, Some(0.5));
         assert_eq!(r.sample_idx, Some(i as i32));
     }
@@ -97,14 +97,14 @@ fn cached_requests_give_the_records_of_a_fresh_read() {
         let v: Value = serde_json::from_str(reqs[i % reqs.len()]).unwrap();
         Arc::new(request(&p, 1, &v, "imported").unwrap())
     };
-    let hit = |cache: &RequestCache, text: &str| match cache.get(text) {
+    let hit = |cache: &RequestCache, text: &str| match cache.get(text_hash(text)) {
         Cached::Hit(rq) => Some(rq),
         _ => None,
     };
     for k in 0..CACHED_REQUESTS * 2 {
         let text = format!("{k}");
-        if let Cached::Miss(hash) = cache.get(&text) {
-            cache.put(hash, &text, parsed(k));
+        if let Cached::Miss = cache.get(text_hash(&text)) {
+            cache.put(text_hash(&text), parsed(k));
         }
         let back = hit(&cache, &text).unwrap();
         assert_eq!(back.hash, parsed(k).hash);
@@ -169,7 +169,12 @@ fn a_cache_that_rarely_hits_goes_cold_and_warms_up_again() {
     let cache = RequestCache::default();
     let skipped = |prefix: &str| {
         (0..1600)
-            .filter(|k| matches!(cache.get(&format!("{prefix}{k}")), Cached::Skipped))
+            .filter(|k| {
+                matches!(
+                    cache.get(text_hash(&format!("{prefix}{k}"))),
+                    Cached::Skipped
+                )
+            })
             .count()
     };
     assert_eq!(skipped("warm"), 0);
@@ -179,8 +184,8 @@ fn a_cache_that_rarely_hits_goes_cold_and_warms_up_again() {
             assert_eq!(skipped("still-warm"), 0);
         }
         let text = format!("once{k}");
-        if let Cached::Miss(hash) = cache.get(&text) {
-            cache.put(hash, &text, rq.clone());
+        if let Cached::Miss = cache.get(text_hash(&text)) {
+            cache.put(text_hash(&text), rq.clone());
         }
     }
     let cold = skipped("cold");
@@ -193,16 +198,16 @@ fn a_cache_that_rarely_hits_goes_cold_and_warms_up_again() {
     // Sampled texts that come back hit, and a window of hits warms the cache up.
     let sampled: Vec<String> = (0..1600)
         .map(|k| format!("cold{k}"))
-        .filter(|t| !matches!(cache.get(t), Cached::Skipped))
+        .filter(|t| !matches!(cache.get(text_hash(t)), Cached::Skipped))
         .collect();
     for t in &sampled {
-        if let Cached::Miss(hash) = cache.get(t) {
-            cache.put(hash, t, rq.clone());
+        if let Cached::Miss = cache.get(text_hash(t)) {
+            cache.put(text_hash(t), rq.clone());
         }
     }
     let mut hits = 0;
     for t in sampled.iter().cycle().take(STATS_WINDOW as usize) {
-        hits += usize::from(matches!(cache.get(t), Cached::Hit(_)));
+        hits += usize::from(matches!(cache.get(text_hash(t)), Cached::Hit(_)));
     }
     assert!(hits > STATS_WINDOW as usize / 2, "{hits}");
     assert_eq!(skipped("warm-again"), 0);
@@ -356,7 +361,7 @@ fn a_pipe_is_read_as_a_file_is_mapped() {
             .unwrap()
             .map(|r| {
                 let r = r.unwrap();
-                (r.source.id, r.input)
+                (r.source.id, r.input.to_string())
             })
             .collect()
     };
@@ -418,4 +423,34 @@ fn a_bad_line_in_a_later_block_is_named_and_the_lines_after_it_still_read() {
         e.to_json()["line"],
         r#"{"request": {"model": "m", "messages": []}, "response": 5}"#
     );
+}
+
+/// A field read straight from its text is the value a parse gives: integers (zero, the
+/// longest read directly, longer, negative, fractional, exponents), strings with and
+/// without escapes, unicode, and the other JSON shapes.
+#[test]
+fn scalars_read_from_their_text_equal_a_parse() {
+    for raw in [
+        "0",
+        "7",
+        "123456789012345678",
+        "1234567890123456789",
+        "18446744073709551616",
+        "-3",
+        "2.5",
+        "1e3",
+        "1.0",
+        r#""positive""#,
+        r#""""#,
+        r#""中文 ok""#,
+        r#""a\"b""#,
+        r#""\u00e9\n""#,
+        "null",
+        "true",
+        "[1, 2]",
+        r#"{"code": 429}"#,
+    ] {
+        let want: Value = serde_json::from_str(raw).unwrap();
+        assert_eq!(scalar(raw), want, "{raw}");
+    }
 }

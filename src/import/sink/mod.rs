@@ -453,7 +453,7 @@ mod tests {
             let num =
                 |k: i64| ((i as i64 + k) % 4 != 0).then_some((k - 2) * 10i64.pow(i as u32 % 19));
             records.push(Record {
-                model: format!("model-{t}"),
+                model: format!("model-{t}").into(),
                 sample_idx: (i % 2 == 0).then_some(i as i32 * 1000),
                 finish_reason: some(0),
                 prompt_tokens: num(1),

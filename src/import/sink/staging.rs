@@ -371,8 +371,8 @@ impl ImportSink {
     pub(super) async fn stage(&mut self, r: &Record, k: &Keys) -> Result<(), ImportError> {
         let seq = self.next_seq;
         self.next_seq += 1;
-        if !self.models.contains(&r.model) {
-            self.models.insert(r.model.clone());
+        if !self.models.contains(&*r.model) {
+            self.models.insert(r.model.to_string());
         }
         let file_idx = match self.files.iter().rposition(|f| *f == r.source.file) {
             Some(i) => i as u32,
