@@ -472,7 +472,7 @@ fn sample_record(
         case_key: Some(format!("sample:{id}").into()),
         source: Provenance {
             format: "inspect",
-            file: file.display().to_string(),
+            file: file.display().to_string().into(),
             id: Some(id),
         },
         scores,

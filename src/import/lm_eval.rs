@@ -233,7 +233,7 @@ fn records(
             case_key: Some(format!("doc:{doc_id}").into()),
             source: Provenance {
                 format: "lm-eval",
-                file: file.display().to_string(),
+                file: file.display().to_string().into(),
                 id: Some(doc_id.clone()),
             },
             scores: if k == 0 { scores.clone() } else { vec![] },

@@ -189,8 +189,8 @@ pub struct ImportedScore {
 pub struct Provenance {
     /// The [`Format::name`] of the reader.
     pub format: &'static str,
-    /// The file as given on the command line (or found in a folder).
-    pub file: String,
+    /// The file as given on the command line (or found in a folder), shared by its records.
+    pub file: Arc<str>,
     /// The source's own id of the row (Inspect sample id, batch `custom_id`, lm-eval
     /// `doc_id`, promptfoo result id), `None` when it has none.
     pub id: Option<String>,

@@ -132,7 +132,7 @@ fn record(
         provider: Some("openai".into()),
         source: Provenance {
             format: "openai-batch",
-            file: file.display().to_string(),
+            file: file.display().to_string().into(),
             id: Some(id.to_string()),
         },
         test: field_of(&v, input, "test"),

@@ -233,7 +233,7 @@ fn batch_records(
             cluster: gs(&cluster_c, r),
             source: Provenance {
                 format: "parquet",
-                file: file.display().to_string(),
+                file: file.display().to_string().into(),
                 id: Some(line.to_string()),
             },
             request_key: json!({"model": model, "system": gs(&sys, r), "input": inp}).to_string(),

@@ -211,7 +211,7 @@ fn record(
         latency_ms: r.get("latencyMs").and_then(Value::as_f64),
         source: Provenance {
             format: "promptfoo",
-            file: file.display().to_string(),
+            file: file.display().to_string().into(),
             id: source_id,
         },
         scores,

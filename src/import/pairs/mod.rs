@@ -19,6 +19,7 @@ mod blocks;
 mod cache;
 #[cfg(test)]
 mod tests;
+mod typed_request;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -108,7 +109,7 @@ fn parse_block(
 ) -> Vec<Vec<Result<Record, ImportError>>> {
     use rayon::prelude::*;
     // Each record's `source_file`, written out once per block.
-    let file_text = file.display().to_string();
+    let file_text: Arc<str> = file.display().to_string().into();
     // Slices in order, each remembering its last request: the samples and models of a
     // case usually sit together and send the same request text.
     split_lines(block)
@@ -125,13 +126,16 @@ fn parse_block(
                             .map_err(|e| e.with_raw(l)),
                     ),
                 })
-                .collect::<Vec<_>>()
+                .fold(Vec::with_capacity(slice.len()), |mut out, r| {
+                    out.push(r);
+                    out
+                })
         })
         .collect()
 }
 
 /// What a line's `request` gives its record.
-#[derive(Clone)]
+#[derive(Clone, Debug, PartialEq)]
 struct Request {
     system: Option<Arc<str>>,
     input: Arc<str>,
@@ -294,7 +298,7 @@ fn scalar(raw: &str) -> Value {
 /// small top-level fields.
 fn record(
     file: &Path,
-    file_text: &str,
+    file_text: &Arc<str>,
     n: usize,
     line: &str,
     model: &Option<Arc<str>>,
@@ -343,9 +347,16 @@ fn record(
             let rq = match seen.cache.get(hash) {
                 Cached::Hit(rq) => rq,
                 miss => {
-                    let parsed: Value =
-                        serde_json::from_str(req.get()).expect("raw JSON re-parses");
-                    let rq = Arc::new(request(file, n, &parsed, &seen.cache.test)?);
+                    let test = &seen.cache.test;
+                    let rq = match typed_request::request(req.get(), test) {
+                        Some(rq) => rq,
+                        None => {
+                            let parsed: Value =
+                                serde_json::from_str(req.get()).expect("raw JSON re-parses");
+                            request(file, n, &parsed, test)?
+                        }
+                    };
+                    let rq = Arc::new(rq);
                     if let Cached::Miss = miss {
                         seen.cache.put(hash, rq.clone());
                     }
@@ -402,7 +413,7 @@ fn record(
         http_status: status,
         source: Provenance {
             format: "pairs",
-            file: file_text.to_string(),
+            file: file_text.clone(),
             id: Some(n.to_string()),
         },
         ..Record::default()

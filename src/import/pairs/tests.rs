@@ -454,3 +454,58 @@ fn scalars_read_from_their_text_equal_a_parse() {
         assert_eq!(scalar(raw), want, "{raw}");
     }
 }
+
+/// A request read as types gives the [`Request`] its `Value` gives, field by field (the
+/// hash of its key, its case key and case id included), for every shape it reads; the
+/// shapes it declines are left to the `Value` path.
+#[test]
+fn typed_requests_equal_the_value_path() {
+    let read = [
+        r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#,
+        r#"{"messages": [{"content": "hi", "role": "user"}], "model": "m"}"#,
+        r#"{"messages": [{"role": "user", "content": "no model"}]}"#,
+        r#"{"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]}"#,
+        r#"{"model": "m", "messages": [{"role": "developer", "content": "d"}, {"role": "user", "content": "q"}]}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": 512, "temperature": 1.0}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "q"}], "temperature": 0}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "q"}], "temperature": 0.70}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "q"}], "temperature": 1e-3}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": 0}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": 2147483647}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]}"#,
+        r#"{"model": "m", "messages": [{"role": "system", "content": "s1"}, {"role": "system", "content": "s2"}, {"role": "user", "content": "q"}]}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "q"}, {"role": "system", "content": "late"}]}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}"#,
+        r#"{"model": "m", "messages": [{"role": "tool", "content": "t"}, {"role": "user", "content": ""}]}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "say \"hi\"\n\ttab \\ \u00e9 \ud83d\ude00 中文 \u0001"}]}"#,
+        r#"{"model": "m\u00e9", "messages": [{"role": "user", "content": "</script>"}]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"compact"}],"max_tokens":7}"#,
+    ];
+    let declined = [
+        r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "parts"}]}]}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "q", "name": "n"}]}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "q"}], "seed": 3}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "q"}], "temperature": null}"#,
+        r#"{"model": null, "messages": [{"role": "user", "content": "q"}]}"#,
+        r#"{"model": "m", "model": "n", "messages": [{"role": "user", "content": "q"}]}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": 2147483648}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": 5.0}"#,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": -1}"#,
+        r#"{"model": "m", "messages": [{"role": "system", "content": "s"}]}"#,
+        r#"{"model": "m", "messages": []}"#,
+        r#"{"model": "m", "messages": [["user", "q"]]}"#,
+        r#"{"model": 5, "messages": [{"role": "user", "content": "q"}]}"#,
+    ];
+    for test in ["imported", "t"] {
+        for text in read {
+            let v: Value = serde_json::from_str(text).unwrap();
+            let want = request(Path::new("c.jsonl"), 1, &v, test).unwrap();
+            let got =
+                typed_request::request(text, test).unwrap_or_else(|| panic!("declined {text}"));
+            assert_eq!(got, want, "{text}");
+        }
+        for text in declined {
+            assert!(typed_request::request(text, test).is_none(), "{text}");
+        }
+    }
+}

@@ -84,85 +84,97 @@ pub(super) fn keys_after(test: &Option<String>, r: &Record, p: &Record, pk: &Key
 /// [`Keys::fp`]: the case, model, request and answer of a record and every fact recorded
 /// about its call, but not its provenance (file, line).
 ///
-/// The digest of [`call::sha_prefix`] over the parts and the facts' `Debug` text
-/// ([`fingerprint_reference`]), with that text written straight into the hasher: the same
-/// bytes, no `String` formatted per record.
+/// 24 hex digits of the XXH3-128 of the parts and the facts' `Debug` text
+/// ([`fingerprint_reference`]), that text written straight into a buffer kept per thread:
+/// the same bytes, no `String` formatted per record. A fingerprint only tells, within one
+/// import, whether two records with the same call id are copies (it is written to no
+/// table), so a fast non-cryptographic hash is enough: 96 bits, compared only between
+/// records whose ids already match. SHA-256 here was a twentieth of an import's CPU.
 pub(super) fn fingerprint(
     r: &Record,
     case_id: &str,
     request_hash: &str,
     response_hash: Option<&str>,
 ) -> String {
-    use sha2::Digest;
-    let mut h = sha2::Sha256::new();
-    for p in [case_id, &r.model, request_hash, response_hash.unwrap_or("")] {
-        h.update(p.as_bytes());
-        h.update([0u8]);
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let mut w = DebugInto(&mut h);
-    w.raw("(");
-    w.int(r.sample_idx.map(i64::from));
-    w.raw(", ");
-    w.text(r.finish_reason.as_deref());
-    for x in [
-        r.prompt_tokens,
-        r.completion_tokens,
-        r.reasoning_tokens,
-        r.reasoning_chars,
-        r.http_status.map(i64::from),
-    ] {
+    BUF.with_borrow_mut(|buf| {
+        buf.clear();
+        for p in [case_id, &r.model, request_hash, response_hash.unwrap_or("")] {
+            buf.extend_from_slice(p.as_bytes());
+            buf.push(0);
+        }
+        let mut w = DebugInto(buf);
+        w.raw("(");
+        w.int(r.sample_idx.map(i64::from));
         w.raw(", ");
-        w.int(x);
-    }
-    w.raw(", ");
-    w.text(r.error.as_deref());
-    w.raw(")|(");
-    w.int(r.attempts.map(i64::from));
-    w.raw(", ");
-    w.debug(&r.latency_ms);
-    w.raw(", ");
-    w.int(r.started_at_us);
-    w.raw(", ");
-    w.text(r.expected.as_deref());
-    w.raw(", ");
-    w.text(r.provider.as_deref());
-    w.raw(", ");
-    if r.scores.is_empty() {
-        w.raw("[]");
-    } else {
-        w.debug(&r.scores);
-    }
-    w.raw(if response_hash.is_some() {
-        ", true)"
-    } else {
-        ", false)"
-    });
-    h.update([0u8]);
-    let digest = h.finalize();
+        w.text(r.finish_reason.as_deref());
+        for x in [
+            r.prompt_tokens,
+            r.completion_tokens,
+            r.reasoning_tokens,
+            r.reasoning_chars,
+            r.http_status.map(i64::from),
+        ] {
+            w.raw(", ");
+            w.int(x);
+        }
+        w.raw(", ");
+        w.text(r.error.as_deref());
+        w.raw(")|(");
+        w.int(r.attempts.map(i64::from));
+        w.raw(", ");
+        w.debug(&r.latency_ms);
+        w.raw(", ");
+        w.int(r.started_at_us);
+        w.raw(", ");
+        w.text(r.expected.as_deref());
+        w.raw(", ");
+        w.text(r.provider.as_deref());
+        w.raw(", ");
+        if r.scores.is_empty() {
+            w.raw("[]");
+        } else {
+            w.debug(&r.scores);
+        }
+        w.raw(if response_hash.is_some() {
+            ", true)"
+        } else {
+            ", false)"
+        });
+        buf.push(0);
+        fp_digest(buf)
+    })
+}
+
+/// 24 hex digits of the XXH3-128 of `bytes` (see [`fingerprint`]).
+fn fp_digest(bytes: &[u8]) -> String {
+    let digest = twox_hash::XxHash3_128::oneshot(bytes).to_be_bytes();
     let mut out = [0u8; 24];
     hex::encode_to_slice(&digest[..12], &mut out).expect("24 hex digits fit");
     String::from_utf8(out.to_vec()).expect("hex digits are ASCII")
 }
 
-/// Writes `Debug` text of the fingerprint's facts into a hasher: integers and plain text
+/// Writes `Debug` text of the fingerprint's facts into a buffer: integers and plain text
 /// by hand, anything else through `fmt`.
-pub(super) struct DebugInto<'a>(&'a mut sha2::Sha256);
+pub(super) struct DebugInto<'a>(&'a mut Vec<u8>);
 
 impl std::fmt::Write for DebugInto<'_> {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        sha2::Digest::update(self.0, s.as_bytes());
+        self.0.extend_from_slice(s.as_bytes());
         Ok(())
     }
 }
 
 impl DebugInto<'_> {
     pub(super) fn raw(&mut self, s: &str) {
-        sha2::Digest::update(self.0, s.as_bytes());
+        self.0.extend_from_slice(s.as_bytes());
     }
 
     pub(super) fn debug<T: std::fmt::Debug>(&mut self, x: &T) {
         use std::fmt::Write;
-        write!(self, "{x:?}").expect("a hasher takes any text");
+        write!(self, "{x:?}").expect("a buffer takes any text");
     }
 
     /// `Some(n)` or `None`, as `Option<i32>` and `Option<i64>` print.
@@ -185,7 +197,7 @@ impl DebugInto<'_> {
                 if n < 0 {
                     self.raw("-");
                 }
-                sha2::Digest::update(self.0, &buf[i..]);
+                self.0.extend_from_slice(&buf[i..]);
                 self.raw(")");
             }
         }
@@ -213,8 +225,8 @@ impl DebugInto<'_> {
     }
 }
 
-/// [`fingerprint`] as it was first written, which it must equal byte for byte (archived
-/// runs' fingerprints decide which records of a later import are copies).
+/// [`fingerprint`] written plainly (the facts' `Debug` text formatted, then hashed), which
+/// it must equal: a record's fingerprint must not depend on the path that computed it.
 #[cfg(test)]
 pub(super) fn fingerprint_reference(
     r: &Record,
@@ -244,16 +256,18 @@ pub(super) fn fingerprint_reference(
             response_hash.is_some(),
         )
     );
-    call::sha_prefix(
-        &[
-            case_id,
-            &r.model,
-            request_hash,
-            response_hash.unwrap_or(""),
-            &facts,
-        ],
-        24,
-    )
+    let mut bytes = Vec::new();
+    for p in [
+        case_id,
+        &r.model,
+        request_hash,
+        response_hash.unwrap_or(""),
+        &facts,
+    ] {
+        bytes.extend_from_slice(p.as_bytes());
+        bytes.push(0);
+    }
+    fp_digest(&bytes)
 }
 
 /// A record's test (`test`, the `--test` default, over the record's own), case id, hashes

@@ -426,7 +426,7 @@ mod tests {
     use super::*;
     use datafusion::arrow::array::UInt64Array;
 
-    /// The fingerprint hashed field by field is the `Debug` text's digest, byte for byte:
+    /// The fingerprint written field by field is the `Debug` text's digest, byte for byte:
     /// empty, full, negative and extreme numbers, text with quotes, escapes, control
     /// characters, unicode (printable, combining, bidi, non-printable), imported scores.
     #[test]

@@ -374,10 +374,10 @@ impl ImportSink {
         if !self.models.contains(&*r.model) {
             self.models.insert(r.model.to_string());
         }
-        let file_idx = match self.files.iter().rposition(|f| *f == r.source.file) {
+        let file_idx = match self.files.iter().rposition(|f| **f == *r.source.file) {
             Some(i) => i as u32,
             None => {
-                self.files.push(r.source.file.clone());
+                self.files.push(r.source.file.to_string());
                 (self.files.len() - 1) as u32
             }
         };

@@ -49,7 +49,7 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
 /// fields in order, which the `Value` path rejects. (A flattened `IgnoredAny` field did the
 /// same, but made serde buffer every key the struct does not read, such as the response's
 /// `id` and `model`: a third of an import's response parse.)
-pub(crate) struct MapOnly<T>(T);
+pub(crate) struct MapOnly<T>(pub(crate) T);
 
 impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
