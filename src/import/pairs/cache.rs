@@ -49,8 +49,8 @@ pub(super) struct RequestCache {
     /// The test the requests' case ids are computed for (`--test`, else "imported").
     pub(super) test: Arc<str>,
     pub(super) shards: [Shard; CACHE_SHARDS],
-    lookups: AtomicU32,
-    hits: AtomicU32,
+    pub(super) lookups: AtomicU32,
+    pub(super) hits: AtomicU32,
     /// Windows in a row below the hit rate.
     low: AtomicU32,
     cold: AtomicBool,
@@ -79,6 +79,46 @@ pub(super) type Generation = HashMap<u128, Arc<Request>, FastHash>;
 pub(super) struct Seen<'a> {
     pub(super) cache: &'a RequestCache,
     pub(super) last: Option<(u128, Arc<Request>)>,
+    /// Lookups and hits of this slice not yet added to the cache's counts.
+    uncounted: (u32, u32),
+}
+
+/// Lookups a [`Seen`] counts before adding them to its cache's counts: the parse threads
+/// then share those counters' cache line once in this many lookups, not on every one (two
+/// atomic adds per lookup on a line both cores wrote were half of a lookup's time).
+pub(super) const COUNT_BATCH: u32 = 64;
+
+impl<'a> Seen<'a> {
+    pub(super) fn new(cache: &'a RequestCache) -> Self {
+        Seen {
+            cache,
+            last: None,
+            uncounted: (0, 0),
+        }
+    }
+
+    /// [`RequestCache::get`], counted toward the cache's hit rate.
+    pub(super) fn lookup(&mut self, hash: u128) -> Cached {
+        let found = self.cache.get(hash);
+        if !matches!(found, Cached::Skipped) {
+            self.uncounted.0 += 1;
+            self.uncounted.1 += u32::from(matches!(found, Cached::Hit(_)));
+            if self.uncounted.0 >= COUNT_BATCH {
+                let (lookups, hits) = std::mem::take(&mut self.uncounted);
+                self.cache.count(lookups, hits);
+            }
+        }
+        found
+    }
+}
+
+impl Drop for Seen<'_> {
+    fn drop(&mut self) {
+        let (lookups, hits) = std::mem::take(&mut self.uncounted);
+        if lookups > 0 {
+            self.cache.count(lookups, hits);
+        }
+    }
 }
 
 /// A request text's key in [`Seen`] and [`RequestCache`] (see the module documentation).
@@ -107,7 +147,8 @@ impl RequestCache {
         &self.shards[(hash >> 124) as usize % CACHE_SHARDS]
     }
 
-    /// The request of the text whose [`text_hash`] is `hash`.
+    /// The request of the text whose [`text_hash`] is `hash` (not counted toward the hit
+    /// rate: [`Seen::lookup`] counts, or [`RequestCache::count`]).
     pub(super) fn get(&self, hash: u128) -> Cached {
         if self.cold.load(Ordering::Relaxed) && !(hash as u64).is_multiple_of(COLD_SAMPLE) {
             return Cached::Skipped;
@@ -130,14 +171,23 @@ impl RequestCache {
                 }
             }
         };
-        let hits = self
-            .hits
-            .fetch_add(u32::from(found.is_some()), Ordering::Relaxed)
-            + u32::from(found.is_some());
-        if self.lookups.fetch_add(1, Ordering::Relaxed) + 1 == STATS_WINDOW {
-            // One thread ends the window (others may count a lookup into either).
+        match found {
+            Some(rq) => Cached::Hit(rq),
+            None => Cached::Miss,
+        }
+    }
+
+    /// Adds `lookups` lookups of which `hits` hit to the window's counts, and ends the
+    /// window when they reach [`STATS_WINDOW`].
+    pub(super) fn count(&self, lookups: u32, hits: u32) {
+        let hits = self.hits.fetch_add(hits, Ordering::Relaxed) + hits;
+        let before = self.lookups.fetch_add(lookups, Ordering::Relaxed);
+        let seen = before + lookups;
+        if before < STATS_WINDOW && seen >= STATS_WINDOW {
+            // The thread whose lookups reach the window ends it (others may count a batch
+            // into either).
             let (num, den) = COLD_HIT_RATE;
-            if hits * den < STATS_WINDOW * num {
+            if hits * den < seen * num {
                 let low = self.low.fetch_add(1, Ordering::Relaxed) + 1;
                 self.cold.store(low >= COLD_AFTER, Ordering::Relaxed);
             } else {
@@ -146,10 +196,6 @@ impl RequestCache {
             }
             self.hits.store(0, Ordering::Relaxed);
             self.lookups.store(0, Ordering::Relaxed);
-        }
-        match found {
-            Some(rq) => Cached::Hit(rq),
-            None => Cached::Miss,
         }
     }
 

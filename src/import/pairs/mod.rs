@@ -115,7 +115,7 @@ fn parse_block(
     split_lines(block)
         .par_chunks(SLICE_LINES)
         .map(|slice| {
-            let mut seen = Seen { cache, last: None };
+            let mut seen = Seen::new(cache);
             slice
                 .iter()
                 .filter_map(|&(n, line)| match std::str::from_utf8(line) {
@@ -344,7 +344,7 @@ fn record(
     let rq = match seen.last.as_ref() {
         Some((h, rq)) if *h == hash => Request::clone(rq),
         _ => {
-            let rq = match seen.cache.get(hash) {
+            let rq = match seen.lookup(hash) {
                 Cached::Hit(rq) => rq,
                 miss => {
                     let test = &seen.cache.test;

@@ -167,14 +167,17 @@ fn a_cache_that_rarely_hits_goes_cold_and_warms_up_again() {
             .unwrap();
     let rq = Arc::new(request(Path::new("c.jsonl"), 1, &v, "imported").unwrap());
     let cache = RequestCache::default();
+    // A lookup counted toward the hit rate at once (a parse slice counts them in batches).
+    let look = |h: u128| {
+        let found = cache.get(h);
+        if !matches!(found, Cached::Skipped) {
+            cache.count(1, u32::from(matches!(found, Cached::Hit(_))));
+        }
+        found
+    };
     let skipped = |prefix: &str| {
         (0..1600)
-            .filter(|k| {
-                matches!(
-                    cache.get(text_hash(&format!("{prefix}{k}"))),
-                    Cached::Skipped
-                )
-            })
+            .filter(|k| matches!(look(text_hash(&format!("{prefix}{k}"))), Cached::Skipped))
             .count()
     };
     assert_eq!(skipped("warm"), 0);
@@ -184,7 +187,7 @@ fn a_cache_that_rarely_hits_goes_cold_and_warms_up_again() {
             assert_eq!(skipped("still-warm"), 0);
         }
         let text = format!("once{k}");
-        if let Cached::Miss = cache.get(text_hash(&text)) {
+        if let Cached::Miss = look(text_hash(&text)) {
             cache.put(text_hash(&text), rq.clone());
         }
     }
@@ -198,16 +201,16 @@ fn a_cache_that_rarely_hits_goes_cold_and_warms_up_again() {
     // Sampled texts that come back hit, and a window of hits warms the cache up.
     let sampled: Vec<String> = (0..1600)
         .map(|k| format!("cold{k}"))
-        .filter(|t| !matches!(cache.get(text_hash(t)), Cached::Skipped))
+        .filter(|t| !matches!(look(text_hash(t)), Cached::Skipped))
         .collect();
     for t in &sampled {
-        if let Cached::Miss = cache.get(text_hash(t)) {
+        if let Cached::Miss = look(text_hash(t)) {
             cache.put(text_hash(t), rq.clone());
         }
     }
     let mut hits = 0;
     for t in sampled.iter().cycle().take(STATS_WINDOW as usize) {
-        hits += usize::from(matches!(cache.get(text_hash(t)), Cached::Hit(_)));
+        hits += usize::from(matches!(look(text_hash(t)), Cached::Hit(_)));
     }
     assert!(hits > STATS_WINDOW as usize / 2, "{hits}");
     assert_eq!(skipped("warm-again"), 0);
@@ -508,4 +511,24 @@ fn typed_requests_equal_the_value_path() {
             assert!(typed_request::request(text, test).is_none(), "{text}");
         }
     }
+}
+
+/// A parse slice counts its lookups toward the cache's hit rate in batches, and what it
+/// has not yet added when it ends is added then: no lookup goes uncounted.
+#[test]
+fn a_slices_lookups_are_all_counted() {
+    use std::sync::atomic::Ordering;
+    let cache = RequestCache::default();
+    {
+        let mut seen = Seen::new(&cache);
+        for k in 0..COUNT_BATCH + 5 {
+            assert!(matches!(
+                seen.lookup(text_hash(&format!("{k}"))),
+                Cached::Miss
+            ));
+        }
+        assert_eq!(cache.lookups.load(Ordering::Relaxed), COUNT_BATCH);
+    }
+    assert_eq!(cache.lookups.load(Ordering::Relaxed), COUNT_BATCH + 5);
+    assert_eq!(cache.hits.load(Ordering::Relaxed), 0);
 }

@@ -76,6 +76,7 @@ pub(super) fn keys_after(test: &Option<String>, r: &Record, p: &Record, pk: &Key
         call_id: direct_call_id(r, &pk.case_id, &request_hash),
         fp: None,
         case_id: pk.case_id.clone(),
+        case_num: pk.case_num,
         request_hash,
         response_hash,
     }
@@ -294,8 +295,19 @@ pub(super) fn keys(test: &Option<String>, r: &Record) -> Keys {
         response_hash,
         request_hash,
         test,
+        case_num: case_num(&case_id),
         case_id,
     }
+}
+
+/// A case id of at most 24 hex digits (a digest prefix, as [`crate::import::case_id`]
+/// writes them) as a number: the sink's per-case tables hash and compare 16 bytes held in
+/// place, not a text behind a pointer. Computed with the keys, on rayon's pool, not on the
+/// task that stages records in order.
+pub(super) fn case_num(case_id: &str) -> Option<u128> {
+    (case_id.len() <= 24)
+        .then(|| u128::from_str_radix(case_id, 16).ok())
+        .flatten()
 }
 
 /// The call id of a record that can go straight to `calls` (it names its sample and has

@@ -206,6 +206,8 @@ pub struct ImportSummary {
 struct Keys {
     test: Arc<str>,
     case_id: Arc<str>,
+    /// The case id's hex digits as a number ([`case_num`]), for the sink's per-case tables.
+    case_num: Option<u128>,
     request_hash: Arc<str>,
     response_hash: Option<String>,
     /// The call id of a direct record (see the module documentation), `None` for a staged

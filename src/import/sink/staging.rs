@@ -319,32 +319,36 @@ pub(super) const RECENT_CASES: usize = 8192;
 /// only staged once more.
 #[derive(Default)]
 pub(super) struct RecentCases {
-    pub(super) fields:
-        std::collections::HashMap<Arc<str>, (Option<String>, Option<String>), FastHash>,
-    pub(super) order: std::collections::VecDeque<Arc<str>>,
+    /// By the case id as a number ([`Keys::case_num`]); a case id that is not a digest is
+    /// never remembered.
+    pub(super) fields: std::collections::HashMap<u128, (Option<String>, Option<String>), FastHash>,
+    pub(super) order: std::collections::VecDeque<u128>,
 }
 
 impl RecentCases {
     pub(super) fn seen(
         &self,
-        case_id: &str,
+        case_num: Option<u128>,
         expected: Option<&str>,
         cluster: Option<&str>,
     ) -> bool {
-        self.fields
-            .get(case_id)
+        case_num
+            .and_then(|n| self.fields.get(&n))
             .is_some_and(|(e, c)| e.as_deref() == expected && c.as_deref() == cluster)
     }
 
     pub(super) fn remember(
         &mut self,
-        case_id: &Arc<str>,
+        case_num: Option<u128>,
         expected: Option<&str>,
         cluster: Option<&str>,
     ) {
+        let Some(case_num) = case_num else {
+            return;
+        };
         let fields = (expected.map(str::to_string), cluster.map(str::to_string));
-        if self.fields.insert(case_id.clone(), fields).is_none() {
-            self.order.push_back(case_id.clone());
+        if self.fields.insert(case_num, fields).is_none() {
+            self.order.push_back(case_num);
             if self.order.len() > RECENT_CASES
                 && let Some(old) = self.order.pop_front()
             {
@@ -392,14 +396,14 @@ impl ImportSink {
         let seen = new_case
             && self
                 .recent_cases
-                .seen(&k.case_id, r.expected.as_deref(), r.cluster.as_deref());
+                .seen(k.case_num, r.expected.as_deref(), r.cluster.as_deref());
         if seen {
             self.last_expected.clone_from(&r.expected);
             self.last_case = Some(k.case_id.clone());
         } else if new_case || r.expected != self.last_expected {
             self.last_expected.clone_from(&r.expected);
             self.recent_cases
-                .remember(&k.case_id, r.expected.as_deref(), r.cluster.as_deref());
+                .remember(k.case_num, r.expected.as_deref(), r.cluster.as_deref());
             let c = &mut self.cases;
             c.seq.append_value(seq);
             c.case_id.append_value(&k.case_id);
@@ -426,7 +430,7 @@ impl ImportSink {
         if k.call_id.is_none()
             && r.sample_idx.is_none()
             && r.scores.is_empty()
-            && let Some(sample) = self.count_sample(&k.case_id, &r.model)
+            && let Some(sample) = self.count_sample(k.case_num, &r.model)
         {
             let id = call::call_id(&k.case_id, &r.model, sample, &k.request_hash);
             // A counted call's fingerprint is never read (its id needs no check).
@@ -502,17 +506,14 @@ impl ImportSink {
     /// The next sample index of (`case_id`, `model`) while counting ([`SampleCounts`]);
     /// `None` (and counting stops) past the bound, for a case id that is not a digest, or
     /// when counting stopped.
-    fn count_sample(&mut self, case_id: &str, model: &str) -> Option<i32> {
+    fn count_sample(&mut self, case_num: Option<u128>, model: &str) -> Option<i32> {
         let c = self.counts.as_mut()?;
         let next = c.models.len() as u32;
         let m = match c.models.get(model) {
             Some(&m) => m,
             None => *c.models.entry(model.to_string()).or_insert(next),
         };
-        let key = (case_id.len() <= 24)
-            .then(|| u128::from_str_radix(case_id, 16).ok())
-            .flatten()
-            .map(|h| (h << 32) | u128::from(m));
+        let key = case_num.map(|h| (h << 32) | u128::from(m));
         let full = c.counts.len() >= c.cap;
         let sample = match key {
             Some(key) => match c.counts.get_mut(&key) {
