@@ -31,6 +31,9 @@ pub(super) type Keyed = tokio::sync::oneshot::Receiver<(Vec<Record>, Vec<Vec<Key
 /// What a direct calls writer task is sent.
 pub(super) enum ToWriter {
     Batch(RecordBatch),
+    /// A direct batch ([`staging_schema`]) of counted records, with their call ids where
+    /// known and NULL where the task is to compute them ([`counted_call_ids`]).
+    Counted(RecordBatch, ArrayRef),
     /// Commit what is buffered: the import's records are all in.
     Finish,
 }
@@ -56,6 +59,12 @@ impl DirectWriter {
                     ToWriter::Batch(b) => {
                         rows += b.num_rows() as u64;
                         w.write(b).await?;
+                    }
+                    ToWriter::Counted(b, ids) => {
+                        let calls = direct_calls(&b, &counted_call_ids(&b, &ids))
+                            .map_err(|e| QueryError::df("import: direct calls batch")(e.into()))?;
+                        rows += calls.num_rows() as u64;
+                        w.write(calls).await?;
                     }
                     ToWriter::Finish => {
                         w.finish().await?;
@@ -99,26 +108,31 @@ impl ImportSink {
         ids: ArrayRef,
         numbered: bool,
     ) -> Result<(), ImportError> {
-        let calls = direct_calls(&batch, &ids)
-            .map_err(|e| QueryError::df("import: direct calls batch")(e.into()))?;
-        if !numbered {
-            let fps = batch
-                .column_by_name("fp")
-                .expect("the staging schema has fp")
-                .clone();
-            let id_batch =
-                RecordBatch::try_new(ids_schema(), vec![batch.column(0).clone(), ids, fps])
-                    .expect("ids batch matches its schema");
-            self.keep_ids(id_batch).await?;
-        }
+        let message = if ids.null_count() > 0 {
+            // Counted records: numbered, their ids computed by the writer task.
+            debug_assert!(
+                numbered,
+                "only counted records leave their ids to the writer"
+            );
+            ToWriter::Counted(batch, ids)
+        } else {
+            let calls = direct_calls(&batch, &ids)
+                .map_err(|e| QueryError::df("import: direct calls batch")(e.into()))?;
+            if !numbered {
+                let fps = batch
+                    .column_by_name("fp")
+                    .expect("the staging schema has fp")
+                    .clone();
+                let id_batch =
+                    RecordBatch::try_new(ids_schema(), vec![batch.column(0).clone(), ids, fps])
+                        .expect("ids batch matches its schema");
+                self.keep_ids(id_batch).await?;
+            }
+            ToWriter::Batch(calls)
+        };
         let k = self.next_writer;
         self.next_writer = (k + 1) % self.writers.len();
-        if self.writers[k]
-            .tx
-            .send(ToWriter::Batch(calls))
-            .await
-            .is_err()
-        {
+        if self.writers[k].tx.send(message).await.is_err() {
             // The task stopped on an error: report it.
             let w = self.writers.remove(k);
             w.join().await?;
@@ -157,6 +171,38 @@ impl ImportSink {
         }
         Ok(())
     }
+}
+
+/// The call ids of a batch of counted records ([`staging_schema`]): those given, and for
+/// each NULL the id of its case, model, counted sample (`given_sample_idx`: the number
+/// counted for it) and request ([`call::call_id`]).
+pub(super) fn counted_call_ids(b: &RecordBatch, ids: &ArrayRef) -> ArrayRef {
+    let text = |name: &str| {
+        b.column_by_name(name)
+            .expect("the staging schema names it")
+            .as_string::<i32>()
+    };
+    let (case, model, request) = (text("case_id"), text("model"), text("request_hash"));
+    let samples = b
+        .column_by_name("given_sample_idx")
+        .expect("the staging schema has given_sample_idx")
+        .as_primitive::<datafusion::arrow::datatypes::Int32Type>();
+    let given = ids.as_string::<i32>();
+    let filled: StringArray = (0..b.num_rows())
+        .map(|i| {
+            Some(if given.is_valid(i) {
+                given.value(i).to_string()
+            } else {
+                call::call_id(
+                    case.value(i),
+                    model.value(i),
+                    samples.value(i),
+                    request.value(i),
+                )
+            })
+        })
+        .collect();
+    Arc::new(filled)
 }
 
 /// Buckets of the ids scratch table, by the first hex digit of the call id. Each part

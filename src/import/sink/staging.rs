@@ -367,6 +367,9 @@ impl ImportSink {
         for (r, k) in records.iter().zip(keys.iter().flatten()) {
             self.stage(r, k).await?;
         }
+        // Freed on the pool: a chunk's thousands of strings are a twentieth of this serial
+        // task's time.
+        rayon::spawn(move || drop((records, keys)));
         Ok(())
     }
 
@@ -432,11 +435,11 @@ impl ImportSink {
             && r.scores.is_empty()
             && let Some(sample) = self.count_sample(k.case_num, &r.model)
         {
-            let id = call::call_id(&k.case_id, &r.model, sample, &k.request_hash);
-            // A counted call's fingerprint is never read (its id needs no check).
+            // A counted call's fingerprint is never read (its id needs no check), and its id
+            // is computed by the writer task ([`counted_call_ids`]), off this serial task.
             let fp = k.fp.as_deref().unwrap_or("");
             self.direct.append(seq, r, k, fp, file_idx, Some(sample));
-            self.direct_ids.append_value(&id);
+            self.direct_ids.append_null();
             self.direct_rows += 1;
             self.counted += 1;
             if self.direct.rows >= STAGE_ROWS {
