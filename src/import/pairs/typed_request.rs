@@ -85,6 +85,16 @@ pub(super) fn request(text: &str, test: &str) -> Option<Request> {
 /// `Value`: keys sorted (`max_tokens`, `messages`, `model`, `temperature`; `content`,
 /// `role`), no spaces, strings and numbers as serde_json writes them.
 fn keys(p: &Plain, msgs: &[&Message]) -> (String, Option<String>) {
+    // A string borrowed from the request had no escape there, so it holds no quote,
+    // backslash or control character: serde_json would write it as it is, between quotes.
+    let put_text = |out: &mut Vec<u8>, s: &Cow<str>| match s {
+        Cow::Borrowed(b) => {
+            out.push(b'"');
+            out.extend_from_slice(b.as_bytes());
+            out.push(b'"');
+        }
+        Cow::Owned(o) => serde_json::to_writer(out, o.as_str()).expect("a str serializes"),
+    };
     let put = |out: &mut Vec<u8>, s: &str| serde_json::to_writer(out, s).expect("a str serializes");
     let num =
         |out: &mut Vec<u8>, n: &Number| serde_json::to_writer(out, n).expect("a number serializes");
@@ -95,9 +105,9 @@ fn keys(p: &Plain, msgs: &[&Message]) -> (String, Option<String>) {
             messages.push(b',');
         }
         messages.extend_from_slice(b"{\"content\":");
-        put(&mut messages, &m.content);
+        put_text(&mut messages, &m.content);
         messages.extend_from_slice(b",\"role\":");
-        put(&mut messages, &m.role);
+        put_text(&mut messages, &m.role);
         messages.push(b'}');
     }
     messages.push(b']');
@@ -127,7 +137,7 @@ fn keys(p: &Plain, msgs: &[&Message]) -> (String, Option<String>) {
     key.extend_from_slice(&messages);
     if let Some(m) = &p.model {
         key.extend_from_slice(b",\"model\":");
-        put(&mut key, m);
+        put_text(&mut key, m);
     }
     if let Some(t) = &p.temperature {
         key.extend_from_slice(b",\"temperature\":");
