@@ -118,7 +118,7 @@ fn parse_block(
             let mut seen = Seen::new(cache);
             slice
                 .iter()
-                .filter_map(|&(n, line)| match std::str::from_utf8(line) {
+                .filter_map(|&(n, line)| match utf8(line) {
                     Err(e) => Some(Err(bad(file, n, "(line)", format!("invalid UTF-8: {e}")))),
                     Ok(l) if l.trim().is_empty() => None,
                     Ok(l) => Some(
@@ -132,6 +132,16 @@ fn parse_block(
                 })
         })
         .collect()
+}
+
+/// A line as text: checked with SIMD (`simdutf8`, already built for arrow-json), about four
+/// times the standard library's speed on these lines; a line that fails is checked again by
+/// the standard library for the error's position.
+fn utf8(line: &[u8]) -> Result<&str, std::str::Utf8Error> {
+    match simdutf8::basic::from_utf8(line) {
+        Ok(s) => Ok(s),
+        Err(_) => std::str::from_utf8(line),
+    }
 }
 
 /// What a line's `request` gives its record.
