@@ -108,14 +108,17 @@ impl ImportSink {
         ids: ArrayRef,
         numbered: bool,
     ) -> Result<(), ImportError> {
-        let message = if ids.null_count() > 0 {
+        let message = if numbered && ids.null_count() > 0 {
             // Counted records: numbered, their ids computed by the writer task.
-            debug_assert!(
-                numbered,
-                "only counted records leave their ids to the writer"
-            );
             ToWriter::Counted(batch, ids)
         } else {
+            // (Ids left NULL are only ever counted ones; computed here all the same, should
+            // a batch that is not numbered carry one, so its ids are checked.)
+            let ids = if ids.null_count() > 0 {
+                counted_call_ids(&batch, &ids)
+            } else {
+                ids
+            };
             let calls = direct_calls(&batch, &ids)
                 .map_err(|e| QueryError::df("import: direct calls batch")(e.into()))?;
             if !numbered {
@@ -236,4 +239,32 @@ pub(super) fn id_buckets(batch: &RecordBatch) -> Vec<(usize, RecordBatch)> {
             (b, taken)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A counted record's id is filled in as `call::call_id` of its case, model, counted
+    /// sample and request; an id already given is kept as it is.
+    #[test]
+    fn counted_call_ids_fill_only_the_missing_ids() {
+        let text = |v: [&str; 2]| -> ArrayRef { Arc::new(StringArray::from(v.to_vec())) };
+        let b = RecordBatch::try_from_iter(vec![
+            ("case_id", text(["c1", "c2"])),
+            ("model", text(["m", "n"])),
+            (
+                "given_sample_idx",
+                Arc::new(datafusion::arrow::array::Int32Array::from(vec![3, 0])) as ArrayRef,
+            ),
+            ("request_hash", text(["r1", "r2"])),
+        ])
+        .unwrap();
+        let ids: ArrayRef = Arc::new(StringArray::from(vec![None, Some("given")]));
+        let filled = counted_call_ids(&b, &ids);
+        let filled = filled.as_string::<i32>();
+        assert_eq!(filled.value(0), call::call_id("c1", "m", 3, "r1"));
+        assert_eq!(filled.value(1), "given");
+        assert_eq!(filled.null_count(), 0);
+    }
 }
