@@ -86,6 +86,7 @@ impl ImportSink {
     }
 
     pub(super) async fn plan(&self) -> Result<ImportSummary, ImportError> {
+        let t = std::time::Instant::now();
         let ctx = new_context();
         self.store.register_with(&ctx);
         ctx.register_udf(call_id_udf());
@@ -100,6 +101,7 @@ impl ImportSink {
         if direct_ids {
             crate::query::register_parquet(&ctx, "ids", &self.store.table_url(IDS)).await?;
         }
+        tracing::debug!(secs = t.elapsed().as_secs_f64(), "import: scratch registered");
         let has_scores = !self.tool_scorers.is_empty();
         // Staged records' calls first, then the duplicate check on every call id, then
         // the commit.
