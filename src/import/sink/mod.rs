@@ -276,7 +276,10 @@ pub struct ImportSink {
     counted: u64,
     /// The cases whose fields were staged lately ([`RecentCases`]).
     recent_cases: RecentCases,
-    models: BTreeSet<String>,
+    /// Each model named, numbered ([`Models`]).
+    models: Models,
+    /// The last record's file and its index in `files`: a file's records share its name.
+    last_file: Option<(Arc<str>, u32)>,
     /// (tool, `<tool>-<scorer>`) of every imported score seen.
     tool_scorers: BTreeSet<(String, String)>,
 }
@@ -349,7 +352,8 @@ impl ImportSink {
             counts: None,
             counted: 0,
             recent_cases: RecentCases::default(),
-            models: BTreeSet::new(),
+            models: Models::default(),
+            last_file: None,
             tool_scorers: BTreeSet::new(),
         })
     }

@@ -101,7 +101,10 @@ impl ImportSink {
         if direct_ids {
             crate::query::register_parquet(&ctx, "ids", &self.store.table_url(IDS)).await?;
         }
-        tracing::debug!(secs = t.elapsed().as_secs_f64(), "import: scratch registered");
+        tracing::debug!(
+            secs = t.elapsed().as_secs_f64(),
+            "import: scratch registered"
+        );
         let has_scores = !self.tool_scorers.is_empty();
         // Staged records' calls first, then the duplicate check on every call id, then
         // the commit.
@@ -297,7 +300,7 @@ impl ImportSink {
             clustered,
             calls,
             duplicates,
-            models: self.models.iter().cloned().collect(),
+            models: self.models.names(),
             scores,
         })
     }

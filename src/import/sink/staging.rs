@@ -292,8 +292,8 @@ impl ScoreBuilders {
 /// counted numbers wrong: the sink refuses it with [`ImportError::Renumber`] and the
 /// import starts again without counting.
 pub(super) struct SampleCounts {
+    /// By the case id's number and the model's ([`Models`]).
     counts: std::collections::HashMap<u128, u32, FastHash>,
-    models: std::collections::HashMap<String, u32, FastHash>,
     cap: usize,
 }
 
@@ -304,9 +304,33 @@ impl SampleCounts {
     pub(super) fn new(memory_limit: usize) -> Self {
         SampleCounts {
             counts: Default::default(),
-            models: Default::default(),
             cap: (memory_limit / 4 / 80).max(1024),
         }
+    }
+}
+
+/// The models an import names, each numbered in the order first seen: a record's model is
+/// found with one hash of its name (a sorted set compared the name some three times a record,
+/// and the sample counts hashed it once more).
+#[derive(Default)]
+pub(super) struct Models(std::collections::HashMap<Arc<str>, u32, FastHash>);
+
+impl Models {
+    /// The number of `model`, numbering it if it is new.
+    pub(super) fn index(&mut self, model: &Arc<str>) -> u32 {
+        if let Some(&i) = self.0.get(&**model) {
+            return i;
+        }
+        let i = self.0.len() as u32;
+        self.0.insert(model.clone(), i);
+        i
+    }
+
+    /// The models' names, sorted.
+    pub(super) fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.0.keys().map(|m| m.to_string()).collect();
+        names.sort();
+        names
     }
 }
 
@@ -378,14 +402,19 @@ impl ImportSink {
     pub(super) async fn stage(&mut self, r: &Record, k: &Keys) -> Result<(), ImportError> {
         let seq = self.next_seq;
         self.next_seq += 1;
-        if !self.models.contains(&*r.model) {
-            self.models.insert(r.model.to_string());
-        }
-        let file_idx = match self.files.iter().rposition(|f| **f == *r.source.file) {
-            Some(i) => i as u32,
-            None => {
-                self.files.push(r.source.file.to_string());
-                (self.files.len() - 1) as u32
+        let model = self.models.index(&r.model);
+        let file_idx = match &self.last_file {
+            Some((f, i)) if Arc::ptr_eq(f, &r.source.file) => *i,
+            _ => {
+                let i = match self.files.iter().rposition(|f| **f == *r.source.file) {
+                    Some(i) => i as u32,
+                    None => {
+                        self.files.push(r.source.file.to_string());
+                        (self.files.len() - 1) as u32
+                    }
+                };
+                self.last_file = Some((r.source.file.clone(), i));
+                i
             }
         };
         if (file_idx as usize) + 1 < self.files.len() {
@@ -433,7 +462,7 @@ impl ImportSink {
         if k.call_id.is_none()
             && r.sample_idx.is_none()
             && r.scores.is_empty()
-            && let Some(sample) = self.count_sample(k.case_num, &r.model)
+            && let Some(sample) = self.count_sample(k.case_num, model)
         {
             // A counted call's fingerprint is never read (its id needs no check), and its id
             // is computed by the writer task ([`counted_call_ids`]), off this serial task.
@@ -509,14 +538,9 @@ impl ImportSink {
     /// The next sample index of (`case_id`, `model`) while counting ([`SampleCounts`]);
     /// `None` (and counting stops) past the bound, for a case id that is not a digest, or
     /// when counting stopped.
-    fn count_sample(&mut self, case_num: Option<u128>, model: &str) -> Option<i32> {
+    fn count_sample(&mut self, case_num: Option<u128>, model: u32) -> Option<i32> {
         let c = self.counts.as_mut()?;
-        let next = c.models.len() as u32;
-        let m = match c.models.get(model) {
-            Some(&m) => m,
-            None => *c.models.entry(model.to_string()).or_insert(next),
-        };
-        let key = case_num.map(|h| (h << 32) | u128::from(m));
+        let key = case_num.map(|h| (h << 32) | u128::from(model));
         let full = c.counts.len() >= c.cap;
         let sample = match key {
             Some(key) => match c.counts.get_mut(&key) {
