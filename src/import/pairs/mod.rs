@@ -366,7 +366,10 @@ fn record(
                             request(file, n, &parsed, test)?
                         }
                     };
-                    let rq = Arc::new(rq);
+                    let rq = Arc::new(Request {
+                        model: rq.model.map(|m| seen.cache.shared_model(m)),
+                        ..rq
+                    });
                     if let Cached::Miss = miss {
                         seen.cache.put(hash, rq.clone());
                     }

@@ -532,3 +532,26 @@ fn a_slices_lookups_are_all_counted() {
     assert_eq!(cache.lookups.load(Ordering::Relaxed), COUNT_BATCH + 5);
     assert_eq!(cache.hits.load(Ordering::Relaxed), 0);
 }
+
+/// Every request naming a model gets the same `Arc` of its name (so the sink can tell
+/// models by pointer), distinct models stay distinct, and past `SHARED_MODELS` names are
+/// returned as given.
+#[test]
+fn requests_share_one_arc_per_model() {
+    let cache = RequestCache::default();
+    let a1 = cache.shared_model(Arc::from("gpt-4o"));
+    let b = cache.shared_model(Arc::from("claude"));
+    let a2 = cache.shared_model(Arc::from("gpt-4o"));
+    assert!(Arc::ptr_eq(&a1, &a2));
+    assert!(!Arc::ptr_eq(&a1, &b));
+    assert_eq!((&*a2, &*b), ("gpt-4o", "claude"));
+    for k in 2..SHARED_MODELS {
+        cache.shared_model(Arc::from(format!("m{k}").as_str()));
+    }
+    let late = Arc::<str>::from("late");
+    let got = cache.shared_model(late.clone());
+    assert!(Arc::ptr_eq(&got, &late));
+    let again = cache.shared_model(Arc::from("late"));
+    assert!(!Arc::ptr_eq(&again, &late));
+    assert_eq!(&*again, "late");
+}

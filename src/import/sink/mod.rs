@@ -432,6 +432,28 @@ mod tests {
     use super::*;
     use datafusion::arrow::array::UInt64Array;
 
+    /// A model is numbered once whether it comes as a shared `Arc` or as a copy of its
+    /// text, past the pointers held too; the names come back sorted.
+    #[test]
+    fn models_are_numbered_by_name_not_by_pointer() {
+        let mut m = Models::default();
+        let names: Vec<Arc<str>> = (0..12)
+            .map(|k| Arc::from(format!("m{k:02}").as_str()))
+            .collect();
+        for (k, n) in names.iter().enumerate() {
+            assert_eq!(m.index(n), k as u32);
+        }
+        for (k, n) in names.iter().enumerate().rev() {
+            assert_eq!(m.index(n), k as u32);
+            assert_eq!(m.index(&Arc::from(n.to_string().as_str())), k as u32);
+        }
+        assert_eq!(m.index(&Arc::from("a")), 12);
+        let want: Vec<String> = std::iter::once("a".to_string())
+            .chain(names.iter().map(|n| n.to_string()))
+            .collect();
+        assert_eq!(m.names(), want);
+    }
+
     /// The fingerprint written field by field is the `Debug` text's digest, byte for byte:
     /// empty, full, negative and extreme numbers, text with quotes, escapes, control
     /// characters, unicode (printable, combining, bidi, non-printable), imported scores.

@@ -312,23 +312,42 @@ impl SampleCounts {
 /// The models an import names, each numbered in the order first seen: a record's model is
 /// found with one hash of its name (a sorted set compared the name some three times a record,
 /// and the sample counts hashed it once more).
+/// A reader that shares one `Arc` per model among its records (the JSONL pairs reader)
+/// lets the lookup end at a pointer compare, without reading the name.
 #[derive(Default)]
-pub(super) struct Models(std::collections::HashMap<Arc<str>, u32, FastHash>);
+pub(super) struct Models {
+    numbers: std::collections::HashMap<Arc<str>, u32, FastHash>,
+    /// The first [`MODELS_BY_POINTER`] `Arc`s looked up, and their numbers; held, so no
+    /// other text can take their address.
+    by_pointer: Vec<(Arc<str>, u32)>,
+}
+
+/// Model `Arc`s a [`Models`] knows by their pointer.
+const MODELS_BY_POINTER: usize = 8;
 
 impl Models {
     /// The number of `model`, numbering it if it is new.
     pub(super) fn index(&mut self, model: &Arc<str>) -> u32 {
-        if let Some(&i) = self.0.get(&**model) {
+        if let Some(&(_, i)) = self.by_pointer.iter().find(|(m, _)| Arc::ptr_eq(m, model)) {
             return i;
         }
-        let i = self.0.len() as u32;
-        self.0.insert(model.clone(), i);
+        let i = match self.numbers.get(&**model) {
+            Some(&i) => i,
+            None => {
+                let i = self.numbers.len() as u32;
+                self.numbers.insert(model.clone(), i);
+                i
+            }
+        };
+        if self.by_pointer.len() < MODELS_BY_POINTER {
+            self.by_pointer.push((model.clone(), i));
+        }
         i
     }
 
     /// The models' names, sorted.
     pub(super) fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.0.keys().map(|m| m.to_string()).collect();
+        let mut names: Vec<String> = self.numbers.keys().map(|m| m.to_string()).collect();
         names.sort();
         names
     }
