@@ -19,19 +19,26 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// background thread (the stage's threads never wait for it): scoring 10M calls peaks at
 /// 395 MB against 520 MB, in the same time.
 ///
-/// Transparent huge pages for the heap and jemalloc's own metadata (`thp:always`,
+/// On Linux, transparent huge pages for the heap and jemalloc's own metadata (`thp:always`,
 /// `metadata_thp:always`: jemalloc asks for them with `madvise`, where the kernel leaves the
-/// choice to the program): an import's tables that
-/// outgrow the caches (the sample counts of 10M records: a million (case, model) pairs, each
-/// looked up by a hash) miss the TLB on most lookups. Importing the 10M repeated corpus, seven
-/// pairs of runs with and without, alternating: 0.86 to 1.00 of the time (median 0.94; the
-/// gain is largest when the machine is slow), at 6% more peak RSS; scoring and SQL stages
-/// ran as fast at 10-15% more RSS (session 31, docs/foreign-data.md).
-#[cfg(not(target_env = "msvc"))]
+/// choice to the program; elsewhere jemalloc would refuse the options on stderr): an
+/// import's tables that outgrow the caches (the sample counts of 10M records: a million
+/// (case, model) pairs, each looked up by a hash) miss the TLB on most lookups. Importing the
+/// 10M repeated corpus, seven pairs of runs with and without, alternating: 0.86 to 1.00 of
+/// the time (median 0.94; the gain is largest when the machine is slow), at 6% more peak
+/// RSS; scoring and SQL stages ran as fast at 10-15% more RSS (session 31,
+/// docs/foreign-data.md).
+#[cfg(all(not(target_env = "msvc"), target_os = "linux"))]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: MallocConf = MallocConf(
     c"percpu_arena:percpu,background_thread:true,dirty_decay_ms:1000,thp:always,metadata_thp:always".as_ptr(),
 );
+
+/// [`MALLOC_CONF`] where the kernel has no transparent huge pages to ask for.
+#[cfg(all(not(target_env = "msvc"), not(target_os = "linux")))]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: MallocConf =
+    MallocConf(c"percpu_arena:percpu,background_thread:true,dirty_decay_ms:1000".as_ptr());
 
 /// A C string pointer jemalloc reads (`const char *malloc_conf`).
 #[cfg(not(target_env = "msvc"))]
