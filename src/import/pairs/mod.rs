@@ -109,12 +109,15 @@ fn parse_block(
 ) -> Vec<Vec<Result<Record, ImportError>>> {
     use rayon::prelude::*;
     // Each record's `source_file`, written out once per block.
-    let file_text: Arc<str> = file.display().to_string().into();
+    let block_file: String = file.display().to_string();
     // Slices in order, each remembering its last request: the samples and models of a
     // case usually sit together and send the same request text.
     split_lines(block)
         .par_chunks(SLICE_LINES)
         .map(|slice| {
+            // A copy per slice: one `Arc` shared by the whole block had its count written
+            // by every record on both cores (a cache line passed back and forth per record).
+            let file_text: Arc<str> = Arc::from(block_file.as_str());
             let mut seen = Seen::new(cache);
             slice
                 .iter()
