@@ -312,6 +312,7 @@ impl SampleCounts {
 /// The models an import names, each numbered in the order first seen: a record's model is
 /// found with one hash of its name (a sorted set compared the name some three times a record,
 /// and the sample counts hashed it once more).
+///
 /// A reader that shares one `Arc` per model among its records (the JSONL pairs reader)
 /// lets the lookup end at a pointer compare, without reading the name.
 #[derive(Default)]
