@@ -471,7 +471,7 @@ async fn import_into(
                     }
                     Err(e) => return Err(bad(e)),
                 };
-                if let (Some(m), Some(src)) = (&a.model, &r.source_model)
+                if let (Some(m), Some(src)) = (&a.model, &r.request.source_model)
                     && !named.contains_key(src)
                 {
                     let here = format!(

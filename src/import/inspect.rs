@@ -38,7 +38,8 @@ use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Value, json};
 
 use super::{
-    ImportError, ImportedScore, Options, Provenance, Record, RecordIter, as_text, bad, bad_file,
+    ImportError, ImportedScore, Options, Provenance, Record, RecordIter, Request, as_text, bad,
+    bad_file,
 };
 
 /// What the log header says about every sample.
@@ -428,15 +429,23 @@ fn sample_record(
         }
     }
     let meta = |f: &str| s.get("metadata").and_then(|m| m.get(f)).and_then(as_text);
-    Ok(Record {
+    let request = Request {
         source_model: Some(h.model.as_str().into()),
-        capability: meta("capability"),
-        provider: h.model.split_once('/').map(|(p, _)| p.to_string()),
         request_key: json!({"model": model, "system": system, "input": input, "config": cfg})
             .to_string(),
         model: model.into(),
         system: system.map(Into::into),
         input: input.into(),
+        max_tokens,
+        temperature,
+        // The sample id is the case: two samples with the same input are two cases.
+        case_key: Some(format!("sample:{id}").into()),
+        ..Request::default()
+    };
+    Ok(Record {
+        request: request.into(),
+        capability: meta("capability"),
+        provider: h.model.split_once('/').map(|(p, _)| p.to_string()),
         expected,
         test: meta("test").or_else(|| h.task.clone()),
         cluster: opts
@@ -444,8 +453,6 @@ fn sample_record(
             .as_ref()
             .and_then(|f| s.get("metadata").and_then(|m| m.get(f)).and_then(as_text)),
         sample_idx: Some((epoch - 1) as i32),
-        max_tokens,
-        temperature,
         response,
         finish_reason: choice
             .and_then(|c| c.get("stop_reason"))
@@ -468,8 +475,6 @@ fn sample_record(
             .get("started_at")
             .and_then(Value::as_str)
             .and_then(super::rfc3339_us),
-        // The sample id is the case: two samples with the same input are two cases.
-        case_key: Some(format!("sample:{id}").into()),
         source: Provenance {
             format: "inspect",
             file: file.display().to_string().into(),

@@ -29,7 +29,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::{
-    ImportError, ImportedScore, Options, Provenance, Record, RecordIter, as_text, bad, bad_file,
+    ImportError, ImportedScore, Options, Provenance, Record, RecordIter, Request, as_text, bad,
+    bad_file,
 };
 
 /// The task of `samples_<task>_<YYYY-MM-DDTHH-MM-SS.ffffff>.jsonl`.
@@ -86,6 +87,12 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
             ));
         }
     };
+    // The model as the tables name it and as the source named it, for every line's request.
+    let named = Request {
+        model: model.into(),
+        source_model,
+        ..Request::default()
+    };
     let file = path.to_path_buf();
     let task = task_of(path);
     let cluster = opts.cluster.clone();
@@ -102,11 +109,8 @@ pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
             match line {
                 Err(e) => return Some(Err(bad(&file, n, "(line)", e))),
                 Ok(l) if l.trim().is_empty() => continue,
-                Ok(l) => match records(&file, n, &l, &model, &provider, &task, &cluster) {
-                    Ok(rs) => pending.extend(rs.into_iter().map(|mut r| {
-                        r.source_model = source_model.clone();
-                        Ok(r)
-                    })),
+                Ok(l) => match records(&file, n, &l, &named, &provider, &task, &cluster) {
+                    Ok(rs) => pending.extend(rs.into_iter().map(Ok)),
                     Err(e) => return Some(Err(e.with_raw(&l))),
                 },
             }
@@ -119,7 +123,7 @@ fn records(
     file: &Path,
     n: usize,
     line: &str,
-    model: &str,
+    named: &Request,
     provider: &Option<String>,
     task: &Option<String>,
     cluster: &Option<String>,
@@ -212,25 +216,30 @@ fn records(
         .as_ref()
         .and_then(|f| doc.and_then(|d| d.get(f)).and_then(as_text));
     let expected = v.get("target").and_then(as_text);
+    let model = &named.model;
     let request_key = json!({"model": model, "context": context, "kwargs": kwargs}).to_string();
+    // The generations of a line are samples of one request.
+    let request = Arc::new(Request {
+        system,
+        input,
+        request_key,
+        max_tokens,
+        temperature,
+        // The doc is the case: two docs with the same prompt are two cases.
+        case_key: Some(format!("doc:{doc_id}").into()),
+        ..named.clone()
+    });
     Ok(gens
         .into_iter()
         .enumerate()
         .map(|(k, response)| Record {
-            model: model.into(),
+            request: request.clone(),
             provider: provider.clone(),
-            system: system.clone(),
-            input: input.clone(),
             expected: expected.clone(),
             test: task.clone(),
             cluster: cluster.clone(),
             sample_idx: Some(k as i32),
-            request_key: request_key.clone(),
-            max_tokens,
-            temperature,
             response,
-            // The doc is the case: two docs with the same prompt are two cases.
-            case_key: Some(format!("doc:{doc_id}").into()),
             source: Provenance {
                 format: "lm-eval",
                 file: file.display().to_string().into(),

@@ -196,36 +196,26 @@ pub struct Provenance {
     pub id: Option<String>,
 }
 
-/// One recorded call in the normalized shape every format maps to.
+/// What a recorded call asked: its model, prompt and parameters, and the keys computed
+/// from them.
 ///
-/// # Behavior
-/// `None` means the source did not record the value. The case of a record is its
-/// (test, `case_key`) when it has one (the source's case id, or the whole conversation
-/// and its parameters: [`request_case_key`]), else its (test, system, input); `cluster`
-/// becomes the case's `template_id` when present.
+/// A record holds it as one `Arc`, which every record of one request shares where the
+/// reader knows them to be the same (the OpenAI-pairs reader parses each distinct request
+/// once): a record then writes one reference count, not one per field. With a count per
+/// field, a log that repeats its requests on both cores passed a dozen cache lines between
+/// them per record (the model's and the test's counts were written by every record).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Record {
-    /// Shared (`Arc`) where a reader gives many records the same text: a request's
-    /// model, system, input and case key are one allocation, not one per record.
+pub struct Request {
     pub model: Arc<str>,
     /// The model the source itself named (before `--model`), to refuse a `--model` that
     /// would merge distinct models into one.
     pub source_model: Option<Arc<str>>,
-    pub provider: Option<String>,
     pub system: Option<Arc<str>>,
     pub input: Arc<str>,
-    pub expected: Option<String>,
-    /// The test the tool ran (Inspect task, lm-eval task, promptfoo description).
-    pub test: Option<String>,
-    pub capability: Option<String>,
-    /// The cluster (template) of the case, from the field named by `--cluster`.
-    pub cluster: Option<String>,
     /// What identifies the case when the source has its own case id (an Inspect sample
     /// id, an lm-eval doc id) or recorded no prompt (a batch output line with no input
     /// line): used in place of (system, input).
     pub case_key: Option<Arc<str>>,
-    /// The repeat index (Inspect epoch - 1, promptfoo repeat index).
-    pub sample_idx: Option<i32>,
     /// Text identifying the request (its parameters); hashed into `request_hash`.
     pub request_key: String,
     /// `request_key`'s hash when the reader computed it (once per distinct request, not
@@ -236,6 +226,28 @@ pub struct Record {
     pub case_id: Option<(Arc<str>, Arc<str>)>,
     pub max_tokens: Option<u32>,
     pub temperature: Option<f64>,
+}
+
+/// One recorded call in the normalized shape every format maps to.
+///
+/// # Behavior
+/// `None` means the source did not record the value. The case of a record is its
+/// (test, `case_key`) when it has one (the source's case id, or the whole conversation
+/// and its parameters: [`request_case_key`]), else its (test, system, input); `cluster`
+/// becomes the case's `template_id` when present.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Record {
+    /// What the call asked, shared by the records of one request ([`Request`]).
+    pub request: Arc<Request>,
+    pub provider: Option<String>,
+    pub expected: Option<String>,
+    /// The test the tool ran (Inspect task, lm-eval task, promptfoo description).
+    pub test: Option<String>,
+    pub capability: Option<String>,
+    /// The cluster (template) of the case, from the field named by `--cluster`.
+    pub cluster: Option<String>,
+    /// The repeat index (Inspect epoch - 1, promptfoo repeat index).
+    pub sample_idx: Option<i32>,
     pub response: Option<String>,
     pub finish_reason: Option<String>,
     pub prompt_tokens: Option<i64>,

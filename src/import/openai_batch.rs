@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{ImportError, Options, Provenance, Record, RecordIter, bad, bad_file};
+use super::{ImportError, Options, Provenance, Record, RecordIter, Request, bad, bad_file};
 
 /// Requests of a batch input, by `custom_id`: the whole input line (its `body` is the
 /// request).
@@ -140,6 +140,7 @@ fn record(
         cluster: opts.cluster.as_deref().and_then(|f| field_of(&v, input, f)),
         ..Record::default()
     };
+    let mut q = Request::default();
     match req {
         Some(req) => {
             let msgs = req
@@ -154,8 +155,8 @@ fn record(
                     )
                 })?;
             let (system, input) = super::chat_prompt(msgs);
-            r.system = system.map(Into::into);
-            r.input = input.map(Into::into).ok_or_else(|| {
+            q.system = system.map(Into::into);
+            q.input = input.map(Into::into).ok_or_else(|| {
                 bad(
                     file,
                     n,
@@ -163,21 +164,21 @@ fn record(
                     format!("the input of `{id}` has no user message"),
                 )
             })?;
-            r.request_key = req.to_string();
-            r.case_key = super::request_case_key(req).map(Into::into);
-            r.max_tokens = req
+            q.request_key = req.to_string();
+            q.case_key = super::request_case_key(req).map(Into::into);
+            q.max_tokens = req
                 .get("max_tokens")
                 .or_else(|| req.get("max_completion_tokens"))
                 .and_then(Value::as_u64)
                 .and_then(|m| u32::try_from(m).ok());
-            r.temperature = req.get("temperature").and_then(Value::as_f64);
+            q.temperature = req.get("temperature").and_then(Value::as_f64);
         }
         None => {
-            r.case_key = Some(id.into());
-            r.request_key = id.to_string();
+            q.case_key = Some(id.into());
+            q.request_key = id.to_string();
         }
     }
-    r.source_model = req
+    q.source_model = req
         .and_then(|q| q.get("model"))
         .and_then(Value::as_str)
         .map(Arc::from)
@@ -186,10 +187,10 @@ fn record(
                 .and_then(Value::as_str)
                 .map(Arc::from)
         });
-    r.model = model
+    q.model = model
         .as_deref()
         .map(Arc::from)
-        .or_else(|| r.source_model.clone())
+        .or_else(|| q.source_model.clone())
         .ok_or_else(|| {
             bad(
                 file,
@@ -198,6 +199,7 @@ fn record(
                 "missing (pass --batch-input or --model)",
             )
         })?;
+    r.request = q.into();
     if let Some(resp) = resp {
         let status = resp
             .get("status_code")

@@ -23,7 +23,7 @@ use datafusion::parquet::arrow::arrow_reader::{
 };
 use serde_json::json;
 
-use super::{ImportError, Options, Provenance, Record, RecordIter, bad, bad_file};
+use super::{ImportError, Options, Provenance, Record, RecordIter, Request, bad, bad_file};
 
 /// Opens a Parquet file; its rows are decoded one batch at a time.
 ///
@@ -225,9 +225,19 @@ fn batch_records(
             }
             k => k.map(|k| k as i32),
         };
-        Ok(Record {
+        let request = Request {
             source_model: source_model.map(Into::into),
             case_key: case_key.map(Into::into),
+            request_key: json!({"model": model, "system": gs(&sys, r), "input": inp}).to_string(),
+            model: model.into(),
+            system: gs(&sys, r).map(Into::into),
+            input: inp.into(),
+            max_tokens: gi(&mt, r).map(|m| m as u32),
+            temperature: gf(&temp, r),
+            ..Request::default()
+        };
+        Ok(Record {
+            request: request.into(),
             test: gs(&test_c, r),
             capability: gs(&cap_c, r),
             cluster: gs(&cluster_c, r),
@@ -236,14 +246,8 @@ fn batch_records(
                 file: file.display().to_string().into(),
                 id: Some(line.to_string()),
             },
-            request_key: json!({"model": model, "system": gs(&sys, r), "input": inp}).to_string(),
-            model: model.into(),
-            system: gs(&sys, r).map(Into::into),
-            input: inp.into(),
             expected: gs(&exp, r),
             sample_idx,
-            max_tokens: gi(&mt, r).map(|m| m as u32),
-            temperature: gf(&temp, r),
             response,
             finish_reason: gs(&fin, r),
             prompt_tokens: gi(&pt, r),

@@ -36,7 +36,8 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::{
-    ImportError, ImportedScore, Options, Provenance, Record, RecordIter, as_text, bad, bad_file,
+    ImportError, ImportedScore, Options, Provenance, Record, RecordIter, Request, as_text, bad,
+    bad_file,
 };
 
 /// Opens a results file (parsed whole; see the module doc).
@@ -174,15 +175,24 @@ fn record(
                 .unwrap_or_default()
         ))
     });
-    Ok(Record {
+    let request = Request {
         request_key: json!({"provider": pid, "prompt": raw, "config": cfg}).to_string(),
         model: model.into(),
         source_model: source_model.map(Into::into),
         case_key: case_key.map(Into::into),
-        capability: meta("capability"),
-        provider: Some(provider),
         system: system.map(Into::into),
         input: input.into(),
+        max_tokens: cfg
+            .get("max_tokens")
+            .and_then(Value::as_u64)
+            .and_then(|m| u32::try_from(m).ok()),
+        temperature: cfg.get("temperature").and_then(Value::as_f64),
+        ..Request::default()
+    };
+    Ok(Record {
+        request: request.into(),
+        capability: meta("capability"),
+        provider: Some(provider),
         expected,
         test: meta("test").or_else(|| test.clone()),
         cluster: opts
@@ -193,11 +203,6 @@ fn record(
             .get("repeatIndex")
             .and_then(Value::as_i64)
             .and_then(|i| i32::try_from(i).ok()),
-        max_tokens: cfg
-            .get("max_tokens")
-            .and_then(Value::as_u64)
-            .and_then(|m| u32::try_from(m).ok()),
-        temperature: cfg.get("temperature").and_then(Value::as_f64),
         response,
         finish_reason: resp
             .and_then(|x| x.get("finishReason"))

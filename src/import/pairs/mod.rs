@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::{ImportError, Options, Provenance, Record, RecordIter, bad, bad_file};
+use super::{ImportError, Options, Provenance, Record, RecordIter, Request, bad, bad_file};
 use crate::stages::call::openai;
 
 use blocks::*;
@@ -149,7 +149,7 @@ fn utf8(line: &[u8]) -> Result<&str, std::str::Utf8Error> {
 
 /// What a line's `request` gives its record.
 #[derive(Clone, Debug, PartialEq)]
-struct Request {
+struct ParsedRequest {
     system: Option<Arc<str>>,
     input: Arc<str>,
     model: Option<Arc<str>>,
@@ -167,7 +167,7 @@ struct Request {
 }
 
 /// Reads a line's `request` object; its case id is computed for `test`.
-fn request(file: &Path, n: usize, req: &Value, test: &str) -> Result<Request, ImportError> {
+fn request(file: &Path, n: usize, req: &Value, test: &str) -> Result<ParsedRequest, ImportError> {
     check_request_fields(file, n, req)?;
     let msgs = req
         .get("messages")
@@ -195,7 +195,7 @@ fn request(file: &Path, n: usize, req: &Value, test: &str) -> Result<Request, Im
     })?;
     let (key, case_key) = super::request_keys(req);
     let case_id = super::case_id(test, case_key.as_deref(), system.as_deref(), &input).into();
-    Ok(Request {
+    Ok(ParsedRequest {
         system: system.map(Into::into),
         input: input.into(),
         model: req.get("model").and_then(Value::as_str).map(Arc::from),
@@ -208,6 +208,29 @@ fn request(file: &Path, n: usize, req: &Value, test: &str) -> Result<Request, Im
         case_key: case_key.map(Into::into),
         case_id,
     })
+}
+
+/// The record's [`Request`] of a parsed request, as the one `Arc` its file's records share:
+/// its model is `--model`, else the request's own as [`RequestCache::shared_model`] gives
+/// it; `None` when neither names one.
+fn shared(
+    rq: ParsedRequest,
+    model: &Option<Arc<str>>,
+    cache: &RequestCache,
+) -> Option<Arc<Request>> {
+    let source_model = rq.model.map(|m| cache.shared_model(m));
+    Some(Arc::new(Request {
+        model: model.clone().or(source_model.clone())?,
+        source_model,
+        system: rq.system,
+        input: rq.input,
+        case_key: rq.case_key,
+        request_key: String::new(),
+        request_hash: Some(rq.hash),
+        case_id: Some((cache.test.clone(), rq.case_id)),
+        max_tokens: rq.max_tokens,
+        temperature: rq.temperature,
+    }))
 }
 
 /// A line's fields, as raw text borrowed from the line but for the response, which is
@@ -354,14 +377,14 @@ fn record(
         .filter(|r| r.get().starts_with('{'))
         .ok_or_else(|| bad(file, n, "request", "missing or not an object"))?;
     let hash = text_hash(req.get());
-    let rq = match seen.last.as_ref() {
-        Some((h, rq)) if *h == hash => Request::clone(rq),
+    let request = match seen.last.as_ref() {
+        Some((h, rq)) if *h == hash => rq.clone(),
         _ => {
             let rq = match seen.lookup(hash) {
                 Cached::Hit(rq) => rq,
                 miss => {
                     let test = &seen.cache.test;
-                    let rq = match typed_request::request(req.get(), test) {
+                    let parsed = match typed_request::request(req.get(), test) {
                         Some(rq) => rq,
                         None => {
                             let parsed: Value =
@@ -369,27 +392,23 @@ fn record(
                             request(file, n, &parsed, test)?
                         }
                     };
-                    let rq = Arc::new(Request {
-                        model: rq.model.map(|m| seen.cache.shared_model(m)),
-                        ..rq
-                    });
+                    // A request that names no model (and no `--model`) is an error of
+                    // every line that sends it, reported after the line's other fields.
+                    let Some(rq) = shared(parsed, model, seen.cache) else {
+                        check_optional_fields(file, n, &v)?;
+                        return Err(bad(file, n, "request.model", "missing (or pass --model)"));
+                    };
                     if let Cached::Miss = miss {
                         seen.cache.put(hash, rq.clone());
                     }
                     rq
                 }
             };
-            let out = Request::clone(&rq);
-            seen.last = Some((hash, rq));
-            out
+            seen.last = Some((hash, rq.clone()));
+            rq
         }
     };
     check_optional_fields(file, n, &v)?;
-    let source_model = rq.model;
-    let model = model
-        .clone()
-        .or(source_model.clone())
-        .ok_or_else(|| bad(file, n, "request.model", "missing (or pass --model)"))?;
     let status = v
         .http_status
         .as_ref()
@@ -409,23 +428,15 @@ fn record(
         None => None,
     };
     let mut r = Record {
-        model,
-        source_model,
+        request,
         test,
         capability,
         cluster,
-        case_key: rq.case_key,
-        system: rq.system,
-        input: rq.input,
         expected: v
             .expected
             .as_ref()
             .and_then(Value::as_str)
             .map(String::from),
-        request_hash: Some(rq.hash),
-        case_id: Some((seen.cache.test.clone(), rq.case_id)),
-        max_tokens: rq.max_tokens,
-        temperature: rq.temperature,
         http_status: status,
         source: Provenance {
             format: "pairs",

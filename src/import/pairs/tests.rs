@@ -28,13 +28,13 @@ fn request_keys_do_not_depend_on_spacing_or_reuse() {
     assert_eq!(records.len(), 4);
     for (i, r) in records.iter().enumerate() {
         assert_eq!(
-            r.request_hash.as_deref(),
+            r.request.request_hash.as_deref(),
             Some(want.as_str()),
             "line {}",
             i + 1
         );
-        assert_eq!((&*r.input, &*r.model), ("hi", "m"));
-        assert_eq!(r.temperature, Some(0.5));
+        assert_eq!((&*r.request.input, &*r.request.model), ("hi", "m"));
+        assert_eq!(r.request.temperature, Some(0.5));
         assert_eq!(r.sample_idx, Some(i as i32));
     }
     assert_eq!(records[0].response.as_deref(), Some("ok"));
@@ -91,11 +91,11 @@ fn cached_requests_give_the_records_of_a_fresh_read() {
         };
         assert_eq!(r, &want, "line {}", k + 1);
     }
-    assert_ne!(got[0].case_key, got[1].case_key);
+    assert_ne!(got[0].request.case_key, got[1].request.case_key);
     let cache = RequestCache::default();
     let parsed = |i: usize| {
         let v: Value = serde_json::from_str(reqs[i % reqs.len()]).unwrap();
-        Arc::new(request(&p, 1, &v, "imported").unwrap())
+        shared(request(&p, 1, &v, "imported").unwrap(), &None, &cache).unwrap()
     };
     let hit = |cache: &RequestCache, text: &str| match cache.get(text_hash(text)) {
         Cached::Hit(rq) => Some(rq),
@@ -107,7 +107,7 @@ fn cached_requests_give_the_records_of_a_fresh_read() {
             cache.put(text_hash(&text), parsed(k));
         }
         let back = hit(&cache, &text).unwrap();
-        assert_eq!(back.hash, parsed(k).hash);
+        assert_eq!(back.request_hash, parsed(k).request_hash);
     }
     let held = (0..CACHED_REQUESTS * 2)
         .filter(|k| hit(&cache, &format!("{k}")).is_some())
@@ -146,8 +146,8 @@ fn case_ids_are_computed_for_the_files_test() {
         };
         let records: Vec<Record> = open(&p, &opts).unwrap().collect::<Result<_, _>>().unwrap();
         assert_eq!(records.len(), 2);
-        assert!(records[0].case_key.is_none() && records[1].case_key.is_some());
-        for r in &records {
+        assert!(records[0].request.case_key.is_none() && records[1].request.case_key.is_some());
+        for r in records.iter().map(|r| &*r.request) {
             let t = test.unwrap_or("imported");
             let want =
                 super::super::case_id(t, r.case_key.as_deref(), r.system.as_deref(), &r.input);
@@ -165,8 +165,13 @@ fn a_cache_that_rarely_hits_goes_cold_and_warms_up_again() {
     let v: Value =
         serde_json::from_str(r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#)
             .unwrap();
-    let rq = Arc::new(request(Path::new("c.jsonl"), 1, &v, "imported").unwrap());
     let cache = RequestCache::default();
+    let rq = shared(
+        request(Path::new("c.jsonl"), 1, &v, "imported").unwrap(),
+        &None,
+        &cache,
+    )
+    .unwrap();
     // A lookup counted toward the hit rate at once (a parse slice counts them in batches).
     let look = |h: u128| {
         let found = cache.get(h);
@@ -309,7 +314,7 @@ fn lines_across_blocks_keep_their_numbers() {
             Some(line_no.to_string().as_str()),
             "record {i}"
         );
-        assert!(r.input.starts_with(&format!("q{i} ")), "record {i}");
+        assert!(r.request.input.starts_with(&format!("q{i} ")), "record {i}");
         assert_eq!(r.response.as_deref(), Some(format!("a{i}").as_str()));
     }
     // A line that is not JSON, deep in the file: its number, found across the blocks.
@@ -364,7 +369,7 @@ fn a_pipe_is_read_as_a_file_is_mapped() {
             .unwrap()
             .map(|r| {
                 let r = r.unwrap();
-                (r.source.id, r.input.to_string())
+                (r.source.id, r.request.input.to_string())
             })
             .collect()
     };
@@ -458,7 +463,7 @@ fn scalars_read_from_their_text_equal_a_parse() {
     }
 }
 
-/// A request read as types gives the [`Request`] its `Value` gives, field by field (the
+/// A request read as types gives the [`ParsedRequest`] its `Value` gives, field by field (the
 /// hash of its key, its case key and case id included), for every shape it reads; the
 /// shapes it declines are left to the `Value` path.
 #[test]

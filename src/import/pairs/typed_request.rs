@@ -4,7 +4,7 @@
 //!
 //! Anything else (another parameter, a message with parts or a name, a `null`, a key named
 //! twice, a value out of range) declines, and the caller reads the request as a `Value`,
-//! which gives the same [`Request`] for the shapes read here (a test checks it) and the
+//! which gives the same [`ParsedRequest`] for the shapes read here (a test checks it) and the
 //! precise error for the rest.
 
 use std::borrow::Cow;
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Number;
 
-use super::Request;
+use super::ParsedRequest;
 use crate::stages::call::openai::MapOnly;
 
 /// The request's fields; each present one must be of its type (`null` included: it is
@@ -48,9 +48,9 @@ fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     T::deserialize(d).map(Some)
 }
 
-/// The [`Request`] of `text` read as types, its case id computed for `test`; `None` for a
+/// The [`ParsedRequest`] of `text` read as types, its case id computed for `test`; `None` for a
 /// request of another shape (see the module documentation).
-pub(super) fn request(text: &str, test: &str) -> Option<Request> {
+pub(super) fn request(text: &str, test: &str) -> Option<ParsedRequest> {
     let MapOnly(p) = serde_json::from_str::<MapOnly<Plain>>(text).ok()?;
     let max_tokens = match &p.max_tokens {
         None => None,
@@ -69,7 +69,7 @@ pub(super) fn request(text: &str, test: &str) -> Option<Request> {
     let input = input?;
     let (key, case_key) = keys(&p, &msgs);
     let case_id = crate::import::case_id(test, case_key.as_deref(), system, input);
-    Some(Request {
+    Some(ParsedRequest {
         system: system.map(Arc::from),
         input: Arc::from(input),
         model: p.model.as_deref().map(Arc::from),

@@ -55,20 +55,25 @@ impl Keys {
 /// [`keys`] of `r`, reusing those of the record before it (`p`, whose keys are `pk`) where
 /// the inputs are the same.
 pub(super) fn keys_after(test: &Option<String>, r: &Record, p: &Record, pk: &Keys) -> Keys {
+    let (rq, pq) = (&*r.request, &*p.request);
+    // The same request (one `Arc`, as a reader shares it) is the same case: no text read.
+    let same_request = Arc::ptr_eq(&r.request, &p.request);
     let same_case = r.test == p.test
-        && match (&r.case_id, &p.case_id) {
-            (Some(a), Some(b)) => a == b,
-            _ => r.case_key == p.case_key && r.system == p.system && r.input == p.input,
-        };
+        && (same_request
+            || match (&rq.case_id, &pq.case_id) {
+                (Some(a), Some(b)) => a == b,
+                _ => rq.case_key == pq.case_key && rq.system == pq.system && rq.input == pq.input,
+            });
     if !same_case {
         return keys(test, r);
     }
-    let request_hash = match &r.request_hash {
+    let request_hash = match &rq.request_hash {
+        _ if same_request => pk.request_hash.clone(),
         Some(h) => h.clone(),
-        None if p.request_hash.is_none() && r.request_key == p.request_key => {
+        None if pq.request_hash.is_none() && rq.request_key == pq.request_key => {
             pk.request_hash.clone()
         }
-        None => call::sha_prefix(&[&r.request_key], 32).into(),
+        None => call::sha_prefix(&[&rq.request_key], 32).into(),
     };
     let response_hash = call::response_hash(r.response.as_deref());
     Keys {
@@ -102,7 +107,12 @@ pub(super) fn fingerprint(
     }
     BUF.with_borrow_mut(|buf| {
         buf.clear();
-        for p in [case_id, &r.model, request_hash, response_hash.unwrap_or("")] {
+        for p in [
+            case_id,
+            &r.request.model,
+            request_hash,
+            response_hash.unwrap_or(""),
+        ] {
             buf.extend_from_slice(p.as_bytes());
             buf.push(0);
         }
@@ -260,7 +270,7 @@ pub(super) fn fingerprint_reference(
     let mut bytes = Vec::new();
     for p in [
         case_id,
-        &r.model,
+        &r.request.model,
         request_hash,
         response_hash.unwrap_or(""),
         &facts,
@@ -279,14 +289,20 @@ pub(super) fn keys(test: &Option<String>, r: &Record) -> Keys {
         .or(r.test.as_deref())
         .unwrap_or("imported")
         .into();
-    let case_id: Arc<str> = match &r.case_id {
+    let rq = &*r.request;
+    let case_id: Arc<str> = match &rq.case_id {
         Some((t, id)) if *t == test => id.clone(),
-        _ => crate::import::case_id(&test, r.case_key.as_deref(), r.system.as_deref(), &r.input)
-            .into(),
+        _ => crate::import::case_id(
+            &test,
+            rq.case_key.as_deref(),
+            rq.system.as_deref(),
+            &rq.input,
+        )
+        .into(),
     };
-    let request_hash: Arc<str> = match &r.request_hash {
+    let request_hash: Arc<str> = match &rq.request_hash {
         Some(h) => h.clone(),
-        None => call::sha_prefix(&[&r.request_key], 32).into(),
+        None => call::sha_prefix(&[&rq.request_key], 32).into(),
     };
     let response_hash = call::response_hash(r.response.as_deref());
     Keys {
@@ -314,7 +330,9 @@ pub(super) fn case_num(case_id: &str) -> Option<u128> {
 /// no imported scores to join), else `None`.
 pub(super) fn direct_call_id(r: &Record, case_id: &str, request_hash: &str) -> Option<String> {
     match r.sample_idx {
-        Some(s) if r.scores.is_empty() => Some(call::call_id(case_id, &r.model, s, request_hash)),
+        Some(s) if r.scores.is_empty() => {
+            Some(call::call_id(case_id, &r.request.model, s, request_hash))
+        }
         _ => None,
     }
 }

@@ -430,6 +430,7 @@ impl ImportSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::import::Request;
     use datafusion::arrow::array::UInt64Array;
 
     /// A model is numbered once whether it comes as a shared `Arc` or as a copy of its
@@ -481,7 +482,10 @@ mod tests {
             let num =
                 |k: i64| ((i as i64 + k) % 4 != 0).then_some((k - 2) * 10i64.pow(i as u32 % 19));
             records.push(Record {
-                model: format!("model-{t}").into(),
+                request: Arc::new(Request {
+                    model: format!("model-{t}").into(),
+                    ..Request::default()
+                }),
                 sample_idx: (i % 2 == 0).then_some(i as i32 * 1000),
                 finish_reason: some(0),
                 prompt_tokens: num(1),
@@ -536,9 +540,12 @@ mod tests {
     #[test]
     fn a_precomputed_case_id_is_used_only_for_its_test() {
         let r = Record {
-            input: "hi".into(),
-            model: "m".into(),
-            case_id: Some(("t".into(), "precomputed".into())),
+            request: Arc::new(Request {
+                input: "hi".into(),
+                model: "m".into(),
+                case_id: Some(("t".into(), "precomputed".into())),
+                ..Request::default()
+            }),
             ..Record::default()
         };
         assert_eq!(&*keys(&Some("t".into()), &r).case_id, "precomputed");

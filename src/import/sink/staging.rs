@@ -158,7 +158,7 @@ impl Builders {
     ) {
         self.seq.append_value(seq);
         self.case_id.append_value(&k.case_id);
-        self.model.append_value(&r.model);
+        self.model.append_value(&r.request.model);
         self.provider.append_option(r.provider.as_deref());
         self.sample_idx.append_option(sample);
         self.request_hash.append_value(&k.request_hash);
@@ -173,9 +173,12 @@ impl Builders {
         self.error.append_option(r.error.as_deref());
         self.attempts.append_option(r.attempts);
         self.latency_ms.append_option(r.latency_ms);
-        self.max_tokens
-            .append_option(r.max_tokens.map(|m| i32::try_from(m).unwrap_or(i32::MAX)));
-        self.temperature.append_option(r.temperature);
+        self.max_tokens.append_option(
+            r.request
+                .max_tokens
+                .map(|m| i32::try_from(m).unwrap_or(i32::MAX)),
+        );
+        self.temperature.append_option(r.request.temperature);
         self.started_at.append_option(r.started_at_us);
         self.source_format.append_value(r.source.format);
         self.source_file.append_value(&r.source.file);
@@ -422,7 +425,7 @@ impl ImportSink {
     pub(super) async fn stage(&mut self, r: &Record, k: &Keys) -> Result<(), ImportError> {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let model = self.models.index(&r.model);
+        let model = self.models.index(&r.request.model);
         let file_idx = match &self.last_file {
             Some((f, i)) if Arc::ptr_eq(f, &r.source.file) => *i,
             _ => {
@@ -463,7 +466,7 @@ impl ImportSink {
             c.capability
                 .append_value(r.capability.as_deref().unwrap_or(&self.defaults.capability));
             c.cluster.append_option(r.cluster.as_deref());
-            c.input.append_value(&r.input);
+            c.input.append_value(&r.request.input);
             c.expected.append_option(r.expected.as_deref());
             c.source_file.append_value(&r.source.file);
             c.source_id.append_option(r.source.id.as_deref());
