@@ -384,7 +384,8 @@ fn record(
                 Cached::Hit(rq) => rq,
                 miss => {
                     let test = &seen.cache.test;
-                    let parsed = match typed_request::request(req.get(), test) {
+                    let last = seen.last.as_ref().map(|(_, l)| &**l);
+                    let parsed = match typed_request::request(req.get(), test, last) {
                         Some(rq) => rq,
                         None => {
                             let parsed: Value =

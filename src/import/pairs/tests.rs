@@ -488,6 +488,8 @@ fn typed_requests_equal_the_value_path() {
         r#"{"model": "m", "messages": [{"role": "user", "content": "say \"hi\"\n\ttab \\ \u00e9 \ud83d\ude00 中文 \u0001"}]}"#,
         r#"{"model": "m\u00e9", "messages": [{"role": "user", "content": "</script>"}]}"#,
         r#"{"model":"m","messages":[{"role":"user","content":"compact"}],"max_tokens":7}"#,
+        r#"{"model": "n", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]}"#,
+        r#"{"model": "n", "messages": [{"role": "user", "content": "q"}], "max_tokens": 512, "temperature": 1.0}"#,
     ];
     let declined = [
         r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "parts"}]}]}"#,
@@ -504,18 +506,42 @@ fn typed_requests_equal_the_value_path() {
         r#"{"model": "m", "messages": [["user", "q"]]}"#,
         r#"{"model": 5, "messages": [{"role": "user", "content": "q"}]}"#,
     ];
+    let mut shared_case = 0;
     for test in ["imported", "t"] {
+        let cache = RequestCache::new(test);
         for text in read {
             let v: Value = serde_json::from_str(text).unwrap();
             let want = request(Path::new("c.jsonl"), 1, &v, test).unwrap();
-            let got =
-                typed_request::request(text, test).unwrap_or_else(|| panic!("declined {text}"));
+            let got = typed_request::request(text, test, None)
+                .unwrap_or_else(|| panic!("declined {text}"));
             assert_eq!(got, want, "{text}");
+            // After any other line's request: the same, its texts shared when the case is.
+            for before in read {
+                let last = shared(
+                    typed_request::request(before, test, None).unwrap(),
+                    &Some("m".into()),
+                    &cache,
+                )
+                .unwrap();
+                let got = typed_request::request(text, test, Some(&last)).unwrap();
+                assert_eq!(got, want, "{text} after {before}");
+                let same = (&last.system, &last.input, &last.case_key)
+                    == (&want.system, &want.input, &want.case_key);
+                assert_eq!(
+                    Arc::ptr_eq(&got.input, &last.input),
+                    same,
+                    "{text} after {before}"
+                );
+                shared_case += usize::from(same && text != before);
+            }
         }
         for text in declined {
-            assert!(typed_request::request(text, test).is_none(), "{text}");
+            assert!(typed_request::request(text, test, None).is_none(), "{text}");
         }
     }
+    // Three cases are sent twice (the first two lines, spaced otherwise; and two requests to
+    // "m" then "n"), each pair in both orders, for each test.
+    assert_eq!(shared_case, 2 * 3 * 2, "pairs sharing a case");
 }
 
 /// A parse slice counts its lookups toward the cache's hit rate in batches, and what it

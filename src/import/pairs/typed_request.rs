@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::Number;
 
 use super::ParsedRequest;
+use crate::import::Request;
 use crate::stages::call::openai::MapOnly;
 
 /// The request's fields; each present one must be of its type (`null` included: it is
@@ -50,7 +51,11 @@ fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
 
 /// The [`ParsedRequest`] of `text` read as types, its case id computed for `test`; `None` for a
 /// request of another shape (see the module documentation).
-pub(super) fn request(text: &str, test: &str) -> Option<ParsedRequest> {
+///
+/// `last` is the request of the line before: a log sends a case to each model in turn, in
+/// requests that differ only by their model, so when the case (system, input and case key)
+/// is `last`'s, its texts and case id are taken from there, not copied and hashed again.
+pub(super) fn request(text: &str, test: &str, last: Option<&Request>) -> Option<ParsedRequest> {
     let MapOnly(p) = serde_json::from_str::<MapOnly<Plain>>(text).ok()?;
     let max_tokens = match &p.max_tokens {
         None => None,
@@ -68,16 +73,43 @@ pub(super) fn request(text: &str, test: &str) -> Option<ParsedRequest> {
     }
     let input = input?;
     let (key, case_key) = keys(&p, &msgs);
-    let case_id = crate::import::case_id(test, case_key.as_deref(), system, input);
+    let same_case = last.and_then(|l| match &l.case_id {
+        Some((t, id))
+            if **t == *test
+                && *l.input == *input
+                && l.system.as_deref() == system
+                && l.case_key.as_deref() == case_key.as_deref() =>
+        {
+            Some((l, id))
+        }
+        _ => None,
+    });
+    let (system, input, case_key, case_id) = match same_case {
+        Some((l, id)) => (
+            l.system.clone(),
+            l.input.clone(),
+            l.case_key.clone(),
+            id.clone(),
+        ),
+        None => {
+            let case_id = crate::import::case_id(test, case_key.as_deref(), system, input);
+            (
+                system.map(Arc::from),
+                Arc::from(input),
+                case_key.map(Arc::from),
+                case_id.into(),
+            )
+        }
+    };
     Some(ParsedRequest {
-        system: system.map(Arc::from),
-        input: Arc::from(input),
+        system,
+        input,
         model: p.model.as_deref().map(Arc::from),
         hash: crate::stages::call::sha_prefix(&[&key], 32).into(),
         max_tokens,
         temperature: p.temperature.as_ref().and_then(Number::as_f64),
-        case_key: case_key.map(Arc::from),
-        case_id: case_id.into(),
+        case_key,
+        case_id,
     })
 }
 
