@@ -226,6 +226,9 @@ pub struct PartWriter {
     max_inflight: usize,
     /// Rows per part when not [`part_rows`].
     rows_per_part: Option<usize>,
+    /// A [`PartWriter::streaming`] writer's open part, encoded as its batches come.
+    encoder: Option<PipelinedEncoder>,
+    streaming: bool,
 }
 
 impl Drop for PartWriter {
@@ -255,7 +258,19 @@ impl PartWriter {
             inflight: Default::default(),
             max_inflight: 0,
             rows_per_part: None,
+            encoder: None,
+            streaming: false,
         }
+    }
+
+    /// Encodes each batch on rayon's pool as it comes ([`PipelinedEncoder`]) instead of
+    /// buffering a part's batches and encoding them when it is cut: the open part costs its
+    /// encoded pages in memory, not its Arrow batches (a third as much for `calls`). For a
+    /// writer of much data, whose fresh pages are a fifth of an import's CPU (the kernel
+    /// zeroing what the heap grows to). Parts are cut at the same rows.
+    pub fn streaming(mut self) -> Self {
+        self.streaming = true;
+        self
     }
 
     /// Writes scratch parts: plain encoding, no compression.
@@ -291,7 +306,17 @@ impl PartWriter {
             return Ok(());
         }
         self.pending_rows += batch.num_rows();
-        self.pending.push(batch);
+        if self.streaming {
+            let encoder = match self.encoder.take() {
+                Some(e) => e,
+                None => PipelinedEncoder::new(&self.schema).map_err(|e| self.parquet_err(e))?,
+            };
+            let encoder = self.encoder.insert(encoder);
+            let written = encoder.write(vec![batch]).await;
+            written.map_err(|e| self.parquet_err(e))?;
+        } else {
+            self.pending.push(batch);
+        }
         if self.pending_rows >= self.rows_per_part.unwrap_or_else(part_rows) {
             self.flush().await?;
         }
@@ -303,7 +328,21 @@ impl PartWriter {
         if self.pending_rows == 0 {
             return Ok(());
         }
-        let name = format!("{}/{}-{:05}.parquet", self.dir, self.prefix, self.next_seq);
+        let name = self.part_name();
+        if let Some(encoder) = self.encoder.take() {
+            let (rows, bytes) = encoder
+                .finish()
+                .await
+                .map_err(|source| StorageError::Parquet {
+                    location: name.clone(),
+                    source,
+                })?;
+            self.next_seq += 1;
+            self.written_rows += rows;
+            self.pending_rows = 0;
+            self.parts.push(name.clone());
+            return self.store.put(&name, bytes).await;
+        }
         let props = if self.scratch {
             // Small row groups: a reader holds a whole (uncompressed) row group of every
             // column it reads, and an import reads its staging on every core at once.
@@ -348,6 +387,19 @@ impl PartWriter {
             self.land_oldest().await?;
         }
         Ok(())
+    }
+
+    /// The name of the part being written.
+    fn part_name(&self) -> String {
+        format!("{}/{}-{:05}.parquet", self.dir, self.prefix, self.next_seq)
+    }
+
+    /// An encoding error of the part being written.
+    fn parquet_err(&self, source: ParquetError) -> StorageError {
+        StorageError::Parquet {
+            location: self.part_name(),
+            source,
+        }
     }
 
     /// Waits for the oldest part in flight.
@@ -460,6 +512,51 @@ mod tests {
         }
         assert_eq!(listings[0], listings[1]);
         assert_eq!(listings[0][4].1, (4 * rows) as i64);
+    }
+
+    /// A streaming writer cuts the parts a buffering one cuts (at the same rows, under the
+    /// same names), and each part is the same file, byte for byte, the last short one too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn streaming_parts_are_the_buffered_parts() {
+        use datafusion::arrow::array::{Int64Array, StringArray};
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("x", DataType::Int64, false),
+            Field::new("response", DataType::Utf8, true),
+        ]));
+        let mut files = Vec::new();
+        for (k, streaming) in [false, true].into_iter().enumerate() {
+            let store = RunStore::open(&format!("memory://streaming-{k}/run")).unwrap();
+            let w = store
+                .part_writer("t", schema.clone(), "part")
+                .with_part_rows(10_000);
+            let mut w = if streaming { w.streaming() } else { w };
+            for b in 0..11i64 {
+                let xs = Int64Array::from_iter_values(b * 3000..(b + 1) * 3000);
+                let rs: StringArray = (b * 3000..(b + 1) * 3000)
+                    .map(|i| {
+                        (i % 7 != 0).then(|| format!("answer {i} {}", "x".repeat(i as usize % 50)))
+                    })
+                    .collect();
+                let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(xs), Arc::new(rs)]);
+                w.write(batch.unwrap()).await.unwrap();
+            }
+            let (written, parts) = w.finish().await.unwrap();
+            assert_eq!(
+                (written, parts.len()),
+                (33_000, 3),
+                "streaming: {streaming}"
+            );
+            let mut got = Vec::new();
+            for m in store.list_parts("t").await.unwrap() {
+                let bytes = store.object_store().get(&m.location).await.unwrap();
+                let bytes = bytes.bytes().await.unwrap();
+                got.push((m.location.filename().unwrap().to_string(), bytes));
+            }
+            files.push(got);
+        }
+        assert_eq!(files[0].len(), 3);
+        assert_eq!(files[0], files[1]);
     }
 
     /// A pipelined encoder, written in several calls while the caller goes on, gives the file

@@ -47,11 +47,13 @@ pub(super) struct DirectWriter {
 impl DirectWriter {
     pub(super) fn spawn(store: &RunStore, k: usize) -> Self {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<ToWriter>(2);
-        let mut w = store.part_writer(
-            STAGED_CALLS,
-            crate::import::calls_schema(),
-            &format!("part-imported-{k:03}"),
-        );
+        let mut w = store
+            .part_writer(
+                STAGED_CALLS,
+                crate::import::calls_schema(),
+                &format!("part-imported-{k:03}"),
+            )
+            .streaming();
         let task = tokio::spawn(async move {
             let mut rows = 0u64;
             while let Some(m) = rx.recv().await {
