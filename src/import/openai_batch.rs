@@ -140,7 +140,8 @@ fn record(
         cluster: opts.cluster.as_deref().and_then(|f| field_of(&v, input, f)),
         ..Record::default()
     };
-    let mut q = Request::default();
+    // What the call asked: its request line's body, else what the output line says.
+    let mut asked = Request::default();
     match req {
         Some(req) => {
             let msgs = req
@@ -155,8 +156,8 @@ fn record(
                     )
                 })?;
             let (system, input) = super::chat_prompt(msgs);
-            q.system = system.map(Into::into);
-            q.input = input.map(Into::into).ok_or_else(|| {
+            asked.system = system.map(Into::into);
+            asked.input = input.map(Into::into).ok_or_else(|| {
                 bad(
                     file,
                     n,
@@ -164,21 +165,21 @@ fn record(
                     format!("the input of `{id}` has no user message"),
                 )
             })?;
-            q.request_key = req.to_string();
-            q.case_key = super::request_case_key(req).map(Into::into);
-            q.max_tokens = req
+            asked.request_key = req.to_string();
+            asked.case_key = super::request_case_key(req).map(Into::into);
+            asked.max_tokens = req
                 .get("max_tokens")
                 .or_else(|| req.get("max_completion_tokens"))
                 .and_then(Value::as_u64)
                 .and_then(|m| u32::try_from(m).ok());
-            q.temperature = req.get("temperature").and_then(Value::as_f64);
+            asked.temperature = req.get("temperature").and_then(Value::as_f64);
         }
         None => {
-            q.case_key = Some(id.into());
-            q.request_key = id.to_string();
+            asked.case_key = Some(id.into());
+            asked.request_key = id.to_string();
         }
     }
-    q.source_model = req
+    asked.source_model = req
         .and_then(|q| q.get("model"))
         .and_then(Value::as_str)
         .map(Arc::from)
@@ -187,10 +188,10 @@ fn record(
                 .and_then(Value::as_str)
                 .map(Arc::from)
         });
-    q.model = model
+    asked.model = model
         .as_deref()
         .map(Arc::from)
-        .or_else(|| q.source_model.clone())
+        .or_else(|| asked.source_model.clone())
         .ok_or_else(|| {
             bad(
                 file,
@@ -199,7 +200,7 @@ fn record(
                 "missing (pass --batch-input or --model)",
             )
         })?;
-    r.request = q.into();
+    r.request = asked.into();
     if let Some(resp) = resp {
         let status = resp
             .get("status_code")

@@ -267,7 +267,8 @@ impl PartWriter {
     /// buffering a part's batches and encoding them when it is cut: the open part costs its
     /// encoded pages in memory, not its Arrow batches (a third as much for `calls`). For a
     /// writer of much data, whose fresh pages are a fifth of an import's CPU (the kernel
-    /// zeroing what the heap grows to). Parts are cut at the same rows.
+    /// zeroing what the heap grows to). Parts are cut at the same rows, with
+    /// [`parquet_props`]: not for a [`PartWriter::scratch`] writer.
     pub fn streaming(mut self) -> Self {
         self.streaming = true;
         self
@@ -307,11 +308,15 @@ impl PartWriter {
         }
         self.pending_rows += batch.num_rows();
         if self.streaming {
-            let encoder = match self.encoder.take() {
-                Some(e) => e,
-                None => PipelinedEncoder::new(&self.schema).map_err(|e| self.parquet_err(e))?,
-            };
-            let encoder = self.encoder.insert(encoder);
+            debug_assert!(
+                !self.scratch,
+                "a streaming writer encodes with parquet_props"
+            );
+            if self.encoder.is_none() {
+                let e = PipelinedEncoder::new(&self.schema).map_err(|e| self.parquet_err(e))?;
+                self.encoder = Some(e);
+            }
+            let encoder = self.encoder.as_mut().expect("set above");
             let written = encoder.write(vec![batch]).await;
             written.map_err(|e| self.parquet_err(e))?;
         } else {

@@ -534,6 +534,50 @@ mod tests {
         }
     }
 
+    /// A chunk's keys, reused from the record before where its case or request is the same
+    /// (one shared `Arc<Request>`, or equal requests in two), are the keys each record
+    /// gives alone: case id, request hash (from the request key when the reader computed
+    /// none), call id and case number.
+    #[test]
+    fn keys_reused_from_a_neighbour_are_a_records_own() {
+        let asked = |input: &str, model: &str, key: &str| {
+            Arc::new(Request {
+                input: input.into(),
+                model: model.into(),
+                request_key: key.into(),
+                ..Request::default()
+            })
+        };
+        let shared = asked("q1", "m", "k1");
+        let rec = |request: &Arc<Request>, k: i32| Record {
+            request: request.clone(),
+            sample_idx: Some(k),
+            ..Record::default()
+        };
+        let records = vec![
+            rec(&shared, 0),
+            rec(&shared, 1),
+            rec(&asked("q1", "m", "k1"), 2),
+            rec(&asked("q1", "n", "k2"), 0),
+            rec(&asked("q2", "n", "k2"), 0),
+            rec(&shared, 3),
+        ];
+        let chunked = keys::chunk_keys(&None, &records, false);
+        let chunked: Vec<&Keys> = chunked.iter().flatten().collect();
+        assert_eq!(chunked.len(), records.len());
+        let mut hashes = std::collections::BTreeSet::new();
+        for (i, (r, k)) in records.iter().zip(chunked).enumerate() {
+            let alone = keys(&None, r);
+            assert_eq!(k.case_id, alone.case_id, "record {i}");
+            assert_eq!(k.request_hash, alone.request_hash, "record {i}");
+            assert_eq!(k.call_id, alone.call_id, "record {i}");
+            assert_eq!(k.case_num, alone.case_num, "record {i}");
+            hashes.insert(k.request_hash.to_string());
+        }
+        // Two request keys, two hashes: a neighbour's was not taken where the key differs.
+        assert_eq!(hashes.len(), 2);
+    }
+
     /// A case id a reader computed is used only for the test it was computed for: a record
     /// whose test resolves to another (`--test`, or its own) gets its case id computed again,
     /// as `sha256("imported\0" test "\0" system "\0" input "\0")` (hashlib by hand).
