@@ -1130,3 +1130,56 @@ fn samples_counted_in_memory_equal_the_plans_numbering() {
         ]
     );
 }
+
+/// Issue 38: the records still being keyed when the stream ends (the last few chunks) are
+/// counted like the ones before them, not staged: staging them made the plans number them
+/// by a window over every call (a fifth of a second at 1M records) and write their calls
+/// twice. Nothing is planned, and the last case's samples are numbered in file order.
+#[test]
+fn the_streams_last_records_are_counted_too() {
+    let d = tempfile::tempdir().unwrap();
+    // 3,000 cases x 3 samples, a case's samples one after another: more records than the
+    // chunks keyed ahead hold, so most are counted as they come.
+    let mut records = Vec::new();
+    for case in 0..3000 {
+        for s in 0..3 {
+            records.push(pair(
+                &[("user", &format!("review {case}"))],
+                &format!("answer {s}"),
+                serde_json::json!({}),
+            ));
+        }
+    }
+    let f = jsonl(d.path(), "many.jsonl", &records);
+    let (_d, root, out) = import(&[f.to_str().unwrap()]);
+    let planned: Vec<String> = std::fs::read_dir(root.join("calls"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("planned"))
+        .collect();
+    assert!(planned.is_empty(), "{planned:?}\n{out}");
+    let last = sql(
+        &root,
+        "SELECT k.sample_idx, k.response FROM calls k JOIN cases c ON k.case_id = c.case_id \
+         WHERE c.input = 'review 2999' ORDER BY k.sample_idx",
+    );
+    let got: Vec<(i64, String)> = last
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (n(&r["sample_idx"]), r["response"].as_str().unwrap().into()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0, "answer 0".to_string()),
+            (1, "answer 1".into()),
+            (2, "answer 2".into())
+        ]
+    );
+    let total = sql(
+        &root,
+        "SELECT count(*) AS n, count(DISTINCT call_id) AS d FROM calls",
+    );
+    assert_eq!((n(&total[0]["n"]), n(&total[0]["d"])), (9000, 9000));
+}

@@ -6,15 +6,16 @@ use super::*;
 impl ImportSink {
     /// Commits every buffered batch and waits for the writer tasks.
     pub(super) async fn commit_scratch(&mut self) -> Result<(), ImportError> {
-        // Counting stops with the stream: its map is not needed by the plans.
-        self.counts = None;
         let mut failed = None;
+        // The chunks still keyed are the stream's last: counted as the others were.
         while let Some(chunk) = self.pending.pop_front() {
             if let Err(e) = self.stage_pending(chunk).await {
                 failed = Some(e);
                 break;
             }
         }
+        // Counting stops with the stream: its map is not needed by the plans.
+        self.counts = None;
         if failed.is_none() && self.direct.rows > 0 {
             failed = self.send_direct().await.err();
         }
