@@ -21,8 +21,10 @@ fn cmd(args: &[&str]) -> Command {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("EVALFLOW_CACHE_DIR", "off")
         .env("EVALFLOW_PART_ROWS", PART_ROWS)
-        // Import's duplicate check and first-record search in many slices.
-        .env("EVALFLOW_IMPORT_PASS_ROWS", "700");
+        // Import's duplicate check and first-record search in many slices (the search
+        // even where each case was staged once, which skips it).
+        .env("EVALFLOW_IMPORT_PASS_ROWS", "700")
+        .env("EVALFLOW_IMPORT_CASES_BY_PLAN", "1");
     c
 }
 

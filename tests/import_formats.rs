@@ -1183,3 +1183,101 @@ fn the_streams_last_records_are_counted_too() {
     );
     assert_eq!((n(&total[0]["n"]), n(&total[0]["d"])), (9000, 9000));
 }
+
+/// Issue 38: when each case's fields are staged once, `cases` is the staged rows
+/// themselves, not the plans' first-record search: the same table, clustered count and
+/// summary either way (`EVALFLOW_IMPORT_CASES_BY_PLAN` forces the plans), with `expected`
+/// and clusters present, absent and mixed, under either conflict choice. A case that comes
+/// back later with an `expected` its first record lacked is staged twice, and the plans
+/// give it that `expected`.
+#[test]
+fn cases_staged_once_are_the_cases_the_plans_find() {
+    let d = tempfile::tempdir().unwrap();
+    let mut records = Vec::new();
+    for case in 0..150 {
+        for model in ["m1", "m2", "m3"] {
+            let mut extra = serde_json::json!({});
+            if case % 3 != 0 {
+                extra["expected"] = serde_json::json!(format!("label {}", case % 4));
+            }
+            if case % 5 == 0 {
+                extra["tpl"] = serde_json::json!(format!("tpl-{}", case % 7));
+            }
+            let mut p = pair(&[("user", &format!("review {case}"))], "positive", extra);
+            p["request"]["model"] = serde_json::json!(model);
+            records.push(p);
+        }
+    }
+    let once = jsonl(d.path(), "once.jsonl", &records);
+    // Case 0 (no `expected`) again at the end, now with one.
+    let mut back = records.clone();
+    let mut late = pair(
+        &[("user", "review 0")],
+        "negative",
+        serde_json::json!({"expected": "late label"}),
+    );
+    late["request"]["model"] = serde_json::json!("m1");
+    back.push(late);
+    let back = jsonl(d.path(), "back.jsonl", &back);
+    let run = |file: &Path, extra: &[&str], by_plan: bool| {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("run");
+        let mut c = Command::new(env!("CARGO_BIN_EXE_evalflow"));
+        c.args([
+            "import",
+            file.to_str().unwrap(),
+            "--out",
+            root.to_str().unwrap(),
+        ])
+        .args(extra)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("EVALFLOW_CACHE_DIR", "off")
+        .env("RUST_LOG", "evalflow::import=debug");
+        if by_plan {
+            c.env("EVALFLOW_IMPORT_CASES_BY_PLAN", "1");
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let cases = sql(&root, "SELECT * FROM cases ORDER BY case_id");
+        // The log's fields without their colours.
+        let mut log = String::new();
+        let mut esc = false;
+        for ch in String::from_utf8_lossy(&o.stderr).chars() {
+            match ch {
+                '\u{1b}' => esc = true,
+                'm' if esc => esc = false,
+                _ if esc => {}
+                _ => log.push(ch),
+            }
+        }
+        let out = String::from_utf8_lossy(&o.stdout).replace(root.to_str().unwrap(), "RUN");
+        (dir, cases, out, log)
+    };
+    for extra in [
+        &["--cluster", "tpl"][..],
+        &["--cluster", "tpl", "--on-conflicting-expected", "last"][..],
+        &[][..],
+    ] {
+        let (_a, staged, staged_out, staged_log) = run(&once, extra, false);
+        let (_b, planned, planned_out, planned_log) = run(&once, extra, true);
+        assert!(staged_log.contains("distinct=true"), "{staged_log}");
+        assert!(planned_log.contains("distinct=false"), "{planned_log}");
+        assert_eq!(staged.as_array().unwrap().len(), 150);
+        assert_eq!(staged, planned, "{extra:?}");
+        assert_eq!(staged_out, planned_out, "{extra:?}");
+        if !extra.is_empty() {
+            assert!(staged_out.contains("30 of 150 cases"), "{staged_out}");
+        }
+    }
+    let (_c, came_back, _, log) = run(&back, &[], false);
+    assert!(log.contains("distinct=false"), "{log}");
+    let (_e, forced, _, _) = run(&back, &[], true);
+    assert_eq!(came_back, forced);
+    let first = came_back
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["input"] == "review 0")
+        .unwrap();
+    assert_eq!(first["expected"], "late label");
+}

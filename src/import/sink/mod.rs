@@ -40,11 +40,13 @@
 //!      anything reaches `calls/`; a refusal leaves the run root no table;
 //!    - two `expected` of one case are refused (or one wins: `--on-conflicting-expected`);
 //!    - `cases`: each case's first record (lowest `seq`), in corpus order, with its
-//!      `expected` (the first non-NULL, or the last).
+//!      `expected` (the first non-NULL, or the last); when each case's fields were staged
+//!      once ([`distinct_cases::DistinctCases`]), the staged rows themselves.
 //! 3. The calls parts are renamed (direct) or written (staged, without `seq`) into `calls/`,
 //!    and `_import/` is deleted.
 
 mod direct;
+mod distinct_cases;
 mod keys;
 mod plan;
 mod seen_ids;
@@ -71,6 +73,7 @@ use crate::schema::Table;
 use crate::stages::call;
 use crate::storage::{PartWriter, RunStore, StorageError};
 use direct::*;
+use distinct_cases::*;
 use keys::*;
 use seen_ids::*;
 use staging::*;
@@ -276,6 +279,9 @@ pub struct ImportSink {
     counted: u64,
     /// The cases whose fields were staged lately ([`RecentCases`]).
     recent_cases: RecentCases,
+    /// The cases staged, while each is staged once ([`DistinctCases`]); `None` once one
+    /// repeats, and the plans find each case's first record.
+    distinct_cases: Option<DistinctCases>,
     /// Each model named, numbered ([`Models`]).
     models: Models,
     /// The last record's file and its index in `files`: a file's records share its name.
@@ -352,6 +358,7 @@ impl ImportSink {
             counts: None,
             counted: 0,
             recent_cases: RecentCases::default(),
+            distinct_cases: DistinctCases::new(crate::query::resources().memory_limit),
             models: Models::default(),
             last_file: None,
             tool_scorers: BTreeSet::new(),

@@ -196,64 +196,35 @@ impl ImportSink {
             )
             .await?;
         }
-        if self.policy.on_conflicting_expected == OnConflict::Refuse {
+        // With each case staged once, no case holds two `expected` and each row is its
+        // case's first record ([`DistinctCases`]).
+        let distinct = self.distinct_cases.as_ref();
+        if self.policy.on_conflicting_expected == OnConflict::Refuse && distinct.is_none() {
             self.check_expected(&ctx).await?;
         }
         let t = std::time::Instant::now();
-        // Each case's first record, found slice by slice of the case ids (see
-        // `query::id_slices`) so no aggregation holds every case.
-        let passes = (self.case_rows as usize).div_ceil(pass_rows());
-        let mut n_cases = 0;
-        for (i, range) in id_slices("case_id", passes).iter().enumerate() {
-            n_cases += write_partitioned(
-                &ctx,
-                &format!(
-                    "SELECT min(seq) AS first_seq, bool_or(cluster IS NOT NULL) AS clustered, \
-                     {expected} AS expected FROM cs WHERE {range} GROUP BY case_id",
-                    expected = match self.policy.on_conflicting_expected {
-                        OnConflict::Last => "last_value(expected ORDER BY CASE WHEN expected IS NULL THEN 0 ELSE 1 END, seq)",
-                        _ => "first_value(expected ORDER BY CASE WHEN expected IS NULL THEN 1 ELSE 0 END, seq)",
-                    }
-                ),
-                &self.store,
-                FIRSTS,
-                &format!("slice-{i:02}"),
-                firsts_schema(),
-            )
-            .await?;
-        }
-        crate::query::register_parquet(&ctx, "firsts", &self.store.table_url(FIRSTS)).await?;
-        let clustered: u64 =
-            crate::query::text_rows(&ctx, "SELECT count(*) FROM firsts WHERE clustered")
-                .await?
-                .first()
-                .and_then(|r| r[0].as_deref().and_then(|v| v.parse().ok()))
-                .unwrap_or(0);
-        if clustered == 0
-            && let Some(field) = &self.policy.cluster
-        {
-            return Err(ImportError::NoCluster {
-                field: field.clone(),
-            });
-        }
-        // The join's build side is `firsts`: taken by ranges of `seq` (corpus order, so the
-        // parts keep it), half a pass's ids at a time, it holds that many cases, not every
-        // case (about 75 MB at 10M records, 1.25M cases).
-        let passes = (n_cases as usize).div_ceil((pass_rows() / 2).max(1)).max(1) as u64;
-        let step = self.next_seq.div_ceil(passes).max(1);
-        let mut cases = 0;
-        for i in 0..passes {
-            cases += write_partitioned(
-                &ctx,
-                &self.cases_sql(i * step, (i + 1) * step),
-                &self.store,
-                "cases",
-                &format!("part-imported-{i:02}"),
-                Table::Cases.schema(),
-            )
-            .await?;
-        }
-        tracing::debug!(secs = t.elapsed().as_secs_f64(), "import: cases");
+        let (clustered, cases) = match distinct {
+            Some(d) => {
+                self.no_cluster_check(d.clustered())?;
+                let cases = write_partitioned(
+                    &ctx,
+                    &self.staged_cases_sql(),
+                    &self.store,
+                    "cases",
+                    "part-imported-00",
+                    Table::Cases.schema(),
+                )
+                .await?;
+                (d.clustered(), cases)
+            }
+            None => self.cases_by_plan(&ctx).await?,
+        };
+        tracing::debug!(
+            secs = t.elapsed().as_secs_f64(),
+            rows = self.case_rows,
+            distinct = distinct.is_some(),
+            "import: cases"
+        );
         let mut scores = Vec::new();
         if has_scores {
             crate::query::register_parquet(&ctx, "ss", &self.store.table_url(SCORE_STAGING))
@@ -306,6 +277,70 @@ impl ImportSink {
         })
     }
 
+    /// `cases` found by the plans: each case's first record (`firsts`, slice by slice of
+    /// the case ids) joined with its staged fields. Returns the clustered cases and the
+    /// cases.
+    async fn cases_by_plan(&self, ctx: &SessionContext) -> Result<(u64, u64), ImportError> {
+        // Each case's first record, found slice by slice of the case ids (see
+        // `query::id_slices`) so no aggregation holds every case.
+        let passes = (self.case_rows as usize).div_ceil(pass_rows());
+        let mut n_cases = 0;
+        for (i, range) in id_slices("case_id", passes).iter().enumerate() {
+            n_cases += write_partitioned(
+                ctx,
+                &format!(
+                    "SELECT min(seq) AS first_seq, bool_or(cluster IS NOT NULL) AS clustered, \
+                     {expected} AS expected FROM cs WHERE {range} GROUP BY case_id",
+                    expected = match self.policy.on_conflicting_expected {
+                        OnConflict::Last => "last_value(expected ORDER BY CASE WHEN expected IS NULL THEN 0 ELSE 1 END, seq)",
+                        _ => "first_value(expected ORDER BY CASE WHEN expected IS NULL THEN 1 ELSE 0 END, seq)",
+                    }
+                ),
+                &self.store,
+                FIRSTS,
+                &format!("slice-{i:02}"),
+                firsts_schema(),
+            )
+            .await?;
+        }
+        crate::query::register_parquet(ctx, "firsts", &self.store.table_url(FIRSTS)).await?;
+        let clustered: u64 =
+            crate::query::text_rows(ctx, "SELECT count(*) FROM firsts WHERE clustered")
+                .await?
+                .first()
+                .and_then(|r| r[0].as_deref().and_then(|v| v.parse().ok()))
+                .unwrap_or(0);
+        self.no_cluster_check(clustered)?;
+        // The join's build side is `firsts`: taken by ranges of `seq` (corpus order, so the
+        // parts keep it), half a pass's ids at a time, it holds that many cases, not every
+        // case (about 75 MB at 10M records, 1.25M cases).
+        let passes = (n_cases as usize).div_ceil((pass_rows() / 2).max(1)).max(1) as u64;
+        let step = self.next_seq.div_ceil(passes).max(1);
+        let mut cases = 0;
+        for i in 0..passes {
+            cases += write_partitioned(
+                ctx,
+                &self.cases_sql(i * step, (i + 1) * step),
+                &self.store,
+                "cases",
+                &format!("part-imported-{i:02}"),
+                Table::Cases.schema(),
+            )
+            .await?;
+        }
+        Ok((clustered, cases))
+    }
+
+    /// `--cluster` named a field no record has.
+    fn no_cluster_check(&self, clustered: u64) -> Result<(), ImportError> {
+        match &self.policy.cluster {
+            Some(field) if clustered == 0 => Err(ImportError::NoCluster {
+                field: field.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// The cases: each case's first record (the one with its lowest `seq`).
     ///
     /// Found by joining the staged case fields with each case's first `seq` (`firsts`,
@@ -318,17 +353,30 @@ impl ImportSink {
     /// a calls part's cases sit in a few Parquet pages of `cases`, and the score stage's
     /// join (which filters `cases` by the part's case ids while decoding) skips the rest.
     pub(super) fn cases_sql(&self, from_seq: u64, to_seq: u64) -> String {
+        format!(
+            "SELECT {} FROM firsts f JOIN cs ON cs.seq = f.first_seq \
+             WHERE f.first_seq >= {from_seq} AND f.first_seq < {to_seq} \
+             AND cs.seq >= {from_seq} AND cs.seq < {to_seq}",
+            self.cases_columns("f.expected")
+        )
+    }
+
+    /// The cases when each was staged once ([`DistinctCases`]): the staged rows, in the
+    /// order staged.
+    pub(super) fn staged_cases_sql(&self) -> String {
+        format!("SELECT {} FROM cs", self.cases_columns("cs.expected"))
+    }
+
+    /// The `cases` columns of a staged case row `cs` whose `expected` is `expected`.
+    fn cases_columns(&self, expected: &str) -> String {
         let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
         let d = &self.defaults;
         format!(
-            "SELECT cs.case_id, 'imported' AS suite, cs.test, cs.capability, {tt} AS test_type, \
+            "cs.case_id, 'imported' AS suite, cs.test, cs.capability, {tt} AS test_type, \
              COALESCE(cs.cluster, cs.case_id) AS template_id, \
-             cs.case_id AS group_id, {role} AS role, cs.input, f.expected, \
+             cs.case_id AS group_id, {role} AS role, cs.input, {expected} AS expected, \
              CAST(NULL AS VARCHAR) AS expectation, CAST(NULL AS DOUBLE) AS tolerance, \
-             CAST(NULL AS VARCHAR) AS perturbation \
-             FROM firsts f JOIN cs ON cs.seq = f.first_seq \
-             WHERE f.first_seq >= {from_seq} AND f.first_seq < {to_seq} \
-             AND cs.seq >= {from_seq} AND cs.seq < {to_seq}",
+             CAST(NULL AS VARCHAR) AS perturbation",
             tt = lit(&d.test_type),
             role = lit(&d.role),
         )

@@ -472,6 +472,11 @@ impl ImportSink {
             c.source_id.append_option(r.source.id.as_deref());
             c.rows += 1;
             self.case_rows += 1;
+            if let Some(d) = self.distinct_cases.as_mut()
+                && !d.add(k.case_num, r.cluster.is_some())
+            {
+                self.distinct_cases = None;
+            }
             self.last_case = Some(k.case_id.clone());
             if c.rows >= STAGE_ROWS {
                 let batch = c.finish();
