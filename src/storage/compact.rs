@@ -333,7 +333,10 @@ async fn write_merged(
         while let Some(b) = s.try_next().await? {
             let e = match &mut enc {
                 Some(e) => e,
-                None => enc.insert(super::parts::PartEncoder::new(&b.schema()).map_err(perr)?),
+                None => enc.insert(
+                    super::parts::PartEncoder::new(&b.schema(), store.part_file(to)?)
+                        .map_err(perr)?,
+                ),
             };
             e.write(&b).map_err(perr)?;
         }
@@ -341,7 +344,7 @@ async fn write_merged(
     let Some(e) = enc else {
         return Ok(());
     };
-    store.put(to, e.finish().map_err(perr)?).await
+    e.finish().map_err(perr)?.commit().await
 }
 
 #[cfg(test)]

@@ -1,19 +1,22 @@
 //! Run storage: a run root on local disk, in memory or in an object store, holding one
 //! folder of Parquet parts per table and a `manifest.json`.
 //!
-//! Every write is atomic: a part is uploaded whole with `put` (the local store stages it
-//! under a temporary name and renames it; S3 and friends commit on completion), so a reader
-//! never sees half a part and a crash never corrupts a committed one.
+//! Every write is atomic: a local part is written under a temporary name and renamed into
+//! place ([`PartFile`]), any other is uploaded whole with `put` (S3 and friends commit on
+//! completion), so a reader never sees half a part and a crash never corrupts a committed
+//! one.
 
 mod bloom;
 pub mod compact;
 mod manifest;
+mod part_file;
 mod parts;
 mod root;
 mod store;
 
 pub use bloom::{Bloom, hash as bloom_hash};
 pub use manifest::{Manifest, StageRecord, StageStatus, now as manifest_now};
+pub use part_file::PartFile;
 pub use parts::{PartWriter, PipelinedEncoder, encode_parquet, parquet_props};
 pub use root::RootUrl;
 pub use store::{PART_ROWS, PartFooter, RunStore, part_rows};
@@ -62,6 +65,13 @@ pub enum StorageError {
     /// The manifest is not valid JSON of the expected shape.
     #[error("{location}: {msg}")]
     Manifest { location: String, msg: String },
+    /// Writing a part's local file or renaming it into place failed.
+    #[error("{location}: {source}")]
+    Io {
+        location: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// The task encoding and writing a part panicked or was cancelled.
     #[error("{location}: the task writing this part stopped: {msg}")]
     Task { location: String, msg: String },

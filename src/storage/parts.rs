@@ -10,7 +10,7 @@ use datafusion::parquet::basic::Compression;
 use datafusion::parquet::file::properties::WriterProperties;
 use datafusion::parquet::schema::types::ColumnPath;
 
-use super::StorageError;
+use super::{PartFile, StorageError};
 use crate::schema::Table;
 
 type ParquetError = datafusion::parquet::errors::ParquetError;
@@ -99,8 +99,22 @@ fn encode_with(
         .flat_map(|b| b.columns())
         .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
         .sum::<usize>();
-    let buf = Vec::with_capacity(size.min(PRESIZE_MAX));
-    let mut w = ArrowWriter::try_new(buf, schema.clone(), Some(props))?;
+    encode_to(
+        schema,
+        batches,
+        props,
+        Vec::with_capacity(size.min(PRESIZE_MAX)),
+    )
+}
+
+/// Encodes record batches as one Parquet file written to `out`, and gives `out` back.
+fn encode_to<W: std::io::Write + Send>(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    props: WriterProperties,
+    out: W,
+) -> Result<W, datafusion::parquet::errors::ParquetError> {
+    let mut w = ArrowWriter::try_new(out, schema.clone(), Some(props))?;
     for b in batches {
         w.write(b)?;
     }
@@ -108,17 +122,18 @@ fn encode_with(
 }
 
 /// One Parquet part encoded batch by batch as it is produced: the writer holds the open row
-/// group's encoded pages, not the batches, so a part costs its compressed size in memory.
-/// [`PartEncoder::finish`] gives the file to [`RunStore::put`] (atomic).
+/// group's encoded pages, not the batches, so a part costs its open row group in memory
+/// (all of its compressed size where the part is not a local file, [`PartFile`]).
+/// [`PartEncoder::finish`] gives the part back, for [`PartFile::commit`] (atomic).
 pub(super) struct PartEncoder {
-    writer: ArrowWriter<Vec<u8>>,
+    writer: ArrowWriter<PartFile>,
     rows: usize,
 }
 
 impl PartEncoder {
-    pub(super) fn new(schema: &SchemaRef) -> Result<Self, ParquetError> {
+    pub(super) fn new(schema: &SchemaRef, out: PartFile) -> Result<Self, ParquetError> {
         Ok(PartEncoder {
-            writer: ArrowWriter::try_new(Vec::new(), schema.clone(), Some(parquet_props(schema)))?,
+            writer: ArrowWriter::try_new(out, schema.clone(), Some(parquet_props(schema)))?,
             rows: 0,
         })
     }
@@ -133,8 +148,8 @@ impl PartEncoder {
         self.rows
     }
 
-    /// The encoded file.
-    pub(super) fn finish(self) -> Result<Vec<u8>, ParquetError> {
+    /// The encoded part, to commit.
+    pub(super) fn finish(self) -> Result<PartFile, ParquetError> {
         self.writer.into_inner()
     }
 }
@@ -148,9 +163,10 @@ pub struct PipelinedEncoder {
 }
 
 impl PipelinedEncoder {
-    pub fn new(schema: &SchemaRef) -> Result<Self, ParquetError> {
+    /// An encoder of the part `out` ([`RunStore::part_file`]).
+    pub fn new(schema: &SchemaRef, out: PartFile) -> Result<Self, ParquetError> {
         Ok(PipelinedEncoder {
-            idle: Some(PartEncoder::new(schema)?),
+            idle: Some(PartEncoder::new(schema, out)?),
             busy: None,
         })
     }
@@ -183,18 +199,18 @@ impl PipelinedEncoder {
         Ok(())
     }
 
-    /// Rows and the encoded file, once every write is done.
-    pub async fn finish(mut self) -> Result<(usize, Vec<u8>), ParquetError> {
+    /// Rows and the encoded part (to commit), once every write is done.
+    pub async fn finish(mut self) -> Result<(usize, PartFile), ParquetError> {
         let encoder = self.ready().await?;
         let rows = encoder.rows();
         let (tx, rx) = tokio::sync::oneshot::channel();
         rayon::spawn(move || {
             let _ = tx.send(encoder.finish());
         });
-        let bytes = rx
+        let part = rx
             .await
             .map_err(|_| ParquetError::General("the encoding task stopped".into()))??;
-        Ok((rows, bytes))
+        Ok((rows, part))
     }
 }
 
@@ -313,7 +329,9 @@ impl PartWriter {
                 "a streaming writer encodes with parquet_props"
             );
             if self.encoder.is_none() {
-                let e = PipelinedEncoder::new(&self.schema).map_err(|e| self.parquet_err(e))?;
+                let out = self.store.part_file(&self.part_name())?;
+                let e =
+                    PipelinedEncoder::new(&self.schema, out).map_err(|e| self.parquet_err(e))?;
                 self.encoder = Some(e);
             }
             let encoder = self.encoder.as_mut().expect("set above");
@@ -335,7 +353,7 @@ impl PartWriter {
         }
         let name = self.part_name();
         if let Some(encoder) = self.encoder.take() {
-            let (rows, bytes) = encoder
+            let (rows, part) = encoder
                 .finish()
                 .await
                 .map_err(|source| StorageError::Parquet {
@@ -346,7 +364,7 @@ impl PartWriter {
             self.written_rows += rows;
             self.pending_rows = 0;
             self.parts.push(name.clone());
-            return self.store.put(&name, bytes).await;
+            return part.commit().await;
         }
         let props = if self.scratch {
             // Small row groups: a reader holds a whole (uncompressed) row group of every
@@ -363,14 +381,14 @@ impl PartWriter {
         self.next_seq += 1;
         self.written_rows += std::mem::take(&mut self.pending_rows);
         self.parts.push(name.clone());
-        let (store, schema) = (self.store.clone(), self.schema.clone());
+        let out = self.store.part_file(&name)?;
+        let schema = self.schema.clone();
         let encode = move |location: String| {
-            encode_with(&schema, &batches, props)
+            encode_to(&schema, &batches, props, out)
                 .map_err(|source| StorageError::Parquet { location, source })
         };
         if self.max_inflight == 0 {
-            let bytes = encode(name.clone())?;
-            return store.put(&name, bytes).await;
+            return encode(name.clone())?.commit().await;
         }
         let location = name.clone();
         // Encoded on rayon's pool (sized by `--threads`): a thread of tokio's blocking
@@ -380,11 +398,11 @@ impl PartWriter {
             let _ = tx.send(encode(location));
         });
         let task = tokio::spawn(async move {
-            let bytes = rx.await.map_err(|e| StorageError::Task {
+            let part = rx.await.map_err(|e| StorageError::Task {
                 location: name.clone(),
                 msg: e.to_string(),
             })??;
-            store.put(&name, bytes).await
+            part.commit().await
         });
         self.inflight
             .push_back((self.parts[self.parts.len() - 1].clone(), task));
@@ -520,7 +538,9 @@ mod tests {
     }
 
     /// A streaming writer cuts the parts a buffering one cuts (at the same rows, under the
-    /// same names), and each part is the same file, byte for byte, the last short one too.
+    /// same names), and each part is the same file, byte for byte, the last short one too,
+    /// whether written to memory and put or to a local file and renamed (and the local
+    /// folder holds nothing else).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn streaming_parts_are_the_buffered_parts() {
         use datafusion::arrow::array::{Int64Array, StringArray};
@@ -530,8 +550,14 @@ mod tests {
             Field::new("response", DataType::Utf8, true),
         ]));
         let mut files = Vec::new();
-        for (k, streaming) in [false, true].into_iter().enumerate() {
-            let store = RunStore::open(&format!("memory://streaming-{k}/run")).unwrap();
+        let local = tempfile::tempdir().unwrap();
+        let ways = [(false, false), (true, false), (false, true), (true, true)];
+        for (k, (streaming, on_disk)) in ways.into_iter().enumerate() {
+            let root = local.path().join(format!("run-{k}"));
+            let store = match on_disk {
+                true => RunStore::open(root.to_str().unwrap()).unwrap(),
+                false => RunStore::open(&format!("memory://streaming-{k}/run")).unwrap(),
+            };
             let w = store
                 .part_writer("t", schema.clone(), "part")
                 .with_part_rows(10_000);
@@ -558,10 +584,15 @@ mod tests {
                 let bytes = bytes.bytes().await.unwrap();
                 got.push((m.location.filename().unwrap().to_string(), bytes));
             }
+            if on_disk {
+                assert_eq!(std::fs::read_dir(root.join("t")).unwrap().count(), 3);
+            }
             files.push(got);
         }
         assert_eq!(files[0].len(), 3);
-        assert_eq!(files[0], files[1]);
+        for other in &files[1..] {
+            assert_eq!(&files[0], other);
+        }
     }
 
     /// A pipelined encoder, written in several calls while the caller goes on, gives the file
@@ -586,11 +617,16 @@ mod tests {
         let writes: Vec<Vec<RecordBatch>> = (0..30)
             .map(|w| (0..3).map(|b| batch((w * 3 + b) * 3_333, 3_333)).collect())
             .collect();
-        let mut enc = PipelinedEncoder::new(&schema).unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let store = RunStore::open(d.path().to_str().unwrap()).unwrap();
+        let out = store.part_file("t/part.parquet").unwrap();
+        let mut enc = PipelinedEncoder::new(&schema, out).unwrap();
         for w in writes.clone() {
             enc.write(w).await.unwrap();
         }
-        let (rows, bytes) = enc.finish().await.unwrap();
+        let (rows, part) = enc.finish().await.unwrap();
+        part.commit().await.unwrap();
+        let bytes = std::fs::read(d.path().join("t/part.parquet")).unwrap();
         let all: Vec<RecordBatch> = writes.into_iter().flatten().collect();
         assert_eq!(rows, 90 * 3_333);
         let read = |bytes: Vec<u8>| -> Vec<RecordBatch> {

@@ -256,6 +256,16 @@ impl RunStore {
         }
     }
 
+    /// The file `rel` is on a local root (whose `display` is its absolute path); `None`
+    /// for any other store.
+    pub(super) fn local_path(&self, rel: &str) -> Option<std::path::PathBuf> {
+        (self.base_url.scheme() == "file").then(|| {
+            let mut p = std::path::PathBuf::from(&self.display);
+            p.extend(rel.split('/').filter(|s| !s.is_empty()));
+            p
+        })
+    }
+
     /// A human-readable location for messages.
     pub fn location(&self, p: &Path) -> String {
         if self.base_url.scheme() == "file" {

@@ -206,7 +206,8 @@ pub(super) async fn write_scores(
                 source,
             };
             let mut part_out =
-                PipelinedEncoder::new(&Table::Scores.schema()).map_err(encode_err)?;
+                PipelinedEncoder::new(&Table::Scores.schema(), store.part_file(&target)?)
+                    .map_err(encode_err)?;
             // A judge's replies to this part's calls, read for this part only.
             let own = scorer.for_part(store, &part).await?;
             let scorer = own.as_deref().unwrap_or(scorer);
@@ -219,10 +220,11 @@ pub(super) async fn write_scores(
                 let out = cpu_work(|| score_parallel(&b, scorer, bases, id))?;
                 part_out.write(out).await.map_err(encode_err)?;
             }
-            let (rows, bytes) = part_out.finish().await.map_err(encode_err)?;
+            let (rows, part) = part_out.finish().await.map_err(encode_err)?;
             let rows = rows as u64;
+            // A part with no rows is not committed (and leaves no file).
             if rows > 0 {
-                store.put(&target, bytes).await?;
+                part.commit().await?;
             }
             progress.inc(1, rows);
             Ok::<_, QueryError>(rows)
