@@ -1281,3 +1281,69 @@ fn cases_staged_once_are_the_cases_the_plans_find() {
         .unwrap();
     assert_eq!(first["expected"], "late label");
 }
+
+/// Issue 38: once the sample counts hold their bound of (case, model) pairs, the records of
+/// pairs held are still counted and a new pair's records are all staged and numbered among
+/// themselves, bucket by bucket: the same calls as counting them all, and no plan joins
+/// the staged records with every counted pair (at 10M records of 1-3 samples, 5M pairs, that
+/// join outgrew a 1 GiB limit and the import failed).
+#[test]
+fn pairs_past_the_counts_bound_are_numbered_as_counted_ones() {
+    let d = tempfile::tempdir().unwrap();
+    // 400 cases x 3 models, their three samples a pass over the corpus apart: 1,200 pairs,
+    // the bound 500, so most pairs' records come after the counts are full.
+    let mut records = Vec::new();
+    for rep in 0..3 {
+        for case in 0..400 {
+            for model in ["m1", "m2", "m3"] {
+                let mut p = pair(
+                    &[("user", &format!("review {case}"))],
+                    &format!("{model} answer {rep}"),
+                    serde_json::json!({}),
+                );
+                p["request"]["model"] = serde_json::json!(model);
+                records.push(p);
+            }
+        }
+    }
+    let f = jsonl(d.path(), "passes.jsonl", &records);
+    let run = |bound: Option<&str>| {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("run");
+        let mut c = Command::new(env!("CARGO_BIN_EXE_evalflow"));
+        c.args([
+            "import",
+            f.to_str().unwrap(),
+            "--out",
+            root.to_str().unwrap(),
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("EVALFLOW_CACHE_DIR", "off")
+        .env("RUST_LOG", "evalflow::import=debug");
+        if let Some(b) = bound {
+            c.env("EVALFLOW_IMPORT_COUNT_PAIRS", b);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let calls = sql(
+            &root,
+            "SELECT k.call_id, k.sample_idx, k.model, k.response, c.input FROM calls k \
+             JOIN cases c ON k.case_id = c.case_id ORDER BY k.call_id",
+        );
+        (dir, calls, String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (_a, all_counted, log) = run(None);
+    assert!(!log.contains("staged records numbered"), "{log}");
+    let (_b, bounded, log) = run(Some("500"));
+    assert!(log.contains("staged records numbered"), "{log}");
+    assert_eq!(all_counted.as_array().unwrap().len(), 3600);
+    assert_eq!(bounded, all_counted);
+    // Each answer is its own sample: `mX answer k` is sample k.
+    for r in bounded.as_array().unwrap() {
+        let answer = r["response"].as_str().unwrap();
+        assert!(
+            answer.ends_with(&format!("answer {}", n(&r["sample_idx"]))),
+            "{r}"
+        );
+    }
+}

@@ -16,7 +16,9 @@
 //!    - **counted**: a record without a sample index, while every record before it also
 //!      lacked one and none was staged ([`staging::SampleCounts`], one file or
 //!      `--keep-duplicates`): its index is counted in memory and it is a direct record,
-//!      distinct from every other by its number (no duplicate check of its id).
+//!      distinct from every other by its number (no duplicate check of its id). Once the
+//!      counts hold their bound of (case, model) pairs, a new pair's records are staged
+//!      and numbered among themselves at the end, bucket by bucket.
 //!    - **staged**: a record without a sample index (its index depends on the repeats of
 //!      its case and model across the whole corpus) or with imported scores (which must
 //!      find their call) is appended to a scratch staging table under
@@ -277,6 +279,8 @@ pub struct ImportSink {
     counts: Option<SampleCounts>,
     /// Records numbered by `counts` (direct calls).
     counted: u64,
+    /// Records staged because their (case, model) was new once `counts` was full.
+    overflowed: u64,
     /// The cases whose fields were staged lately ([`RecentCases`]).
     recent_cases: RecentCases,
     /// The cases staged, while each is staged once ([`DistinctCases`]); `None` once one
@@ -357,6 +361,7 @@ impl ImportSink {
             copies_dropped: 0,
             counts: None,
             counted: 0,
+            overflowed: 0,
             recent_cases: RecentCases::default(),
             distinct_cases: DistinctCases::new(crate::query::resources().memory_limit),
             models: Models::default(),

@@ -114,7 +114,8 @@ impl ImportSink {
             crate::query::register_parquet(&ctx, "st", &self.store.table_url(STAGING)).await?;
             calls += write_partitioned(
                 &ctx,
-                &self.calls_sql(direct),
+                // Staged pairs that no direct call shares need no base from `direct`.
+                &self.calls_sql(direct && !self.staged_past_counts()),
                 &self.store,
                 PLANNED_CALLS,
                 "part-imported-planned",

@@ -283,17 +283,36 @@ impl ScoreBuilders {
     }
 }
 
+/// What [`SampleCounts`] says of a record without its sample index.
+pub(super) enum Count {
+    /// Its index, counted: a direct call.
+    Sample(i32),
+    /// Its (case, model) is not held and the counts are full: staged, as every later record
+    /// of the pair will be, while the pairs held are still counted.
+    Full,
+    /// Not counted, and counting has stopped.
+    Off,
+}
+
 /// Sample indices counted in memory for records that name none, while every record so far
 /// lacks one: a record's index is the number of earlier records of its (case, model), as
 /// the plans would number it ([`numbering`] over the whole corpus), so it is a direct call
 /// as it arrives and its answer is never staged and read back.
 ///
-/// Bounded: at most `cap` (case, model) pairs, each 16 bytes of key and a count. Past it,
-/// or once a record is staged, counting stops and the later records are staged and
-/// numbered by the plans after the counted ones (the highest index given, plus one), which
-/// is the same number. A record that gives its own index after counted ones makes the
-/// counted numbers wrong: the sink refuses it with [`ImportError::Renumber`] and the
-/// import starts again without counting.
+/// Bounded: at most `cap` (case, model) pairs, each 16 bytes of key and a count. Past it, a
+/// record of a pair not held is staged ([`Count::Full`]), and so is every later record of
+/// that pair (it never enters the full table), while the pairs held go on being counted:
+/// a pair's records are then all counted or all staged, and the staged ones are numbered
+/// from 0 among themselves, bucket by bucket ([`ImportSink::numbers_staged`]). Once a
+/// record is staged for another reason (imported scores), counting stops, and the later
+/// records are staged and numbered by the plans after the counted ones (the highest index
+/// given, plus one), which is the same number. A record that gives its own index after
+/// counted ones makes the counted numbers wrong: the sink refuses it with
+/// [`ImportError::Renumber`] and the import starts again without counting.
+///
+/// (Counting used to stop at the bound: the plans then numbered the rest after a join with
+/// every counted pair's highest index, whose hash table outgrew a 1 GiB limit on a 10M-record
+/// log of 1-3 samples per pair, 5M pairs, and the import failed.)
 pub(super) struct SampleCounts {
     /// By the case id's number and the model's ([`Models`]).
     counts: std::collections::HashMap<u128, u32, FastHash>,
@@ -304,10 +323,16 @@ impl SampleCounts {
     /// Counts within a quarter of the memory limit. A pair is a 32-byte entry (a `u128` key
     /// and its count, aligned) plus a control byte; a table holds at most 7/8 of its slots
     /// and doubles when full, so at worst about 80 bytes a pair: 3.3M pairs at 1 GiB.
+    ///
+    /// `EVALFLOW_IMPORT_COUNT_PAIRS` sets another bound (tests use a small one).
     pub(super) fn new(memory_limit: usize) -> Self {
+        let cap = std::env::var("EVALFLOW_IMPORT_COUNT_PAIRS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or((memory_limit / 4 / 80).max(1024));
         SampleCounts {
             counts: Default::default(),
-            cap: (memory_limit / 4 / 80).max(1024),
+            cap,
         }
     }
 }
@@ -487,22 +512,29 @@ impl ImportSink {
         }
         // A record without its sample index, numbered in memory while the corpus allows
         // ([`SampleCounts`]): a direct call at once, no staging of its answer.
-        if k.call_id.is_none()
-            && r.sample_idx.is_none()
-            && r.scores.is_empty()
-            && let Some(sample) = self.count_sample(k.case_num, model)
-        {
-            // A counted call's fingerprint is never read (its id needs no check), and its id
-            // is computed by the writer task ([`counted_call_ids`]), off this serial task.
-            let fp = k.fp.as_deref().unwrap_or("");
-            self.direct.append(seq, r, k, fp, file_idx, Some(sample));
-            self.direct_ids.append_null();
-            self.direct_rows += 1;
-            self.counted += 1;
-            if self.direct.rows >= STAGE_ROWS {
-                self.send_direct().await?;
+        let mut overflow = false;
+        if k.call_id.is_none() && r.sample_idx.is_none() && r.scores.is_empty() {
+            match self.count_sample(k.case_num, model) {
+                Count::Sample(sample) => {
+                    // A counted call's fingerprint is never read (its id needs no check),
+                    // and its id is computed by the writer task ([`counted_call_ids`]), off
+                    // this serial task.
+                    let fp = k.fp.as_deref().unwrap_or("");
+                    self.direct.append(seq, r, k, fp, file_idx, Some(sample));
+                    self.direct_ids.append_null();
+                    self.direct_rows += 1;
+                    self.counted += 1;
+                    if self.direct.rows >= STAGE_ROWS {
+                        self.send_direct().await?;
+                    }
+                    return Ok(());
+                }
+                Count::Full => {
+                    overflow = true;
+                    self.overflowed += 1;
+                }
+                Count::Off => {}
             }
-            return Ok(());
         }
         if r.sample_idx.is_some() {
             // A given index after counted ones: the counted numbers are not what the
@@ -512,7 +544,7 @@ impl ImportSink {
             }
             self.counts = None;
         }
-        if k.call_id.is_none() {
+        if k.call_id.is_none() && !overflow {
             // Staged records are numbered after every counted one: count no more.
             self.counts = None;
         }
@@ -563,14 +595,16 @@ impl ImportSink {
         Ok(())
     }
 
-    /// The next sample index of (`case_id`, `model`) while counting ([`SampleCounts`]);
-    /// `None` (and counting stops) past the bound, for a case id that is not a digest, or
-    /// when counting stopped.
-    fn count_sample(&mut self, case_num: Option<u128>, model: u32) -> Option<i32> {
-        let c = self.counts.as_mut()?;
-        let key = case_num.map(|h| (h << 32) | u128::from(model));
+    /// The next sample index of (`case_id`, `model`) while counting ([`SampleCounts`]):
+    /// [`Count::Full`] for a pair not held once the counts are full, and [`Count::Off`]
+    /// (counting stops) for a case id that is not a digest, an index past `i32`, or when
+    /// counting stopped.
+    fn count_sample(&mut self, case_num: Option<u128>, model: u32) -> Count {
+        let Some(c) = self.counts.as_mut() else {
+            return Count::Off;
+        };
         let full = c.counts.len() >= c.cap;
-        let sample = match key {
+        let sample = match case_num.map(|h| (h << 32) | u128::from(model)) {
             Some(key) => match c.counts.get_mut(&key) {
                 Some(n) => {
                     *n += 1;
@@ -580,15 +614,15 @@ impl ImportSink {
                     c.counts.insert(key, 1);
                     Some(0)
                 }
-                None => None,
+                None => return Count::Full,
             },
             None => None,
         };
         match sample.and_then(|s| i32::try_from(s).ok()) {
-            Some(s) => Some(s),
+            Some(s) => Count::Sample(s),
             None => {
                 self.counts = None;
-                None
+                Count::Off
             }
         }
     }
@@ -607,13 +641,21 @@ impl ImportSink {
     /// Whether the staged records are numbered by [`numbering`] and become direct calls:
     /// every record lacks its sample index (none is given to count after) and has no
     /// imported score to join, and, when copies of an earlier file are to be dropped, the
-    /// files came one after another.
+    /// files came one after another; and no direct call shares a (case, model) with them:
+    /// there is none, or every staged record's pair was new once the counts were full
+    /// ([`Count::Full`]), so each is numbered from 0 among the staged.
     pub(super) fn numbers_staged(&self) -> bool {
         self.staged_rows > 0
-            && self.direct_rows == 0
+            && (self.direct_rows == 0 || self.staged_past_counts())
             && self.tool_scorers.is_empty()
             && self.missing_samples == self.staged_rows
             && (self.files.len() <= 1 || self.policy.keep_duplicates || self.files_in_order)
+    }
+
+    /// Whether every staged record was staged because its (case, model) was new once the
+    /// counts were full: no direct call shares a pair with a staged one.
+    pub(super) fn staged_past_counts(&self) -> bool {
+        self.overflowed > 0 && self.overflowed == self.staged_rows
     }
 
     /// Numbers the staged records ([`numbering`]) and sends them, in corpus order, to the
@@ -668,8 +710,9 @@ impl ImportSink {
             }
         }
         debug_assert_eq!(sent + self.copies_dropped, self.staged_rows);
-        // They are direct calls now: the plans see no staged record.
-        self.direct_rows = sent;
+        // They are direct calls now (beside any counted ones): the plans see no staged
+        // record.
+        self.direct_rows += sent;
         self.staged_rows = 0;
         self.missing_samples = 0;
         self.store.delete_scratch(numbering::NARROW).await?;
