@@ -314,26 +314,63 @@ pub(super) enum Count {
 /// every counted pair's highest index, whose hash table outgrew a 1 GiB limit on a 10M-record
 /// log of 1-3 samples per pair, 5M pairs, and the import failed.)
 pub(super) struct SampleCounts {
-    /// By the case id's number and the model's ([`Models`]).
-    counts: std::collections::HashMap<u128, u32, FastHash>,
+    counts: std::collections::HashMap<Pair, u32, FastHash>,
     cap: usize,
 }
 
 impl SampleCounts {
-    /// Counts within a quarter of the memory limit. A pair is a 32-byte entry (a `u128` key
-    /// and its count, aligned) plus a control byte; a table holds at most 7/8 of its slots
-    /// and doubles when full, so at worst about 80 bytes a pair: 3.3M pairs at 1 GiB.
+    /// Counts within a quarter of the memory limit ([`pairs_within`]).
     ///
     /// `EVALFLOW_IMPORT_COUNT_PAIRS` sets another bound (tests use a small one).
     pub(super) fn new(memory_limit: usize) -> Self {
         let cap = std::env::var("EVALFLOW_IMPORT_COUNT_PAIRS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or((memory_limit / 4 / 80).max(1024));
+            .unwrap_or_else(|| pairs_within(memory_limit / 4));
         SampleCounts {
             counts: Default::default(),
             cap,
         }
+    }
+}
+
+/// The pairs a count table holds within `bytes`, growth included: a slot is a 20-byte entry
+/// ([`Pair`] and its count) and a control byte; the table has a power of two of slots, fills
+/// 7/8 of them, and doubles when full, the old table alive while it moves. At 1 GiB, 7.3M
+/// pairs (a `u128` key's 16-byte alignment made an entry 32 bytes: 3.3M pairs, fewer than a
+/// 10M-record log of 1-3 samples per pair has).
+fn pairs_within(bytes: usize) -> usize {
+    const SLOT: usize = std::mem::size_of::<(Pair, u32)>() + 1;
+    // The peak: a full table of `slots` beside the half-size one it grew from.
+    let most_slots = (bytes * 2 / (3 * SLOT)).max(1);
+    let slots = 1usize << most_slots.ilog2();
+    (slots / 8 * 7).max(1024)
+}
+
+/// A (case, model) pair as the counts key it: the case id's 96 bits and the model's number,
+/// as four `u32`s (4-byte aligned, so an entry with its count is 20 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Pair([u32; 4]);
+
+impl Pair {
+    /// `None` for a case number past 96 bits (not one of [`super::keys::case_num`]'s).
+    fn new(case_num: u128, model: u32) -> Option<Pair> {
+        (case_num >> 96 == 0).then(|| {
+            let k = (case_num << 32) | u128::from(model);
+            Pair([
+                k as u32,
+                (k >> 32) as u32,
+                (k >> 64) as u32,
+                (k >> 96) as u32,
+            ])
+        })
+    }
+}
+
+impl std::hash::Hash for Pair {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let [a, b, c, d] = self.0.map(u128::from);
+        state.write_u128(a | (b << 32) | (c << 64) | (d << 96));
     }
 }
 
@@ -604,7 +641,7 @@ impl ImportSink {
             return Count::Off;
         };
         let full = c.counts.len() >= c.cap;
-        let sample = match case_num.map(|h| (h << 32) | u128::from(model)) {
+        let sample = match case_num.and_then(|h| Pair::new(h, model)) {
             Some(key) => match c.counts.get_mut(&key) {
                 Some(n) => {
                     *n += 1;
@@ -723,5 +760,41 @@ impl ImportSink {
             "import: staged records numbered"
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_count_is_twenty_bytes_and_a_full_table_fits_its_budget() {
+        assert_eq!(std::mem::size_of::<(Pair, u32)>(), 20);
+        assert_eq!(pairs_within(256 << 20), 7_340_032);
+        // 4 MiB: 131,072 slots of 21 bytes (2.75 MB), and the 65,536 it grew from beside
+        // them while moving: 4.1 MB.
+        let cap = pairs_within(4 << 20);
+        assert_eq!(cap, 114_688);
+        let mut t: std::collections::HashMap<Pair, u32, FastHash> = Default::default();
+        for i in 0..cap as u128 {
+            t.insert(Pair::new(i * 0x1_0000_0001, (i % 7) as u32).unwrap(), 1);
+        }
+        assert_eq!(t.len(), cap, "distinct pairs stay distinct");
+        assert_eq!(
+            t.capacity(),
+            cap,
+            "the table did not grow past the slots counted"
+        );
+    }
+
+    #[test]
+    fn a_pair_keeps_all_96_bits_of_the_case_and_the_model() {
+        let case = u128::from_str_radix("ffffffffffffffffffffffff", 16).unwrap();
+        let a = Pair::new(case, 3).unwrap();
+        assert_ne!(a, Pair::new(case - 1, 3).unwrap());
+        assert_ne!(a, Pair::new(case, 4).unwrap());
+        assert_ne!(Pair::new(1 << 95, 0), Pair::new(0, 0));
+        assert_eq!(a.0, [3, 0xffff_ffff, 0xffff_ffff, 0xffff_ffff]);
+        assert!(Pair::new(1 << 96, 0).is_none(), "past 96 bits");
     }
 }
