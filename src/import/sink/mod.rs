@@ -141,6 +141,9 @@ pub enum ImportError {
     /// A direct calls writer task panicked or was cancelled.
     #[error("import: a calls writer stopped: {0}")]
     Writer(String),
+    /// The temporary file of the call ids held for the duplicate check ([`SeenIds`]).
+    #[error("import: the call ids kept for the duplicate check (a temporary file): {0}")]
+    IdsFile(#[from] std::io::Error),
 }
 
 impl ImportError {
@@ -153,7 +156,10 @@ impl ImportError {
             | ImportError::Duplicate { .. }
             | ImportError::ConflictingExpected { .. }
             | ImportError::NoCluster { .. } => true,
-            ImportError::Writer(_) | ImportError::Numbering(_) | ImportError::Renumber => false,
+            ImportError::Writer(_)
+            | ImportError::Numbering(_)
+            | ImportError::Renumber
+            | ImportError::IdsFile(_) => false,
         }
     }
 }
