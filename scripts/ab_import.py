@@ -2,9 +2,10 @@
 """A/B of `evalflow import` between binaries, alternating them run by run.
 
 Usage: python3 scripts/ab_import.py BIN_A,BIN_B [SHAPES] [REPS]
-  SHAPES: comma-separated of indexed,repeated,plain (default all); REPS: runs per binary
-  and shape (default 5). Reads the 1M corpora of benches/corpus/gen_corpus.py in
-  /tmp/evalflow-corpus (`benches/corpus/bench.py --sizes 1000000` writes them).
+  SHAPES: comma-separated of indexed,repeated,plain (default these three), and the same
+  with `-10m` (10M records); REPS: runs per binary and shape (default 5). Reads the corpora
+  of benches/corpus/gen_corpus.py in /tmp/evalflow-corpus (`benches/corpus/bench.py` writes
+  them).
 
 The machine's speed drifts by a quarter within the hour, so two binaries timed one after the
 other compare the hour, not the code: each repetition runs both, in alternating order, and
@@ -21,12 +22,15 @@ FILES = {
     "indexed": "corpus-1000000.jsonl",
     "repeated": "corpus-1000000-repeated.jsonl",
     "plain": "corpus-1000000-plain.jsonl",
+    "indexed-10m": "corpus-10000000.jsonl",
+    "repeated-10m": "corpus-10000000-repeated.jsonl",
+    "plain-10m": "corpus-10000000-plain.jsonl",
 }
 
 
 def main():
     bins = sys.argv[1].split(",")
-    shapes = sys.argv[2].split(",") if len(sys.argv) > 2 else list(FILES)
+    shapes = sys.argv[2].split(",") if len(sys.argv) > 2 else ["indexed", "repeated", "plain"]
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 5
     res = {}
     for shape in shapes:

@@ -7,8 +7,10 @@ Usage: python3 benches/foreign/clustered.py [--bin target/release/evalflow] [--r
 Writes one table of `--rows` rows in random order (20 models x 20,000 templates shared by all,
 keys `model-N` / `tpl-N`, a 0/1 `score` and a paired `score_b`) in several layouts:
 pyarrow with default options (1M-row row groups), pyarrow with 100k-row row groups, DuckDB's
-`COPY`, and pyarrow with long keys (`sentiment/negation_test/tpl-N`). On each it times, as a
-user runs them (a new process each, best of `--reps`):
+`COPY`, pyarrow with long keys (`sentiment/negation_test/tpl-N`), pyarrow with 64k-row
+groups (`rg64k`), polars' writer (zstd, large strings) and DataFusion's (zstd), both Python
+packages with their defaults (`--layouts` picks some). On each it times, as a user runs them
+(a new process each, best of `--reps`):
 
 - `evalflow sql` with `clustered_se`, `clustered_mean_ci` and `paired_diff_clustered` GROUP BY
   model;
@@ -76,8 +78,27 @@ def write(path, rows, layout):
         con = duckdb.connect()
         con.execute(f"COPY (SELECT * FROM read_parquet('{tmp}')) TO '{path}' (FORMAT parquet)")
         os.remove(tmp)
+    elif layout == "polars":
+        # polars' own writer, its defaults (zstd, large strings).
+        import polars as pl
+        pl.from_arrow(tbl).write_parquet(path)
+    elif layout == "datafusion":
+        # DataFusion's (Python package) writer, its defaults.
+        import datafusion
+        ctx = datafusion.SessionContext()
+        tmp = path + ".dir"
+        ctx.from_arrow(tbl).write_parquet(tmp)
+        parts = sorted(os.listdir(tmp)) if os.path.isdir(tmp) else []
+        if parts:
+            # One file, as a user would hand it over: a directory of one part is moved out.
+            assert len(parts) == 1, parts
+            os.rename(os.path.join(tmp, parts[0]), path)
+            os.rmdir(tmp)
+        else:
+            os.rename(tmp, path)
     else:
-        pq.write_table(tbl, path, row_group_size=100_000 if layout == "rg100k" else 1_000_000)
+        groups = {"rg100k": 100_000, "rg64k": 65_536}.get(layout, 1_000_000)
+        pq.write_table(tbl, path, row_group_size=groups)
 
 
 def best(cmd, reps):
@@ -98,7 +119,7 @@ def main():
     ap.add_argument("--rows", type=int, default=20_000_000)
     ap.add_argument("--work", default="/tmp/evalflow-foreign")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--layouts", default="pyarrow,rg100k,duckdb,long_keys")
+    ap.add_argument("--layouts", default="pyarrow,rg100k,rg64k,duckdb,polars,datafusion,long_keys")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     ev = os.path.abspath(a.bin)
