@@ -256,6 +256,11 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
     });
     let out = a.out.clone();
     let skip_file = a.skip_bad_lines.clone();
+    // A host that drops this command before it returns (a Ctrl-C it caught before the
+    // import watched for one: it cancels instead of waiting) gets the same clean-up as an
+    // interrupted import, once its runtime is down; dropped tasks no longer write then.
+    let on_drop =
+        super::embedded().then(|| CleanUpIfDropped(Some(LateCleanUp::of(&out, &created_dir))));
     // Samples are counted as records arrive; a source that gives an index after records
     // counted without one is imported again, numbered by the plans.
     let mut result = import_into(a.clone(), stop.clone(), true).await;
@@ -271,6 +276,9 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
         )),
         r => r.map(|_| ()),
     };
+    if let Some(mut g) = on_drop {
+        g.0 = None;
+    }
     signals.abort();
     if matches!(result, Err(CliError::Interrupted(_))) {
         // Stopped in the middle of a plan: its tasks may still be writing; remove what
@@ -296,19 +304,7 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
     if matches!(result, Err(CliError::Interrupted(_))) && super::embedded() {
         // A host process is not ended: once the runtime is down (no task of the dropped
         // plan left), what such a task wrote late goes too.
-        let created = created_dir.clone();
-        let local = (!out.contains("://")).then(|| PathBuf::from(&out));
-        super::defer(move || {
-            // Parsing and hashing jobs run on rayon, which the runtime's shutdown does not
-            // wait for: let every rayon thread finish the job it holds first.
-            rayon::broadcast(|_| ());
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            if let Some(d) = created {
-                let _ = std::fs::remove_dir_all(d);
-            } else if let Some(root) = local {
-                let _ = std::fs::remove_dir_all(root.join("_import"));
-            }
-        });
+        LateCleanUp::of(&out, &created_dir).defer();
     }
     if let Err(CliError::Interrupted(msg)) = &result
         && !super::embedded()
@@ -319,6 +315,47 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
         std::process::exit(130);
     }
     result
+}
+
+/// What an embedded import stopped part way removes once the host's runtime is down: the
+/// root it created, else its `_import/` (local roots only).
+struct LateCleanUp {
+    created: Option<PathBuf>,
+    local: Option<PathBuf>,
+}
+
+impl LateCleanUp {
+    fn of(out: &str, created: &Option<PathBuf>) -> Self {
+        LateCleanUp {
+            created: created.clone(),
+            local: (!out.contains("://")).then(|| PathBuf::from(out)),
+        }
+    }
+
+    fn defer(self) {
+        super::defer(move || {
+            // Parsing and hashing jobs run on rayon, which the runtime's shutdown does not
+            // wait for: let every rayon thread finish the job it holds first.
+            rayon::broadcast(|_| ());
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            if let Some(d) = self.created {
+                let _ = std::fs::remove_dir_all(d);
+            } else if let Some(root) = self.local {
+                let _ = std::fs::remove_dir_all(root.join("_import"));
+            }
+        });
+    }
+}
+
+/// Defers its clean-up if dropped still holding it: the import's future was dropped.
+struct CleanUpIfDropped(Option<LateCleanUp>);
+
+impl Drop for CleanUpIfDropped {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.defer();
+        }
+    }
 }
 
 fn interrupted() -> CliError {
