@@ -276,8 +276,8 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
         )),
         r => r.map(|_| ()),
     };
-    if let Some(mut g) = on_drop {
-        g.0 = None;
+    if let Some(g) = on_drop {
+        g.disarm();
     }
     signals.abort();
     if matches!(result, Err(CliError::Interrupted(_))) {
@@ -349,6 +349,13 @@ impl LateCleanUp {
 
 /// Defers its clean-up if dropped still holding it: the import's future was dropped.
 struct CleanUpIfDropped(Option<LateCleanUp>);
+
+impl CleanUpIfDropped {
+    /// The import returned: its own paths clean up.
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
 
 impl Drop for CleanUpIfDropped {
     fn drop(&mut self) {

@@ -150,7 +150,7 @@ impl ImportSink {
     /// else (from then on, with those held) in the ids table.
     async fn keep_ids(&mut self, batch: RecordBatch) -> Result<(), ImportError> {
         if let Some(seen) = self.seen_ids.as_mut() {
-            if seen.add(&batch)? {
+            if seen.add(&batch).map_err(ImportError::IdsFile)? {
                 return Ok(());
             }
             self.spill_seen_ids().await?;
@@ -162,8 +162,8 @@ impl ImportSink {
     /// them with the rest.
     pub(super) async fn spill_seen_ids(&mut self) -> Result<(), ImportError> {
         if let Some(seen) = self.seen_ids.take() {
-            for b in seen.into_batches()? {
-                self.write_ids(&b?).await?;
+            for b in seen.into_batches().map_err(ImportError::IdsFile)? {
+                self.write_ids(&b.map_err(ImportError::IdsFile)?).await?;
             }
         }
         Ok(())

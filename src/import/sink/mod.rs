@@ -143,7 +143,7 @@ pub enum ImportError {
     Writer(String),
     /// The temporary file of the call ids held for the duplicate check ([`SeenIds`]).
     #[error("import: the call ids kept for the duplicate check (a temporary file): {0}")]
-    IdsFile(#[from] std::io::Error),
+    IdsFile(#[source] std::io::Error),
 }
 
 impl ImportError {
