@@ -569,6 +569,21 @@ pub async fn register_tables(
     Ok(())
 }
 
+/// Registers the five tables of a run as [`register_run`] does, but writes nothing: a
+/// compaction a crash left pending is not finished (the viewer reads roots it must not
+/// change). Every part's footer is checked as there.
+pub async fn register_run_read_only(
+    ctx: &SessionContext,
+    store: &RunStore,
+) -> Result<(), QueryError> {
+    store.register_with(ctx);
+    for t in Table::ALL {
+        let rel = [t.name().to_string()];
+        register_folders(ctx, store, t.name(), t, &rel).await?;
+    }
+    Ok(())
+}
+
 /// Registers `scores` as the folders of some scorer versions only
 /// (`scores/<name>@<version>/`): a stage about one version (or a diff of two) neither lists
 /// nor holds the footers of the other versions' parts.

@@ -77,6 +77,8 @@ pub struct Runner {
     pub batch: bool,
     /// `--no-wait`: a batch-mode call submits its batches and returns.
     pub no_wait: bool,
+    /// The root's lease: one writer per root while this runner lives.
+    _lease: crate::storage::Lease,
 }
 
 /// The default run id: the run name and the current UTC time.
@@ -102,6 +104,9 @@ impl Runner {
             None => format!("runs/{}", default_run_id(&pipeline)),
         };
         let store = RunStore::open(&root)?;
+        // Before the manifest is read: a second writer must not act on what the first is
+        // about to change.
+        let lease = crate::storage::Lease::acquire(&store, crate::storage::lease::verb()).await?;
         // A run none of whose stages committed (generate failed on a typo, a missing source
         // file, Ctrl-C) holds nothing paid for: the fixed pipeline takes it over.
         let existing = Manifest::load(&store)
@@ -154,6 +159,7 @@ impl Runner {
             retry_errors: false,
             batch: false,
             no_wait: false,
+            _lease: lease,
         })
     }
 

@@ -2169,3 +2169,78 @@ fn a_judge_over_many_parts_scores_the_same_and_resumes_without_paying_twice() {
     assert_eq!(scores(&parts), b, "the same scores from the pruned reads");
     drop(judge);
 }
+
+/// Two `call` processes on one root (an overlapping cron job): the second is refused, exit 2
+/// naming the first, every time; with `--wait-lock` it waits and then finds nothing to send.
+/// No request reaches the server twice and `calls` holds each call once.
+#[test]
+fn a_second_writer_on_one_root_is_refused_or_waits_and_nothing_is_paid_twice() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let cfg = MockConfig {
+        latency: Duration::from_millis(300),
+        request_log: Some(log.clone()),
+        ..mock_cfg(vec![])
+    };
+    let server = rt.block_on(MockServer::start(loopback(), cfg)).unwrap();
+    let p = pipeline(dir.path(), "two", &server.base_url(), 16, "concurrency = 4");
+    let root = dir.path().join("run");
+    let (p, root_s) = (p.to_str().unwrap(), root.to_str().unwrap());
+    let cache = dir.path().join("cache");
+    let with_env = |e: Evalflow| e.env("EVALFLOW_CACHE_DIR", cache.to_str().unwrap());
+    let o = with_env(bin().args(["generate", p, "--out", root_s])).output();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let mut first = KillOnDrop(
+        with_env(bin().args(["call", p, "--out", root_s]))
+            .command()
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // The first holds the lease once its name is in the lease file.
+    let lease = root.join("_lease.json");
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string(&lease).is_ok_and(|s| s.contains("\"call\"")) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no lease taken");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = first.0.id().to_string();
+    for _ in 0..5 {
+        let o = with_env(bin().args(["call", p, "--out", root_s])).output();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("another writer holds this root")
+                && err.contains("`evalflow call`")
+                && err.contains(&format!("pid {pid}")),
+            "{err}"
+        );
+    }
+    assert!(
+        first.0.try_wait().unwrap().is_none(),
+        "the refusals came while the first still ran"
+    );
+    let o = with_env(bin().args(["call", p, "--out", root_s, "--wait-lock"])).output();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("waiting for `evalflow call`"), "{err}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("0 sent now, 80 already committed"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(first.0.wait().unwrap().success());
+
+    let rows = rt.block_on(calls(&root));
+    let ids: HashSet<&str> = rows.iter().map(|r| r.call_id.as_str()).collect();
+    assert_eq!((rows.len(), ids.len()), (80, 80));
+    assert_eq!(read_log(&log).len(), 80, "each call requested once");
+    // A reader needs no lease: sql answers while nothing holds it, and while a writer does.
+    let o = bin()
+        .args(["sql", "SELECT count(*) AS n FROM calls", "--run", root_s])
+        .output();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

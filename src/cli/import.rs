@@ -422,6 +422,7 @@ async fn import_into(
         Arc::default()
     };
     let store = RunStore::open(&a.out).map_err(|e| CliError::BadInput(e.to_string()))?;
+    let _lease = super::lease(&store).await?;
     if Manifest::load(&store)
         .await
         .map_err(|e| CliError::Internal(e.to_string()))?

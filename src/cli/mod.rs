@@ -78,6 +78,10 @@ pub struct Cli {
     /// Cores to use: partitions of every plan and parts processed at once (default: all).
     #[arg(long, global = true, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
+    /// A verb that writes a run root waits for another writer of that root to finish,
+    /// instead of exiting 2 naming it (one writer per root: docs/reliability.md).
+    #[arg(long, global = true)]
+    pub wait_lock: bool,
 }
 
 /// `--cluster df://HOST:PORT` of the query verbs (not global: `import --cluster` names the
@@ -94,6 +98,8 @@ pub struct ClusterArg {
 impl Cli {
     /// Sets the process-wide [`crate::query::Resources`] from the flags.
     pub fn apply_resources(&self) {
+        crate::storage::lease::set_wait(self.wait_lock);
+        crate::storage::lease::set_verb(self.command.verb());
         let mut r = crate::query::resources();
         if let Some(m) = self.memory_limit {
             r.memory_limit = m;
@@ -215,6 +221,55 @@ pub enum Command {
     /// `ballista` feature).
     #[cfg(feature = "ballista")]
     Executor(cluster::ExecutorArgs),
+}
+
+impl Command {
+    /// The verb as typed, for the root's lease.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Command::Run(_) => "run",
+            Command::Generate(_) => "generate",
+            Command::Call(_) => "call",
+            Command::Validate(_) => "validate",
+            Command::Score(_) => "score",
+            Command::Aggregate(_) => "aggregate",
+            Command::Sql(_) => "sql",
+            Command::Import(_) => "import",
+            Command::MockServer(_) => "mock-server",
+            Command::Check(_) => "check",
+            Command::Rescore(_) => "rescore",
+            Command::Scorers(_) => "scorers",
+            Command::Report(_) => "report",
+            Command::Holdout(_) => "holdout",
+            Command::Suggest(_) => "suggest",
+            Command::Judge(_) => "judge",
+            Command::Compare(_) => "compare",
+            Command::Plan(_) => "plan",
+            Command::Compact(_) => "compact",
+            Command::Runs(_) => "runs",
+            Command::Status(_) => "status",
+            #[cfg(feature = "ballista")]
+            Command::Scheduler(_) => "scheduler",
+            #[cfg(feature = "ballista")]
+            Command::Executor(_) => "executor",
+        }
+    }
+}
+
+/// Takes the lease of a root a verb writes (see [`crate::storage::lease`]): exit 2 naming
+/// the holder when another process writes it.
+pub(crate) async fn lease(
+    store: &crate::storage::RunStore,
+) -> Result<crate::storage::Lease, CliError> {
+    crate::storage::Lease::acquire(store, crate::storage::lease::verb())
+        .await
+        .map_err(|e| {
+            if e.is_bad_input() {
+                CliError::BadInput(e.to_string())
+            } else {
+                internal(e)
+            }
+        })
 }
 
 #[derive(Debug, clap::Args)]
@@ -405,13 +460,19 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Runs(a) => runs::run(a).await,
         Command::Status(a) => runs::status(a).await,
         Command::Compact(a) => {
-            let (_, store, manifest) = crate::query::open_run(&a.run).await.map_err(|e| {
+            let (_, store, _) = crate::query::open_run(&a.run).await.map_err(|e| {
                 if e.is_bad_input() {
                     CliError::BadInput(e.to_string())
                 } else {
                     internal(e)
                 }
             })?;
+            let _lease = lease(&store).await?;
+            // Read again under the lease: the writer it waited for may have changed it.
+            let manifest = crate::storage::Manifest::load(&store)
+                .await
+                .map_err(internal)?
+                .ok_or_else(|| internal(format!("{}: manifest.json is gone", store.display())))?;
             if let Some((stage, _)) = manifest
                 .stages
                 .iter()

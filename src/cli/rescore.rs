@@ -101,6 +101,11 @@ fn from_file(a: &RescoreArgs, file: &std::path::Path) -> Result<user::ScorerDef,
 }
 
 pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
+    let (_, store, _) = open_run(&a.run)
+        .await
+        .map_err(|e| CliError::BadInput(e.to_string()))?;
+    let _lease = super::lease(&store).await?;
+    // Read again under the lease: the writer it waited for may have changed it.
     let (_, store, mut manifest) = open_run(&a.run)
         .await
         .map_err(|e| CliError::BadInput(e.to_string()))?;

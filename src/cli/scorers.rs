@@ -61,6 +61,11 @@ async fn nested_judge_dir(
 
 /// `scorers RUN --delete NAME@VERSION`.
 async fn delete(run: &str, tag: &str) -> Result<(), CliError> {
+    let (_, store, _) = open_run(run)
+        .await
+        .map_err(|e| CliError::BadInput(e.to_string()))?;
+    let _lease = super::lease(&store).await?;
+    // Read again under the lease: the writer it waited for may have changed it.
     let (ctx, store, mut manifest) = open_run(run)
         .await
         .map_err(|e| CliError::BadInput(e.to_string()))?;

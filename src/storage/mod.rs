@@ -8,6 +8,7 @@
 
 mod bloom;
 pub mod compact;
+pub mod lease;
 mod manifest;
 mod part_file;
 mod parts;
@@ -15,6 +16,7 @@ mod root;
 mod store;
 
 pub use bloom::{Bloom, hash as bloom_hash};
+pub use lease::Lease;
 pub use manifest::{Manifest, StageRecord, StageStatus, now as manifest_now};
 pub use part_file::PartFile;
 pub use parts::{PartWriter, PipelinedEncoder, encode_parquet, parquet_props};
@@ -24,6 +26,12 @@ pub use store::{PART_ROWS, PartFooter, RunStore, part_rows};
 /// Errors of the run store. Each names the location it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
+    /// Another process writes this root (it holds `_lease.json`).
+    #[error(
+        "{root}: another writer holds this root: {holder}; wait for it to finish, or pass \
+         --wait-lock to wait"
+    )]
+    Leased { root: String, holder: String },
     /// The run root could not be understood (bad URL, unsupported scheme).
     #[error("run root `{root}`: {msg}")]
     BadRoot { root: String, msg: String },
@@ -92,6 +100,7 @@ impl StorageError {
         matches!(
             self,
             StorageError::BadRoot { .. }
+                | StorageError::Leased { .. }
                 | StorageError::Credentials { .. }
                 | StorageError::CorruptPart { .. }
                 | StorageError::Schema(_)
