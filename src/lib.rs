@@ -22,5 +22,6 @@ pub mod storage;
 pub mod udaf;
 pub mod vader;
 pub mod validity;
+pub mod view;
 
 pub use udaf::register_all;

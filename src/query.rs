@@ -576,10 +576,20 @@ pub async fn register_run_read_only(
     ctx: &SessionContext,
     store: &RunStore,
 ) -> Result<(), QueryError> {
+    register_run_read_only_as(ctx, store, "").await
+}
+
+/// [`register_run_read_only`] with the tables named `<prefix>cases`, ... (`a_`, `b_` for
+/// two runs compared).
+pub async fn register_run_read_only_as(
+    ctx: &SessionContext,
+    store: &RunStore,
+    prefix: &str,
+) -> Result<(), QueryError> {
     store.register_with(ctx);
     for t in Table::ALL {
         let rel = [t.name().to_string()];
-        register_folders(ctx, store, t.name(), t, &rel).await?;
+        register_folders(ctx, store, &format!("{prefix}{}", t.name()), t, &rel).await?;
     }
     Ok(())
 }

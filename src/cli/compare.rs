@@ -11,8 +11,7 @@ use crate::query::{new_context, register_run};
 use crate::stages::score::ScorerId;
 use crate::storage::RunStore;
 
-/// The report query behind `compare`.
-pub const PAIRED_COMPARISON_SQL: &str = include_str!("../../sql/paired_comparison.sql");
+pub use crate::report::{PAIRED_COMPARISON_SQL, with_scorer};
 
 /// `compare`'s help after the options: the row fields, which `--format json` keeps stable for
 /// scripts and the Python package.
@@ -69,26 +68,6 @@ pub struct CompareArgs {
     pub output: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub cluster: super::ClusterArg,
-}
-
-/// Points a report query written for the checklist scorer at `spec` (NAME or NAME@VERSION):
-/// its `'checklist'` literals become the name, and with a version, the "newest version"
-/// subqueries become that version.
-pub fn with_scorer(sql: &str, spec: &str) -> String {
-    let (name, version) = spec
-        .split_once('@')
-        .map_or((spec, None), |(n, v)| (n, Some(v)));
-    let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
-    let mut out = sql.to_string();
-    if let Some(v) = version {
-        for t in ["a_scores", "b_scores", "scores"] {
-            out = out.replace(
-                &format!("(SELECT max(scoring_version) FROM {t} WHERE scorer = 'checklist')"),
-                &lit(v),
-            );
-        }
-    }
-    out.replace("'checklist'", &lit(name))
 }
 
 /// The scorer a comparison of `runs` is about: `--scorer`, else the first scorer of the

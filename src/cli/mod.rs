@@ -15,6 +15,7 @@ mod runs;
 mod scorers;
 mod sql;
 mod suggest;
+mod view;
 
 use std::path::PathBuf;
 
@@ -214,6 +215,9 @@ pub enum Command {
     Runs(runs::RunsArgs),
     /// A run's stages and the batches a batch-mode call left open (ids, states).
     Status(runs::StatusArgs),
+    /// Serve a read-only viewer of the runs under a folder (or one run, or an s3:// prefix):
+    /// results with their intervals, every answer, scorer versions and runs side by side.
+    View(view::ViewArgs),
     /// Start a Ballista scheduler with every evalflow function (the `ballista` feature).
     #[cfg(feature = "ballista")]
     Scheduler(cluster::SchedulerArgs),
@@ -248,6 +252,7 @@ impl Command {
             Command::Compact(_) => "compact",
             Command::Runs(_) => "runs",
             Command::Status(_) => "status",
+            Command::View(_) => "view",
             #[cfg(feature = "ballista")]
             Command::Scheduler(_) => "scheduler",
             #[cfg(feature = "ballista")]
@@ -459,6 +464,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Plan(a) => plan::run(a).await,
         Command::Runs(a) => runs::run(a).await,
         Command::Status(a) => runs::status(a).await,
+        Command::View(a) => view::run(a).await,
         Command::Compact(a) => {
             let (_, store, _) = crate::query::open_run(&a.run).await.map_err(|e| {
                 if e.is_bad_input() {

@@ -570,3 +570,32 @@ pub async fn write_for_run(
     let report = gather(store, manifest, scorer, rows).await?;
     write(store, None, html::render(&report)?).await
 }
+
+/// The report query behind `compare` (the verb, the report's comparison and the viewer run
+/// the same SQL, so they cannot drift).
+pub const PAIRED_COMPARISON_SQL: &str = include_str!("../../sql/paired_comparison.sql");
+
+/// Points a report query written for the checklist scorer at `spec` (NAME or NAME@VERSION):
+/// its `'checklist'` literals become the name, and with a version, the "newest version"
+/// subqueries become that version.
+pub fn with_scorer(sql: &str, spec: &str) -> String {
+    let (name, version) = spec
+        .split_once('@')
+        .map_or((spec, None), |(n, v)| (n, Some(v)));
+    let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let mut out = sql.to_string();
+    if let Some(v) = version {
+        for t in ["a_scores", "b_scores", "scores"] {
+            out = out.replace(
+                &format!("(SELECT max(scoring_version) FROM {t} WHERE scorer = 'checklist')"),
+                &lit(v),
+            );
+        }
+    }
+    out.replace("'checklist'", &lit(name))
+}
+
+/// [`PAIRED_COMPARISON_SQL`] about the scorer `spec` (`NAME` or `NAME@VERSION`).
+pub fn paired_comparison_sql(spec: &str) -> String {
+    with_scorer(PAIRED_COMPARISON_SQL, spec)
+}

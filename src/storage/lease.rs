@@ -191,7 +191,7 @@ pub struct Lease {
 enum Inner {
     /// The locked file; closing it unlocks.
     Local(#[allow(dead_code)] std::fs::File),
-    Object(ObjectLease),
+    Object(Box<ObjectLease>),
 }
 
 #[derive(Debug)]
@@ -419,13 +419,13 @@ async fn try_object(
         ttl,
     ));
     Ok(Ok(Lease {
-        inner: Inner::Object(ObjectLease {
+        inner: Inner::Object(Box::new(ObjectLease {
             store: store.clone(),
             location,
             token: body_token(&body),
             renew,
             released: false,
-        }),
+        })),
     }))
 }
 

@@ -1,0 +1,626 @@
+//! The answers behind a number: pages of answers, one answer, two scorer versions side by
+//! side, two runs paired.
+//!
+//! A page is a positional scan, not a sort: the cursor names a part of the listed table (the
+//! chosen scorer version's `scores` parts, or `calls` when the run has no scores) and how many
+//! of its matching rows were shown, so the next page reads on from there, one part at a time,
+//! in a one-partition plan that keeps the file's order. The filters are pushed into the
+//! Parquet scan (row groups pruned by their statistics, rows filtered while decoding) and the
+//! plan stops at the page's last row: a page never sorts or skips over the whole table. The
+//! page's texts come from point lookups by `call_id` and `case_id` (parts' bloom filters).
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::prelude::SessionContext;
+use serde_json::{Value, json};
+
+use super::ViewError;
+use super::catalog::RunView;
+use crate::config::ScorerId;
+
+/// Characters of an input or a response shown in a page's row.
+const SNIPPET: usize = 200;
+/// Rows of a page by default, and at most.
+const DEFAULT_LIMIT: usize = 50;
+const MAX_LIMIT: usize = 500;
+/// Values in one `IN (...)` lookup: DataFusion prunes row groups by bloom filter for lists
+/// this short.
+const LOOKUP_CHUNK: usize = 20;
+
+/// A SQL string literal.
+pub(super) fn lit(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// Runs `sql` and returns its rows as JSON objects (for small results only: a page, an
+/// answer, a table of results).
+pub(super) async fn json_rows(ctx: &SessionContext, sql: &str) -> Result<Value, ViewError> {
+    let df = ctx
+        .sql(sql)
+        .await
+        .map_err(crate::query::QueryError::df(sql.to_string()))?;
+    let batches = df
+        .collect()
+        .await
+        .map_err(crate::query::QueryError::df(sql.to_string()))?;
+    batches_json(&batches)
+}
+
+/// Record batches as one JSON array of row objects, NULL as `null`.
+pub(super) fn batches_json(batches: &[RecordBatch]) -> Result<Value, ViewError> {
+    let mut w = datafusion::arrow::json::WriterBuilder::new()
+        .with_explicit_nulls(true)
+        .build::<_, datafusion::arrow::json::writer::JsonArray>(Vec::new());
+    let refs: Vec<&RecordBatch> = batches.iter().collect();
+    w.write_batches(&refs)
+        .map_err(|e| ViewError::BadRequest(format!("rendering rows as JSON: {e}")))?;
+    w.finish()
+        .map_err(|e| ViewError::BadRequest(format!("rendering rows as JSON: {e}")))?;
+    let bytes = w.into_inner();
+    if bytes.is_empty() {
+        return Ok(json!([]));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| ViewError::BadRequest(e.to_string()))
+}
+
+/// The filters of `GET /api/runs/{run}/answers`.
+#[derive(Debug, Default)]
+pub struct Filter {
+    eq: Vec<(&'static str, String)>,
+    passed: Option<Option<bool>>,
+    score_min: Option<f64>,
+    score_max: Option<f64>,
+    q: Option<String>,
+    scorer: Option<String>,
+    limit: usize,
+    after: Option<(String, usize)>,
+}
+
+impl Filter {
+    /// Parses the query string; an unknown parameter or a malformed value is refused.
+    pub fn parse(q: &[(String, String)]) -> Result<Filter, ViewError> {
+        let mut f = Filter {
+            limit: DEFAULT_LIMIT,
+            ..Filter::default()
+        };
+        for (k, v) in q {
+            if v.is_empty() {
+                continue;
+            }
+            let bad = |what: &str| ViewError::BadRequest(format!("{k}={v}: {what}"));
+            match k.as_str() {
+                "test" => f.eq.push(("test", v.clone())),
+                "capability" => f.eq.push(("capability", v.clone())),
+                "test_type" => f.eq.push(("test_type", v.clone())),
+                "model" => f.eq.push(("model", v.clone())),
+                "validity" => f.eq.push(("validity", v.clone())),
+                "role" => f.eq.push(("role", v.clone())),
+                "finish_reason" => f.eq.push(("finish_reason", v.clone())),
+                "scorer" => f.scorer = Some(v.clone()),
+                "q" => f.q = Some(v.clone()),
+                "passed" => {
+                    f.passed = Some(match v.as_str() {
+                        "true" => Some(true),
+                        "false" => Some(false),
+                        "null" => None,
+                        _ => return Err(bad("give true, false or null")),
+                    })
+                }
+                "score_min" => f.score_min = Some(v.parse().map_err(|_| bad("not a number"))?),
+                "score_max" => f.score_max = Some(v.parse().map_err(|_| bad("not a number"))?),
+                "limit" => {
+                    let n: usize = v.parse().map_err(|_| bad("not a whole number"))?;
+                    if n == 0 || n > MAX_LIMIT {
+                        return Err(bad(&format!("from 1 to {MAX_LIMIT}")));
+                    }
+                    f.limit = n;
+                }
+                "after" => f.after = Some(parse_cursor(v).ok_or_else(|| bad("not a cursor"))?),
+                "token" => {}
+                _ => {
+                    return Err(ViewError::BadRequest(format!(
+                        "unknown filter `{k}` (test, capability, test_type, model, validity, \
+                         role, finish_reason, scorer, passed, score_min, score_max, q, limit, \
+                         after)"
+                    )));
+                }
+            }
+        }
+        Ok(f)
+    }
+}
+
+/// `PART_NAME~SHOWN`: the part the last page ended in and how many of its matching rows were
+/// shown.
+fn parse_cursor(s: &str) -> Option<(String, usize)> {
+    let (part, n) = s.rsplit_once('~')?;
+    if part.is_empty() || part.contains('/') {
+        return None;
+    }
+    Some((part.to_string(), n.parse().ok()?))
+}
+
+/// The columns a page row has, and where each comes from.
+const SCORE_COLS: &str = "call_id, case_id, model, sample_idx, validity, score, passed, label, \
+                          test, capability, test_type, role";
+const CALL_COLS: &str = "call_id, case_id, model, sample_idx, finish_reason";
+
+/// `GET /api/runs/{run}/answers`.
+pub async fn page(r: &RunView, f: &Filter) -> Result<Value, ViewError> {
+    let scorer = r.scorer(f.scorer.as_deref()).await?;
+    let (dir, cols) = match &scorer {
+        Some(s) => (s.dir(), SCORE_COLS),
+        None => ("calls".to_string(), CALL_COLS),
+    };
+    let on_scores = scorer.is_some();
+    let mut conds: Vec<String> = Vec::new();
+    for (col, v) in &f.eq {
+        let cond = format!("{col} = {}", lit(v));
+        conds.push(match (*col, on_scores) {
+            ("finish_reason", true) => {
+                format!("call_id IN (SELECT call_id FROM calls WHERE {cond})")
+            }
+            ("validity", false) => {
+                format!("call_id IN (SELECT call_id FROM validity WHERE {cond})")
+            }
+            ("test" | "capability" | "test_type" | "role", false) => {
+                format!("case_id IN (SELECT case_id FROM cases WHERE {cond})")
+            }
+            _ => cond,
+        });
+    }
+    if let Some(p) = f.passed {
+        if !on_scores {
+            return Err(ViewError::BadRequest(
+                "passed: the run has no scores to filter on".into(),
+            ));
+        }
+        conds.push(match p {
+            Some(true) => "passed".into(),
+            Some(false) => "NOT passed".into(),
+            None => "passed IS NULL".into(),
+        });
+    }
+    for (v, op) in [(f.score_min, ">="), (f.score_max, "<=")] {
+        if let Some(v) = v {
+            if !on_scores {
+                return Err(ViewError::BadRequest(
+                    "score: the run has no scores to filter on".into(),
+                ));
+            }
+            conds.push(format!("score {op} {v}"));
+        }
+    }
+    if let Some(q) = &f.q {
+        let pat = lit(&format!(
+            "%{}%",
+            q.replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_")
+        ));
+        conds.push(format!(
+            "(call_id IN (SELECT call_id FROM calls WHERE response ILIKE {pat}) OR case_id IN \
+             (SELECT case_id FROM cases WHERE input ILIKE {pat}))"
+        ));
+    }
+    let cond = if conds.is_empty() {
+        "TRUE".to_string()
+    } else {
+        conds.join(" AND ")
+    };
+    let parts = r.store.list_parts(&dir).await?;
+    let names: Vec<String> = parts
+        .iter()
+        .map(|p| p.location.filename().unwrap_or_default().to_string())
+        .collect();
+    let (mut i, mut skip) = match &f.after {
+        None => (0, 0),
+        Some((name, shown)) => match names.iter().position(|n| n == name) {
+            Some(i) => (i, *shown),
+            // The part was compacted away: go on from the parts after its name.
+            None => (names.iter().take_while(|n| *n <= name).count(), 0),
+        },
+    };
+    let ctx = r.page_ctx().await?;
+    let mut rows: Vec<Value> = Vec::new();
+    let mut next = None;
+    while i < parts.len() {
+        let want = f.limit - rows.len();
+        let url = r.store.table_url(&format!("{dir}/{}", names[i]));
+        let url = url.trim_end_matches('/');
+        let table = format!("part_{}", uuid::Uuid::new_v4().simple());
+        ctx.register_parquet(&table, url, Default::default())
+            .await
+            .map_err(crate::query::QueryError::df(url.to_string()))?;
+        // One more than wanted tells whether this part has more.
+        let sql = format!(
+            "SELECT {cols} FROM {table} WHERE {cond} LIMIT {} OFFSET {skip}",
+            want + 1
+        );
+        let got = json_rows(ctx, &sql).await;
+        let _ = ctx.deregister_table(&table);
+        let got = got?;
+        let mut got = got.as_array().cloned().unwrap_or_default();
+        if got.len() > want {
+            got.truncate(want);
+            rows.extend(got);
+            next = Some(format!("{}~{}", names[i], skip + want));
+            break;
+        }
+        rows.extend(got);
+        i += 1;
+        skip = 0;
+        if rows.len() == f.limit {
+            if i < parts.len() {
+                next = Some(format!("{}~0", names[i]));
+            }
+            break;
+        }
+    }
+    fill_page(r, &mut rows, on_scores).await?;
+    if let Some(s) = &scorer {
+        for row in &mut rows {
+            row["scorer"] = json!(s.name);
+            row["scoring_version"] = json!(s.version);
+        }
+    }
+    Ok(json!({
+        "rows": rows,
+        "next": next,
+        "scorer": scorer.map(|s| s.tag()),
+    }))
+}
+
+/// Adds the texts (and, for a page of calls, the case's fields and the verdict) to a page's
+/// rows by point lookups.
+async fn fill_page(r: &RunView, rows: &mut [Value], on_scores: bool) -> Result<(), ViewError> {
+    let ids = |key: &str| -> Vec<String> {
+        let mut v: Vec<String> = rows
+            .iter()
+            .filter_map(|r| r[key].as_str().map(str::to_string))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let call_cols = format!("call_id, substr(response, 1, {SNIPPET}) AS response, finish_reason");
+    let calls = lookup(&r.ctx, "calls", "call_id", &call_cols, &ids("call_id")).await?;
+    let case_cols = if on_scores {
+        format!("case_id, substr(input, 1, {SNIPPET}) AS input, expected")
+    } else {
+        format!(
+            "case_id, substr(input, 1, {SNIPPET}) AS input, expected, test, capability, \
+             test_type, role"
+        )
+    };
+    let cases = lookup(&r.ctx, "cases", "case_id", &case_cols, &ids("case_id")).await?;
+    let verdicts = if on_scores {
+        Vec::new()
+    } else {
+        lookup(
+            &r.ctx,
+            "validity",
+            "call_id",
+            "call_id, validity",
+            &ids("call_id"),
+        )
+        .await?
+    };
+    for row in rows.iter_mut() {
+        for (src, key) in [
+            (&calls, "call_id"),
+            (&cases, "case_id"),
+            (&verdicts, "call_id"),
+        ] {
+            if let Some(hit) = src.iter().find(|x| x[key] == row[key])
+                && let (Some(dst), Some(from)) = (row.as_object_mut(), hit.as_object())
+            {
+                for (k, v) in from {
+                    dst.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rows of `table` whose `key` is one of `values`, a few values per query.
+async fn lookup(
+    ctx: &SessionContext,
+    table: &str,
+    key: &str,
+    cols: &str,
+    values: &[String],
+) -> Result<Vec<Value>, ViewError> {
+    let mut out = Vec::new();
+    for chunk in values.chunks(LOOKUP_CHUNK) {
+        let list: Vec<String> = chunk.iter().map(|v| lit(v)).collect();
+        let sql = format!(
+            "SELECT {cols} FROM {table} WHERE {key} IN ({})",
+            list.join(", ")
+        );
+        if let Value::Array(rows) = json_rows(ctx, &sql).await? {
+            out.extend(rows);
+        }
+    }
+    Ok(out)
+}
+
+/// `GET /api/runs/{run}/answers/{call_id}`.
+pub async fn one(r: &RunView, call_id: &str) -> Result<Value, ViewError> {
+    let call = lookup(&r.ctx, "calls", "call_id", "*", &[call_id.to_string()])
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| ViewError::NotFound(format!("answer `{call_id}`: no such call_id")))?;
+    let case_id = call["case_id"].as_str().unwrap_or_default().to_string();
+    let model = call["model"].as_str().unwrap_or_default().to_string();
+    let case = lookup(
+        &r.ctx,
+        "cases",
+        "case_id",
+        "*",
+        std::slice::from_ref(&case_id),
+    )
+    .await?
+    .into_iter()
+    .next()
+    .unwrap_or(Value::Null);
+    let validity = lookup(&r.ctx, "validity", "call_id", "*", &[call_id.to_string()])
+        .await?
+        .into_iter()
+        .next()
+        .unwrap_or(Value::Null);
+    let scores = json_rows(
+        &r.ctx,
+        &format!(
+            "SELECT scorer, scoring_version, score, passed, label, prob, validity, detail, \
+             answers FROM scores WHERE call_id = {} ORDER BY scorer, scoring_version",
+            lit(call_id)
+        ),
+    )
+    .await?;
+    let primary = r.scorer(None).await?;
+    let samples = answers_of(r, &case_id, &model, primary.as_ref()).await?;
+    let base = match (case["role"].as_str(), case["group_id"].as_str()) {
+        (Some("perturbed"), Some(group)) => {
+            let base_case = json_rows(
+                &r.ctx,
+                &format!(
+                    "SELECT * FROM cases WHERE group_id = {} AND role = 'base' LIMIT 1",
+                    lit(group)
+                ),
+            )
+            .await?
+            .as_array()
+            .and_then(|a| a.first().cloned());
+            match base_case {
+                Some(bc) => {
+                    let id = bc["case_id"].as_str().unwrap_or_default().to_string();
+                    let answers = answers_of(r, &id, &model, primary.as_ref()).await?;
+                    json!({"case": bc, "answers": answers})
+                }
+                None => Value::Null,
+            }
+        }
+        _ => Value::Null,
+    };
+    Ok(json!({
+        "call": call, "case": case, "validity": validity, "scores": scores,
+        "samples": samples, "base": base,
+    }))
+}
+
+/// Every sample of one case for one model, with its verdict and the primary scorer's score.
+async fn answers_of(
+    r: &RunView,
+    case_id: &str,
+    model: &str,
+    primary: Option<&ScorerId>,
+) -> Result<Value, ViewError> {
+    let score = match primary {
+        Some(s) => format!(
+            "LEFT JOIN (SELECT call_id, score, passed FROM scores WHERE scorer = {} AND \
+             scoring_version = {} AND case_id = {}) s ON s.call_id = c.call_id",
+            lit(&s.name),
+            lit(&s.version),
+            lit(case_id)
+        ),
+        None => "LEFT JOIN (SELECT NULL AS call_id, CAST(NULL AS DOUBLE) AS score, \
+                 CAST(NULL AS BOOLEAN) AS passed) s ON s.call_id = c.call_id"
+            .into(),
+    };
+    json_rows(
+        &r.ctx,
+        &format!(
+            "SELECT c.call_id, c.sample_idx, c.response, c.finish_reason, v.validity, s.score, \
+             s.passed FROM (SELECT * FROM calls WHERE case_id = {case} AND model = {m}) c \
+             LEFT JOIN validity v ON v.call_id = c.call_id {score} ORDER BY c.sample_idx",
+            case = lit(case_id),
+            m = lit(model)
+        ),
+    )
+    .await
+}
+
+/// How a scorer's row is classed in the disagreement matrix: pass/fail, the label, or the
+/// score.
+fn class_expr(kind: crate::stages::score::MetricKind) -> &'static str {
+    use crate::stages::score::MetricKind;
+    match kind {
+        MetricKind::PassFail => {
+            "CASE WHEN passed IS NULL THEN 'unscored' WHEN passed THEN 'pass' ELSE 'fail' END"
+        }
+        MetricKind::Label => "coalesce(label, 'unscored')",
+        MetricKind::Numeric => "coalesce(CAST(score AS VARCHAR), 'unscored')",
+    }
+}
+
+/// `GET /api/runs/{run}/scorer-diff?a=&b=`: the disagreement matrix of two scorer versions
+/// and a page of the answers they disagree on (keyset on `call_id`).
+pub async fn scorer_diff(r: &RunView, q: &[(String, String)]) -> Result<Value, ViewError> {
+    let get = |k: &str| q.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let a = r
+        .scorer(Some(get("a").ok_or_else(|| {
+            ViewError::BadRequest("scorer-diff needs ?a=NAME@VERSION&b=NAME@VERSION".into())
+        })?))
+        .await?
+        .ok_or_else(|| ViewError::BadRequest("the run has no scores".into()))?;
+    let b = r
+        .scorer(Some(get("b").ok_or_else(|| {
+            ViewError::BadRequest("scorer-diff needs ?a=NAME@VERSION&b=NAME@VERSION".into())
+        })?))
+        .await?
+        .ok_or_else(|| ViewError::BadRequest("the run has no scores".into()))?;
+    let limit: usize = match get("limit") {
+        Some(v) => v
+            .parse()
+            .ok()
+            .filter(|n| (1..=MAX_LIMIT).contains(n))
+            .ok_or_else(|| ViewError::BadRequest(format!("limit={v}: from 1 to {MAX_LIMIT}")))?,
+        None => DEFAULT_LIMIT,
+    };
+    let kind_a = crate::stages::score::metric_kind(&r.store, &a).await?;
+    let kind_b = crate::stages::score::metric_kind(&r.store, &b).await?;
+    let side = |id: &ScorerId, kind| {
+        format!(
+            "(SELECT call_id, {} AS k, score, passed, label FROM scores WHERE scorer = {} AND \
+             scoring_version = {})",
+            class_expr(kind),
+            lit(&id.name),
+            lit(&id.version)
+        )
+    };
+    let joined = format!(
+        "{} x FULL JOIN {} y ON x.call_id = y.call_id",
+        side(&a, kind_a),
+        side(&b, kind_b)
+    );
+    let matrix = json_rows(
+        &r.ctx,
+        &format!(
+            "SELECT coalesce(x.k, 'absent') AS a, coalesce(y.k, 'absent') AS b, count(*) AS n \
+             FROM {joined} GROUP BY 1, 2 ORDER BY 1, 2"
+        ),
+    )
+    .await?;
+    let (mut total, mut disagree) = (0i64, 0i64);
+    for cell in matrix.as_array().into_iter().flatten() {
+        let n = cell["n"].as_i64().unwrap_or(0);
+        total += n;
+        if cell["a"] != cell["b"] {
+            disagree += n;
+        }
+    }
+    let after = get("after").filter(|s| !s.is_empty());
+    let keyset = after
+        .map(|c| format!(" AND coalesce(x.call_id, y.call_id) > {}", lit(c)))
+        .unwrap_or_default();
+    let mut rows = json_rows(
+        &r.ctx,
+        &format!(
+            "SELECT coalesce(x.call_id, y.call_id) AS call_id, x.score AS score_a, y.score AS \
+             score_b, x.passed AS passed_a, y.passed AS passed_b, x.label AS label_a, y.label \
+             AS label_b, x.k AS class_a, y.k AS class_b FROM {joined} WHERE x.k IS DISTINCT \
+             FROM y.k{keyset} ORDER BY 1 LIMIT {}",
+            limit + 1
+        ),
+    )
+    .await?
+    .as_array()
+    .cloned()
+    .unwrap_or_default();
+    let next = if rows.len() > limit {
+        rows.truncate(limit);
+        rows.last()
+            .and_then(|r| r["call_id"].as_str().map(str::to_string))
+    } else {
+        None
+    };
+    // The page's texts and tests.
+    let ids: Vec<String> = rows
+        .iter()
+        .filter_map(|r| r["call_id"].as_str().map(str::to_string))
+        .collect();
+    let calls = lookup(
+        &r.ctx,
+        "calls",
+        "call_id",
+        &format!("call_id, case_id, model, substr(response, 1, {SNIPPET}) AS response"),
+        &ids,
+    )
+    .await?;
+    for row in rows.iter_mut() {
+        if let Some(hit) = calls.iter().find(|c| c["call_id"] == row["call_id"]) {
+            for k in ["case_id", "model", "response"] {
+                row[k] = hit[k].clone();
+            }
+        }
+    }
+    let mut case_ids: Vec<String> = rows
+        .iter()
+        .filter_map(|r| r["case_id"].as_str().map(str::to_string))
+        .collect();
+    case_ids.sort();
+    case_ids.dedup();
+    let cases = lookup(
+        &r.ctx,
+        "cases",
+        "case_id",
+        &format!("case_id, test, substr(input, 1, {SNIPPET}) AS input"),
+        &case_ids,
+    )
+    .await?;
+    for row in rows.iter_mut() {
+        if let Some(hit) = cases.iter().find(|c| c["case_id"] == row["case_id"]) {
+            row["test"] = hit["test"].clone();
+            row["input"] = hit["input"].clone();
+        }
+    }
+    Ok(json!({
+        "a": a.tag(), "b": b.tag(), "kind_a": format!("{kind_a:?}"),
+        "kind_b": format!("{kind_b:?}"), "matrix": matrix, "disagree": disagree,
+        "total": total, "rows": rows, "next": next,
+    }))
+}
+
+/// `GET /api/compare?a=&b=`: the rows `evalflow compare A B` prints (the same SQL), and the
+/// cases whose verdict flipped.
+pub async fn compare(a: &RunView, b: &RunView) -> Result<Value, ViewError> {
+    let ctx = crate::query::new_context();
+    crate::query::register_run_read_only_as(&ctx, &a.store, "a_").await?;
+    crate::query::register_run_read_only_as(&ctx, &b.store, "b_").await?;
+    let scorer = a
+        .scorer(None)
+        .await?
+        .ok_or_else(|| ViewError::BadRequest(format!("run `{}` has no scores", a.run_id)))?;
+    let sql = crate::report::paired_comparison_sql(&scorer.name);
+    let rows = json_rows(&ctx, &sql).await?;
+    let kind = crate::stages::score::metric_kind(&a.store, &scorer).await?;
+    let class = class_expr(kind);
+    let side = |p: &str| {
+        format!(
+            "(SELECT s.call_id, s.case_id, s.model, s.sample_idx, {class} AS k, c.test FROM \
+             {p}scores s JOIN {p}cases c ON c.case_id = s.case_id WHERE s.scorer = {} AND \
+             s.scoring_version = (SELECT max(scoring_version) FROM {p}scores WHERE scorer = \
+             {}))",
+            lit(&scorer.name),
+            lit(&scorer.name)
+        )
+    };
+    let flipped = json_rows(
+        &ctx,
+        &format!(
+            "SELECT x.case_id, x.test, x.call_id AS call_a, y.call_id AS call_b, x.k AS a, y.k \
+             AS b FROM {} x JOIN {} y ON x.case_id = y.case_id AND x.sample_idx = \
+             y.sample_idx WHERE x.k <> y.k AND x.k <> 'unscored' AND y.k <> 'unscored' ORDER \
+             BY x.test, x.case_id LIMIT 200",
+            side("a_"),
+            side("b_")
+        ),
+    )
+    .await?;
+    Ok(
+        json!({"a": a.run_id, "b": b.run_id, "scorer": scorer.name, "rows": rows,
+              "flipped": flipped}),
+    )
+}

@@ -1,0 +1,550 @@
+//! The runs under the viewer's root: found by their manifests (the root itself, or folders
+//! one or two levels below it), summarised from manifests and Parquet footers only, and
+//! opened for queries on demand (one DataFusion context per run, rebuilt when its manifest
+//! changes; its listing tables list parts at every query, so a run being written grows).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::prelude::SessionContext;
+use object_store::path::Path;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use super::ViewError;
+use crate::config::ScorerId;
+use crate::storage::{Manifest, RunStore, StageStatus};
+
+/// One run, open for queries.
+pub struct RunView {
+    pub run_id: String,
+    /// The run's folder relative to the viewer's root (`""` when the root is the run).
+    pub path: String,
+    pub store: RunStore,
+    pub manifest: Manifest,
+    pub ctx: SessionContext,
+    /// A one-partition session over the same tables, for pages: its plans keep a part's
+    /// row order, so a page's cursor is a count of rows.
+    page: tokio::sync::OnceCell<SessionContext>,
+    /// The manifest's bytes this view was built from.
+    stamp: Vec<u8>,
+}
+
+impl RunView {
+    /// The one-partition session of pages (made on first use).
+    pub async fn page_ctx(&self) -> Result<&SessionContext, ViewError> {
+        self.page
+            .get_or_try_init(|| async {
+                let ctx = crate::query::ordered_context();
+                ctx.state_ref()
+                    .write()
+                    .config_mut()
+                    .options_mut()
+                    .execution
+                    .parquet
+                    .pushdown_filters = true;
+                crate::query::register_run_read_only(&ctx, &self.store).await?;
+                Ok::<_, ViewError>(ctx)
+            })
+            .await
+    }
+
+    /// Scorer versions that have parts, in the manifest's order, then any others found.
+    pub async fn scorer_ids(&self) -> Result<Vec<(ScorerId, u64)>, ViewError> {
+        let mut found: Vec<(String, u64)> = Vec::new();
+        for p in self.store.list_parts("scores").await? {
+            let full = p.location.as_ref().to_string();
+            let Some(tag) = full.rsplit('/').nth(1) else {
+                continue;
+            };
+            let rows = self.store.part_rows(&p).await?;
+            match found.iter_mut().find(|(t, _)| t == tag) {
+                Some(f) => f.1 += rows,
+                None => found.push((tag.to_string(), rows)),
+            }
+        }
+        let order = |t: &str| {
+            self.manifest
+                .scorer_versions
+                .iter()
+                .position(|m| m == t)
+                .unwrap_or(usize::MAX)
+        };
+        found.sort_by_key(|(t, _)| order(t));
+        Ok(found
+            .into_iter()
+            .filter_map(|(t, n)| ScorerId::parse(&t).map(|id| (id, n)))
+            .collect())
+    }
+
+    /// The scorer version `spec` names (`NAME@VERSION`, or `NAME`: its newest), or the
+    /// run's primary one (the first with parts).
+    pub async fn scorer(&self, spec: Option<&str>) -> Result<Option<ScorerId>, ViewError> {
+        let ids = self.scorer_ids().await?;
+        let Some(spec) = spec.filter(|s| !s.is_empty()) else {
+            return Ok(ids.into_iter().next().map(|(id, _)| id));
+        };
+        let hit = ids
+            .iter()
+            .rev()
+            .find(|(id, _)| id.tag() == spec || id.name == spec)
+            .map(|(id, _)| id.clone());
+        match hit {
+            Some(id) => Ok(Some(id)),
+            None => Err(ViewError::BadRequest(format!(
+                "scorer `{spec}`: the run has {}",
+                if ids.is_empty() {
+                    "no scores".to_string()
+                } else {
+                    ids.iter()
+                        .map(|(id, _)| id.tag())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ))),
+        }
+    }
+
+    /// `GET /api/runs/{run}/scorers`.
+    pub async fn scorers_json(&self) -> Result<Value, ViewError> {
+        Ok(Value::Array(
+            self.scorer_ids()
+                .await?
+                .into_iter()
+                .map(|(id, rows)| {
+                    json!({"scorer": id.name, "scoring_version": id.version,
+                           "tag": id.tag(), "rows": rows})
+                })
+                .collect(),
+        ))
+    }
+
+    /// `GET /api/runs/{run}/results`: the results table (a few rows per test).
+    pub async fn results_json(&self) -> Result<Value, ViewError> {
+        super::answers::json_rows(
+            &self.ctx,
+            "SELECT * FROM results ORDER BY scorer, scoring_version, model, level DESC, \
+             capability, test_type, test, label",
+        )
+        .await
+    }
+}
+
+/// A run's overall headline and the manifest it was computed from; `None` while computed.
+type Headline = (Vec<u8>, Option<Value>);
+
+/// The runs under the root, and the views opened so far.
+pub struct Catalog {
+    root: RunStore,
+    views: Mutex<HashMap<String, Arc<RunView>>>,
+    /// Rows of each committed part seen (by location and size): a footer is read once.
+    part_rows: Mutex<HashMap<(String, u64), u64>>,
+    /// Each run's overall headline, by path, with the manifest it was computed from; `None`
+    /// while a task computes it.
+    headlines: Arc<Mutex<HashMap<String, Headline>>>,
+}
+
+impl Catalog {
+    /// Opens the root (it must exist: the viewer creates nothing).
+    ///
+    /// # Errors
+    /// [`crate::storage::StorageError::BadRoot`] for a missing local folder or a bad URL.
+    pub async fn open(root: &str) -> Result<Catalog, ViewError> {
+        let local = !root.contains("://") || root.starts_with("file://");
+        if local {
+            let p = root.strip_prefix("file://").unwrap_or(root);
+            if !std::path::Path::new(p).is_dir() {
+                return Err(crate::storage::StorageError::BadRoot {
+                    root: root.to_string(),
+                    msg: "no such folder".into(),
+                }
+                .into());
+            }
+        }
+        Ok(Catalog {
+            root: RunStore::open(root)?,
+            views: Mutex::new(HashMap::new()),
+            part_rows: Mutex::new(HashMap::new()),
+            headlines: Arc::default(),
+        })
+    }
+
+    /// The root as the user named it.
+    pub fn root_display(&self) -> &str {
+        self.root.display()
+    }
+
+    /// The folders (relative to the root) that hold a run: the root itself, or folders one
+    /// or two levels below it.
+    async fn run_paths(&self) -> Result<Vec<String>, ViewError> {
+        if self.root.exists("manifest.json").await? {
+            return Ok(vec![String::new()]);
+        }
+        let mut out = Vec::new();
+        let mut frontier = vec![String::new()];
+        for _depth in 0..2 {
+            let mut next = Vec::new();
+            for rel in frontier {
+                for child in self.children(&rel).await? {
+                    if child.starts_with('_') || child.starts_with('.') {
+                        continue;
+                    }
+                    let path = if rel.is_empty() {
+                        child
+                    } else {
+                        format!("{rel}/{child}")
+                    };
+                    if self.root.exists(&format!("{path}/manifest.json")).await? {
+                        out.push(path);
+                    } else {
+                        next.push(path);
+                    }
+                }
+            }
+            frontier = next;
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    async fn children(&self, rel: &str) -> Result<Vec<String>, ViewError> {
+        let prefix: Path = self.root.path(rel);
+        let listed = self
+            .root
+            .object_store()
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map_err(|source| crate::storage::StorageError::Store {
+                location: self.root.location(&prefix),
+                source,
+            })?;
+        Ok(listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_string))
+            .collect())
+    }
+
+    /// `GET /api/runs`: every run with its summary; a run that cannot be read is listed
+    /// with its error.
+    pub async fn list(&self) -> Vec<Value> {
+        let paths = match self.run_paths().await {
+            Ok(p) => p,
+            Err(e) => {
+                return vec![json!({"run_id": null, "path": "", "status": "error",
+                                         "error": e.to_string()})];
+            }
+        };
+        let mut out = Vec::with_capacity(paths.len());
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for path in paths {
+            let mut v = match self.open_path(&path).await {
+                Ok(r) => self.summary(&r).await,
+                Err(e) => json!({"run_id": path.rsplit('/').next().unwrap_or(&path),
+                                 "path": path, "status": "error", "error": e.to_string()}),
+            };
+            // Two folders with one run id (a copied run): the second is named by its path.
+            if let Some(id) = v["run_id"].as_str().map(str::to_string) {
+                let n = seen.entry(id.clone()).or_default();
+                *n += 1;
+                if *n > 1 {
+                    v["run_id"] = json!(path);
+                }
+            }
+            out.push(v);
+        }
+        out
+    }
+
+    /// The run whose id (or path below the root) is `id`.
+    pub async fn run(&self, id: &str) -> Result<Arc<RunView>, ViewError> {
+        let paths = self.run_paths().await?;
+        if id.split('/').any(|s| s == ".." || s == ".") {
+            return Err(ViewError::BadRequest(format!(
+                "run `{id}`: paths outside the root are refused"
+            )));
+        }
+        if paths.iter().any(|p| p == id) {
+            return self.open_path(id).await;
+        }
+        for p in &paths {
+            if let Ok(r) = self.open_path(p).await
+                && r.run_id == id
+            {
+                return Ok(r);
+            }
+        }
+        Err(ViewError::NotFound(format!(
+            "run `{id}`: no such run under {}",
+            self.root.display()
+        )))
+    }
+
+    /// Opens (or reuses, while its manifest is unchanged) the run at `path`.
+    async fn open_path(&self, path: &str) -> Result<Arc<RunView>, ViewError> {
+        let store = if path.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.child(path)
+        };
+        let stamp = store
+            .get("manifest.json")
+            .await?
+            .ok_or_else(|| ViewError::NotFound(format!("{}: no manifest.json", store.display())))?;
+        if let Some(v) = self.views.lock().await.get(path)
+            && v.stamp == stamp
+        {
+            return Ok(v.clone());
+        }
+        let manifest: Manifest =
+            serde_json::from_slice(&stamp).map_err(|e| crate::storage::StorageError::Manifest {
+                location: format!("{}/manifest.json", store.display()),
+                msg: e.to_string(),
+            })?;
+        let ctx = crate::query::sql_context();
+        crate::query::register_run_read_only(&ctx, &store).await?;
+        let view = Arc::new(RunView {
+            run_id: manifest.run_id.clone(),
+            path: path.to_string(),
+            store,
+            manifest,
+            ctx,
+            page: tokio::sync::OnceCell::new(),
+            stamp,
+        });
+        self.views
+            .lock()
+            .await
+            .insert(path.to_string(), view.clone());
+        Ok(view)
+    }
+
+    /// Rows of a table from its parts' footers (each footer read once).
+    async fn rows(&self, store: &RunStore, table: &str) -> Result<u64, ViewError> {
+        let mut n = 0;
+        for p in store.list_parts(table).await? {
+            let key = (p.location.to_string(), p.size);
+            let cached = self.part_rows.lock().await.get(&key).copied();
+            n += match cached {
+                Some(r) => r,
+                None => {
+                    let r = store.part_rows(&p).await?;
+                    self.part_rows.lock().await.insert(key, r);
+                    r
+                }
+            };
+        }
+        Ok(n)
+    }
+
+    /// The run's overall headline if computed for its current manifest; else starts a task
+    /// computing it (a scan of one scorer version: seconds at 10M answers) and says
+    /// `pending`.
+    async fn overall(&self, r: &Arc<RunView>) -> (Value, bool) {
+        let mut h = self.headlines.lock().await;
+        if let Some((stamp, v)) = h.get(&r.path)
+            && *stamp == r.stamp
+        {
+            return match v {
+                Some(v) => (v.clone(), false),
+                None => (Value::Null, true),
+            };
+        }
+        h.insert(r.path.clone(), (r.stamp.clone(), None));
+        let (all, r) = (self.headlines.clone(), r.clone());
+        tokio::spawn(async move {
+            let v = overall_headline(&r).await.unwrap_or(Value::Null);
+            all.lock()
+                .await
+                .insert(r.path.clone(), (r.stamp.clone(), Some(v)));
+        });
+        (Value::Null, true)
+    }
+
+    /// A run's line in the index.
+    async fn summary(&self, r: &Arc<RunView>) -> Value {
+        let m = &r.manifest;
+        let status = if m.stages.values().any(|s| s.status == StageStatus::Running) {
+            "running"
+        } else if m.stages.values().any(|s| s.status == StageStatus::Failed) {
+            "failed"
+        } else {
+            "complete"
+        };
+        let answers = self.rows(&r.store, "calls").await.ok();
+        let scorers: Vec<String> = match r.scorer_ids().await {
+            Ok(ids) => ids.iter().map(|(id, _)| id.tag()).collect(),
+            Err(_) => m.scorer_versions.clone(),
+        };
+        let models = models_of(r).await;
+        let validity = validity_mix(r).await.unwrap_or(Value::Null);
+        let (headline, pending) = self.overall(r).await;
+        json!({
+            "run_id": r.run_id,
+            "path": r.path,
+            "created": m.created_at,
+            "finished": m.finished_at,
+            "pipeline": m.pipeline_path,
+            "models": models,
+            "scorers": scorers,
+            "answers": answers,
+            "status": status,
+            "error": null,
+            "validity": validity,
+            "headline": headline,
+            "headline_pending": pending,
+        })
+    }
+
+    /// `GET /api/runs/{run}`: the summary with the run's stages, tokens and the values its
+    /// filters can take.
+    pub async fn detail(&self, id: &str) -> Result<Value, ViewError> {
+        let r = self.run(id).await?;
+        let mut v = self.summary(&r).await;
+        let stages: serde_json::Map<String, Value> = r
+            .manifest
+            .stages
+            .iter()
+            .map(|(k, s)| (k.clone(), json!({"status": s.status, "rows": s.rows})))
+            .collect();
+        v["stages"] = Value::Object(stages);
+        let distinct = |col: &str, table: &str| {
+            format!(
+                "SELECT DISTINCT {col} AS v FROM {table} WHERE {col} IS NOT NULL ORDER BY v \
+                 LIMIT 1000"
+            )
+        };
+        for (key, col, table) in [
+            ("tests", "test", "cases"),
+            ("capabilities", "capability", "cases"),
+            ("test_types", "test_type", "cases"),
+            ("validities", "validity", "validity"),
+            ("finish_reasons", "finish_reason", "calls"),
+        ] {
+            let rows = crate::query::text_rows(&r.ctx, &distinct(col, table)).await?;
+            v[key] = json!(
+                rows.into_iter()
+                    .filter_map(|mut x| x.remove(0))
+                    .collect::<Vec<_>>()
+            );
+        }
+        let tokens = crate::query::text_rows(
+            &r.ctx,
+            "SELECT sum(prompt_tokens), sum(completion_tokens), sum(reasoning_tokens), \
+             avg(latency_ms) FROM calls",
+        )
+        .await?;
+        let t = tokens.into_iter().next().unwrap_or_default();
+        let num = |i: usize| {
+            t.get(i)
+                .cloned()
+                .flatten()
+                .and_then(|s| s.parse::<f64>().ok())
+        };
+        v["tokens"] = json!({"prompt": num(0), "completion": num(1), "reasoning": num(2)});
+        v["mean_latency_ms"] = json!(num(3));
+        Ok(v)
+    }
+}
+
+/// The models of a run: from its results (a small table) when aggregated, else its pipeline.
+async fn models_of(r: &RunView) -> Vec<String> {
+    let rows = crate::query::text_rows(&r.ctx, "SELECT DISTINCT model FROM results ORDER BY model")
+        .await
+        .unwrap_or_default();
+    let mut models: Vec<String> = rows.into_iter().filter_map(|mut x| x.remove(0)).collect();
+    if models.is_empty()
+        && let Some(name) = r.manifest.pipeline["model"]["name"].as_str()
+    {
+        models.push(name.to_string());
+    }
+    models
+}
+
+/// The run's validity mix: the primary scorer's test rows of `results`, summed.
+async fn validity_mix(r: &RunView) -> Option<Value> {
+    let primary = r.scorer(None).await.ok().flatten()?;
+    let cols = [
+        "valid_answer",
+        "empty_due_to_budget",
+        "empty_unexplained",
+        "truncated",
+        "provider_error",
+        "unscorable_language",
+        "judge_unparseable",
+        "judge_error",
+    ];
+    let sums: Vec<String> = cols.iter().map(|c| format!("sum({c})")).collect();
+    let rows = crate::query::text_rows(
+        &r.ctx,
+        &format!(
+            "SELECT {} FROM (SELECT DISTINCT model, test, {} FROM results WHERE scorer = {} \
+             AND scoring_version = {} AND level = 'test')",
+            sums.join(", "),
+            cols.join(", "),
+            lit(&primary.name),
+            lit(&primary.version)
+        ),
+    )
+    .await
+    .ok()?;
+    let counts = rows.into_iter().next()?;
+    let mut validity = serde_json::Map::new();
+    for (c, v) in cols.iter().zip(counts) {
+        if let Some(n) = v.and_then(|s| s.parse::<i64>().ok())
+            && n > 0
+        {
+            validity.insert(c.to_string(), json!(n));
+        }
+    }
+    Some(Value::Object(validity))
+}
+
+/// The run's headline over every scored answer of its primary scorer, as `aggregate`
+/// defines the metric (the failure rate of pass/fail scorers, perturbed rows carrying an
+/// INV/DIR comparison and base rows left out; the mean of numeric ones), with its 95%
+/// interval clustered by template (`clustered_mean_ci`'s default method). Label scorers
+/// have one rate per label: no single headline.
+async fn overall_headline(r: &RunView) -> Option<Value> {
+    use crate::stages::score::MetricKind;
+    let primary = r.scorer(None).await.ok().flatten()?;
+    let kind = crate::stages::score::metric_kind(&r.store, &primary)
+        .await
+        .ok()?;
+    let base = if crate::stages::score::compares_to_base(&primary.name) {
+        " AND role <> 'base'"
+    } else {
+        ""
+    };
+    let (metric, x, cond) = match kind {
+        MetricKind::PassFail => (
+            "failure_rate",
+            "CASE WHEN passed THEN 0.0 ELSE 1.0 END",
+            "passed IS NOT NULL",
+        ),
+        MetricKind::Numeric => ("mean_score", "score", "score IS NOT NULL"),
+        MetricKind::Label => return None,
+    };
+    let v = super::answers::json_rows(
+        &r.ctx,
+        &format!(
+            "SELECT ci['n'] AS n, ci['n_clusters'] AS n_templates, ci['mean'] AS value, \
+             ci['lo'] AS ci_lo, ci['hi'] AS ci_hi, ci['method'] AS ci_method FROM (SELECT \
+             clustered_mean_ci({x}, template_id) AS ci FROM scores WHERE scorer = {} AND \
+             scoring_version = {} AND {cond}{base})",
+            lit(&primary.name),
+            lit(&primary.version)
+        ),
+    )
+    .await
+    .ok()?;
+    let mut h = v.as_array()?.first()?.clone();
+    h["metric"] = json!(metric);
+    h["scorer"] = json!(primary.name);
+    h["scoring_version"] = json!(primary.version);
+    Some(h)
+}
+
+fn lit(s: &str) -> String {
+    super::answers::lit(s)
+}

@@ -1,0 +1,74 @@
+//! The SQL box: a read-only query over one run's tables with every evalflow function.
+//!
+//! DataFusion's `SQLOptions` refuse DDL, DML and `SET` statements before planning, so a query
+//! can neither write nor change the session; rows past [`ROW_CAP`] are not fetched (the plan
+//! is stopped), a query is cancelled after [`TIMEOUT`], and it runs in the process's memory
+//! pool (`--memory-limit`), spilling as every plan does.
+
+use std::time::Duration;
+
+use datafusion::execution::context::SQLOptions;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use super::ViewError;
+use super::catalog::RunView;
+
+/// Rows a query returns at most.
+pub const ROW_CAP: usize = 1000;
+/// How long a query may run.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `POST /api/runs/{run}/sql`.
+pub async fn run(r: &RunView, sql: &str) -> Result<Value, ViewError> {
+    let opts = SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false);
+    let work = async {
+        let df = r
+            .ctx
+            .sql_with_options(sql, opts)
+            .await
+            .map_err(|e| ViewError::BadRequest(format!("sql: {e}")))?;
+        let df = crate::query::without_views(df)
+            .map_err(|e| ViewError::BadRequest(format!("sql: {e}")))?;
+        let columns: Vec<String> = df
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        let mut stream = df
+            .execute_stream()
+            .await
+            .map_err(|e| ViewError::BadRequest(format!("sql: {e}")))?;
+        let (mut batches, mut n, mut truncated) = (Vec::new(), 0usize, false);
+        while let Some(b) = stream.next().await {
+            let b = b.map_err(|e| ViewError::BadRequest(format!("sql: {e}")))?;
+            if n + b.num_rows() > ROW_CAP {
+                batches.push(b.slice(0, ROW_CAP - n));
+                truncated = true;
+                break;
+            }
+            n += b.num_rows();
+            batches.push(b);
+        }
+        // Rows as arrays in column order (names may repeat in SQL).
+        let objects = super::answers::batches_json(&batches)?;
+        let rows: Vec<Value> = objects
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| Value::Array(columns.iter().map(|c| o[c].clone()).collect()))
+            .collect();
+        Ok::<_, ViewError>(json!({"columns": columns, "rows": rows, "truncated": truncated}))
+    };
+    match tokio::time::timeout(TIMEOUT, work).await {
+        Ok(r) => r,
+        Err(_) => Err(ViewError::BadRequest(format!(
+            "sql: cancelled after {} s (the SQL box's limit; `evalflow sql` has none)",
+            TIMEOUT.as_secs()
+        ))),
+    }
+}
