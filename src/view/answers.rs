@@ -9,12 +9,12 @@
 //! plan stops at the page's last row: a page never sorts or skips over the whole table. The
 //! page's texts come from point lookups by `call_id` and `case_id` (parts' bloom filters).
 
-use datafusion::arrow::array::RecordBatch;
 use datafusion::prelude::SessionContext;
 use serde_json::{Value, json};
 
 use super::ViewError;
 use super::catalog::RunView;
+use super::rows::{json_rows, lit};
 use crate::config::ScorerId;
 
 /// Characters of an input or a response shown in a page's row.
@@ -25,42 +25,6 @@ const MAX_LIMIT: usize = 500;
 /// Values in one `IN (...)` lookup: DataFusion prunes row groups by bloom filter for lists
 /// this short.
 const LOOKUP_CHUNK: usize = 20;
-
-/// A SQL string literal.
-pub(super) fn lit(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
-}
-
-/// Runs `sql` and returns its rows as JSON objects (for small results only: a page, an
-/// answer, a table of results).
-pub(super) async fn json_rows(ctx: &SessionContext, sql: &str) -> Result<Value, ViewError> {
-    let df = ctx
-        .sql(sql)
-        .await
-        .map_err(crate::query::QueryError::df(sql.to_string()))?;
-    let batches = df
-        .collect()
-        .await
-        .map_err(crate::query::QueryError::df(sql.to_string()))?;
-    batches_json(&batches)
-}
-
-/// Record batches as one JSON array of row objects, NULL as `null`.
-pub(super) fn batches_json(batches: &[RecordBatch]) -> Result<Value, ViewError> {
-    let mut w = datafusion::arrow::json::WriterBuilder::new()
-        .with_explicit_nulls(true)
-        .build::<_, datafusion::arrow::json::writer::JsonArray>(Vec::new());
-    let refs: Vec<&RecordBatch> = batches.iter().collect();
-    w.write_batches(&refs)
-        .map_err(|e| ViewError::BadRequest(format!("rendering rows as JSON: {e}")))?;
-    w.finish()
-        .map_err(|e| ViewError::BadRequest(format!("rendering rows as JSON: {e}")))?;
-    let bytes = w.into_inner();
-    if bytes.is_empty() {
-        return Ok(json!([]));
-    }
-    serde_json::from_slice(&bytes).map_err(|e| ViewError::BadRequest(e.to_string()))
-}
 
 /// The filters of `GET /api/runs/{run}/answers`.
 #[derive(Debug, Default)]

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use super::ViewError;
+use super::rows::lit;
 use crate::config::ScorerId;
 use crate::storage::{Manifest, RunStore, StageStatus};
 
@@ -121,7 +122,7 @@ impl RunView {
 
     /// `GET /api/runs/{run}/results`: the results table (a few rows per test).
     pub async fn results_json(&self) -> Result<Value, ViewError> {
-        super::answers::json_rows(
+        super::rows::json_rows(
             &self.ctx,
             "SELECT * FROM results ORDER BY scorer, scoring_version, model, level DESC, \
              capability, test_type, test, label",
@@ -525,7 +526,7 @@ async fn overall_headline(r: &RunView) -> Option<Value> {
         MetricKind::Numeric => ("mean_score", "score", "score IS NOT NULL"),
         MetricKind::Label => return None,
     };
-    let v = super::answers::json_rows(
+    let v = super::rows::json_rows(
         &r.ctx,
         &format!(
             "SELECT ci['n'] AS n, ci['n_clusters'] AS n_templates, ci['mean'] AS value, \
@@ -543,8 +544,4 @@ async fn overall_headline(r: &RunView) -> Option<Value> {
     h["scorer"] = json!(primary.name);
     h["scoring_version"] = json!(primary.version);
     Some(h)
-}
-
-fn lit(s: &str) -> String {
-    super::answers::lit(s)
 }

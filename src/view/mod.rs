@@ -12,6 +12,7 @@
 
 mod answers;
 mod catalog;
+mod rows;
 mod sql_box;
 
 use std::net::SocketAddr;

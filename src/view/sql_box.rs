@@ -55,7 +55,7 @@ pub async fn run(r: &RunView, sql: &str) -> Result<Value, ViewError> {
             batches.push(b);
         }
         // Rows as arrays in column order (names may repeat in SQL).
-        let objects = super::answers::batches_json(&batches)?;
+        let objects = super::rows::batches_json(&batches)?;
         let rows: Vec<Value> = objects
             .as_array()
             .into_iter()
