@@ -295,18 +295,7 @@ async fn lookup(
     cols: &str,
     values: &[String],
 ) -> Result<Vec<Value>, ViewError> {
-    let mut out = Vec::new();
-    for chunk in values.chunks(LOOKUP_CHUNK) {
-        let list: Vec<String> = chunk.iter().map(|v| lit(v)).collect();
-        let sql = format!(
-            "SELECT {cols} FROM {table} WHERE {key} IN ({})",
-            list.join(", ")
-        );
-        if let Value::Array(rows) = json_rows(ctx, &sql).await? {
-            out.extend(rows);
-        }
-    }
-    Ok(out)
+    lookup_where(ctx, &format!("{cols} FROM {table} WHERE {key}"), values).await
 }
 
 /// `GET /api/runs/{run}/answers/{call_id}`.
@@ -374,36 +363,75 @@ pub async fn one(r: &RunView, call_id: &str) -> Result<Value, ViewError> {
     }))
 }
 
-/// Every sample of one case for one model, with its verdict and the primary scorer's score.
+/// Every sample of one case for one model, with its verdict and the primary scorer's score
+/// (point lookups: the calls by `case_id`, then their verdicts and scores by `call_id`).
 async fn answers_of(
     r: &RunView,
     case_id: &str,
     model: &str,
     primary: Option<&ScorerId>,
 ) -> Result<Value, ViewError> {
-    let score = match primary {
-        Some(s) => format!(
-            "LEFT JOIN (SELECT call_id, score, passed FROM scores WHERE scorer = {} AND \
-             scoring_version = {} AND case_id = {}) s ON s.call_id = c.call_id",
-            lit(&s.name),
-            lit(&s.version),
-            lit(case_id)
-        ),
-        None => "LEFT JOIN (SELECT NULL AS call_id, CAST(NULL AS DOUBLE) AS score, \
-                 CAST(NULL AS BOOLEAN) AS passed) s ON s.call_id = c.call_id"
-            .into(),
-    };
-    json_rows(
+    let mut calls = json_rows(
         &r.ctx,
         &format!(
-            "SELECT c.call_id, c.sample_idx, c.response, c.finish_reason, v.validity, s.score, \
-             s.passed FROM (SELECT * FROM calls WHERE case_id = {case} AND model = {m}) c \
-             LEFT JOIN validity v ON v.call_id = c.call_id {score} ORDER BY c.sample_idx",
-            case = lit(case_id),
-            m = lit(model)
+            "SELECT call_id, sample_idx, response, finish_reason FROM calls WHERE case_id = {} \
+             AND model = {} ORDER BY sample_idx",
+            lit(case_id),
+            lit(model)
         ),
     )
-    .await
+    .await?
+    .as_array()
+    .cloned()
+    .unwrap_or_default();
+    let ids: Vec<String> = calls
+        .iter()
+        .filter_map(|c| c["call_id"].as_str().map(str::to_string))
+        .collect();
+    let verdicts = lookup(&r.ctx, "validity", "call_id", "call_id, validity", &ids).await?;
+    let scores = match primary {
+        Some(s) => {
+            let cols = format!(
+                "call_id, score, passed FROM scores WHERE scorer = {} AND scoring_version = {} \
+                 AND call_id",
+                lit(&s.name),
+                lit(&s.version)
+            );
+            lookup_where(&r.ctx, &cols, &ids).await?
+        }
+        None => Vec::new(),
+    };
+    for c in calls.iter_mut() {
+        for k in ["validity", "score", "passed"] {
+            c[k] = Value::Null;
+        }
+        if let Some(v) = verdicts.iter().find(|v| v["call_id"] == c["call_id"]) {
+            c["validity"] = v["validity"].clone();
+        }
+        if let Some(s) = scores.iter().find(|s| s["call_id"] == c["call_id"]) {
+            c["score"] = s["score"].clone();
+            c["passed"] = s["passed"].clone();
+        }
+    }
+    Ok(Value::Array(calls))
+}
+
+/// `SELECT {select_where} IN (values)`, a few values per query (for lookups with more
+/// conditions than the key).
+async fn lookup_where(
+    ctx: &SessionContext,
+    select_where: &str,
+    values: &[String],
+) -> Result<Vec<Value>, ViewError> {
+    let mut out = Vec::new();
+    for chunk in values.chunks(LOOKUP_CHUNK) {
+        let list: Vec<String> = chunk.iter().map(|v| lit(v)).collect();
+        let sql = format!("SELECT {select_where} IN ({})", list.join(", "));
+        if let Value::Array(rows) = json_rows(ctx, &sql).await? {
+            out.extend(rows);
+        }
+    }
+    Ok(out)
 }
 
 /// How a scorer's row is classed in the disagreement matrix: pass/fail, the label, or the
