@@ -21,10 +21,15 @@
 //! more), and the worst mean width over the oracle's (at most 1.15). Then the paired
 //! version: two versions A and B on the same cases, d = b - a, B's logit shifted by delta
 //! plus a template-specific shift (sd sigma / 2), common random numbers on half the cases.
+//! Last, graded judge scores (issue 61): each case scores 0, 0.5 or 1, the mean of two
+//! Bernoulli draws at its template's rate, with template effects as above (rho 0.05, 0.3) or
+//! none at all (rho 0: every template has the same mean, where CR2 alone gave zero-width
+//! intervals); the share of zero-width intervals of `auto` and `cr2` is printed beside them.
 //!
 //!     cargo bench --bench coverage                    # release (slow to build here)
 //!     cargo bench --profile dev --bench coverage      # dev build, deps at opt-level 2
 //!     EVALFLOW_COVERAGE_REPS=500 EVALFLOW_COVERAGE_BOOT=199 cargo bench ...
+//!     EVALFLOW_COVERAGE_SECTIONS=graded cargo bench ...  # rates, paired, graded (default all)
 //!
 //! `EVALFLOW_COVERAGE_BOOT` sets the bootstrap's B (default 399 here to keep the run short;
 //! the SQL default is 999: a smaller B adds a little noise to the critical value, not bias).
@@ -116,6 +121,8 @@ struct Tally {
     covered: usize,
     width: f64,
     defined: usize,
+    /// Defined intervals of zero width.
+    zero: usize,
 }
 
 impl Tally {
@@ -124,6 +131,9 @@ impl Tally {
         if let (Some(lo), Some(hi)) = (lo, hi) {
             self.defined += 1;
             self.width += hi - lo;
+            if hi - lo <= 0.0 {
+                self.zero += 1;
+            }
             if lo <= truth && truth <= hi {
                 self.covered += 1;
             }
@@ -264,14 +274,29 @@ fn main() {
         boot.reps
     );
 
-    // Means.
+    let sections = std::env::var("EVALFLOW_COVERAGE_SECTIONS").unwrap_or_default();
+    let want = |name: &str| sections.is_empty() || sections.split(',').any(|s| s.trim() == name);
+    let mut seed = 1u64;
+    if want("rates") {
+        rates(reps, boot, &mut seed);
+    }
+    if want("paired") {
+        paired(reps, boot, &mut seed);
+    }
+    if want("graded") {
+        graded(reps, boot);
+    }
+    println!("\nelapsed {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// Means of pass/fail scores.
+fn rates(reps: usize, boot: Bootstrap, seed: &mut u64) {
     let methods = Method::ALL;
     println!("### Mean of a pass/fail score\n");
     header(&methods, "G, sizes, rho, mean");
     // Judged with the rare rate fixed at 0.05, and with it drawn from [0.04, 0.06].
     let mut fixed = Summary::new(methods.len());
     let mut near = Summary::new(methods.len());
-    let mut seed = 1u64;
     // (label, the rates a replication draws its truth from, evenly spaced).
     let rates: [(&str, f64, f64, usize); 3] = [
         ("0.5", 0.5, 0.5, 1),
@@ -290,12 +315,12 @@ fn main() {
                             (mu, intercept_for(mu, sigma))
                         })
                         .collect();
-                    seed += 1;
+                    *seed += 1;
                     let out = run(
                         &methods,
                         reps,
                         boot,
-                        seed,
+                        *seed,
                         cluster_interval,
                         |rng, cells| {
                             let (mu, a) = grid[rng.gen_range(0..grid.len())];
@@ -333,7 +358,10 @@ fn main() {
     fixed.print(&methods);
     println!("\nRates 0.5 and drawn from [0.04, 0.06]:");
     near.print(&methods);
+}
 
+/// Paired differences of pass/fail pairs.
+fn paired(reps: usize, boot: Bootstrap, seed: &mut u64) {
     // Paired differences of pass/fail pairs: `auto` is `cr2_score` for them.
     let methods: Vec<Method> = evalflow::udaf::paired_diff_clustered::METHODS
         .into_iter()
@@ -353,9 +381,9 @@ fn main() {
                     let a = intercept_for(mu, sigma);
                     let sigma_b = (sigma * sigma + tau * tau).sqrt();
                     let truth = logit_normal_mean(a + delta, sigma_b) - mu;
-                    seed += 1;
+                    *seed += 1;
                     let paired = |c: &[Moments], s: &IntervalSpec| paired_interval(c, s, true);
-                    let out = run(&methods, reps, boot, seed, paired, |rng, cells| {
+                    let out = run(&methods, reps, boot, *seed, paired, |rng, cells| {
                         for _ in 0..d.g {
                             let n = d.size(rng);
                             let u = normal(rng);
@@ -393,5 +421,70 @@ fn main() {
         }
     }
     summary.print(&methods);
-    println!("\nelapsed {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// Means of graded judge scores (0, 0.5, 1): the mean of two Bernoulli draws at the
+/// template's rate expit(a + sigma u), so the truth is the population rate `mu` exactly.
+/// rho 0 gives every template the same mean.
+fn graded(reps: usize, boot: Bootstrap) {
+    let methods = Method::ALL;
+    println!("\n### Mean of a graded score (0, 0.5, 1)\n");
+    let names: Vec<&str> = methods.iter().map(|m| m.name()).collect();
+    println!(
+        "| G, sizes, rho, mean | {} | oracle width | zero width: auto, cr2 |",
+        names.join(" | ")
+    );
+    println!("|{}", "---|".repeat(methods.len() + 3));
+    let mut summary = Summary::new(methods.len());
+    let mut seed = 6100u64;
+    let auto = methods.iter().position(|m| *m == Method::Auto).unwrap_or(0);
+    let cr2 = methods.iter().position(|m| *m == Method::Cr2).unwrap_or(0);
+    for mu in [0.5, 0.1] {
+        for unequal in [false, true] {
+            for rho in [0.0, 0.05, 0.3] {
+                for g in GS {
+                    let d = Design { g, unequal, rho };
+                    let sigma = d.sigma();
+                    let a = intercept_for(mu, sigma);
+                    seed += 1;
+                    let out = run(
+                        &methods,
+                        reps,
+                        boot,
+                        seed,
+                        cluster_interval,
+                        |rng, cells| {
+                            for _ in 0..d.g {
+                                let n = d.size(rng);
+                                let p = expit(a + sigma * normal(rng));
+                                let mut m = Moments::default();
+                                for _ in 0..n {
+                                    let k = u8::from(rng.gen_bool(p)) + u8::from(rng.gen_bool(p));
+                                    m.push(0.5 * f64::from(k));
+                                }
+                                cells.push(m);
+                            }
+                            mu
+                        },
+                    );
+                    let oracle = 2.0 * Z95 * out.sd;
+                    summary.add(g, &out, oracle);
+                    let cells: Vec<String> = out
+                        .tallies
+                        .iter()
+                        .map(|t| cell_text(t, reps, oracle))
+                        .collect();
+                    let zero = |i: usize| 100.0 * out.tallies[i].zero as f64 / reps as f64;
+                    println!(
+                        "| {g}, {}, {rho}, {mu} | {} | {oracle:.4} | {:.1}%, {:.1}% |",
+                        if unequal { "1-50" } else { "10" },
+                        cells.join(" | "),
+                        zero(auto),
+                        zero(cr2)
+                    );
+                }
+            }
+        }
+    }
+    summary.print(&methods);
 }

@@ -78,8 +78,8 @@ def anova_between(x, cl):
 
 def random_intercept_var(x, cl):
     """The variance of the mean under the random-intercept model, one-way ANOVA estimates:
-    MSW / N + sigma_b^2 sum n_g^2 / N^2, sigma_b^2 = (MSB - MSW) / n0 (`cr2_ri` takes the larger
-    of this and CR2's)."""
+    MSW / N + sigma_b^2 sum n_g^2 / N^2, sigma_b^2 = max(0, (MSB - MSW) / n0) (`cr2_ri` takes the
+    largest of this, CR2's and the iid variance var_samp(x) / N: issue 61)."""
     d = pd.DataFrame({"x": np.asarray(x, float), "c": np.asarray(cl)})
     g = d.groupby("c")["x"]
     ng, mg = g.size().to_numpy(float), g.mean().to_numpy()
@@ -89,7 +89,14 @@ def random_intercept_var(x, cl):
     msb = np.sum(ng * (mg - m) ** 2) / (G - 1)
     msw = np.sum((d.x - g.transform("mean")) ** 2) / (N - G)
     n0 = (N - np.sum(ng ** 2) / N) / (G - 1)
-    return float(msw / N + (msb - msw) / n0 * np.sum(ng ** 2) / N ** 2)
+    return float(msw / N + max(0.0, (msb - msw) / n0) * np.sum(ng ** 2) / N ** 2)
+
+
+def iid_var(x):
+    """var_samp(x) / N, the square of mean_se(x), by the statistics module."""
+    import statistics
+    xs = [float(v) for v in x]
+    return statistics.variance(xs) / len(xs)
 
 
 def floored_t_quantile(level, df, kappa):
@@ -210,10 +217,12 @@ def paired_score_ref(a, b, cl, level=0.95):
     n = len(d)
     m, se, df = cr2(d, cl)
     ri = random_intercept_var(d, cl)
-    v_r = se ** 2 if ri is None else max(se ** 2, ri)
+    iid = iid_var(d)
+    v_r = max(se ** 2, iid) if ri is None else max(se ** 2, ri, iid)
     pos, neg = int((d == 1).sum()), int((d == -1).sum())
     naive = tango_var_mle(m, pos, neg, n)
-    up, down = v_r / naive, se ** 2 / naive
+    # Both sides' variances floored at the iid one (issue 61).
+    up, down = v_r / naive, max(se ** 2, iid) / naive
     t = stats.t.ppf(1 - (1 - level) / 2, df)
 
     h = math.sqrt(naive)
@@ -255,7 +264,7 @@ def report(name, x, cl, level=0.95):
                cr2_p=float(2 * stats.t.sf(abs(m / se), df)),
                cr1t_lo=m - t1 * cr1, cr1t_hi=m + t1 * cr1)
     ri = random_intercept_var(x, cl)
-    v_ri = se ** 2 if ri is None else max(se ** 2, ri)
+    v_ri = max(se ** 2, iid_var(x)) if ri is None else max(se ** 2, ri, iid_var(x))
     out["ri_var"] = ri
     out["cr2ri_se"] = math.sqrt(v_ri)
     out["cr2ri_lo"], out["cr2ri_hi"] = m - t * math.sqrt(v_ri), m + t * math.sqrt(v_ri)

@@ -1104,7 +1104,7 @@ async fn cr2_hand_worked_example() {
         ),
     )
     .await;
-    assert_eq!(m, ScalarValue::Utf8(Some("cr2_score/cr2".into())));
+    assert_eq!(m, ScalarValue::Utf8(Some("cr2_score/cr2_ri".into())));
 }
 
 /// The clustered score interval worked by hand: clusters {1,0,0,0}, {0,0,0,0}, {1,1,0,0},
@@ -1476,15 +1476,18 @@ async fn interval_methods_agree_across_partitions() {
 /// through the partial states), group C at level 0.9, and a hand example of unequal templates.
 #[tokio::test]
 async fn paired_score_matches_reference() {
-    // (mean, se, df, lo, hi, z, p) from the script.
+    // (mean, se, df, lo, hi, z, p) from the script. On all rows the one-way ANOVA template
+    // variance is negative (-0.0013): clamped at 0 (issue 61) the random-intercept variance is
+    // MSW / n = 1.7685e-4, above CR2's 1.6898e-4 and the iid 1.7557e-4 (se was 0.0129994,
+    // below the iid paired SE 0.0132503).
     let all = [
         0.05257936507936508,
-        0.012999378967638286,
+        0.013298654495358338,
         57.255341220689374,
-        0.026638532262511165,
-        0.07903151912207076,
-        4.013502091087039,
-        0.00017584048896062155,
+        0.026135849338472624,
+        0.07965397414583729,
+        3.9375043935085854,
+        0.00022576231047375758,
     ];
     let grp_c = [
         0.07092198581560284,
@@ -1538,7 +1541,8 @@ async fn paired_score_matches_reference() {
     }
     // Templates of 2, 1, 8 and 2 pairs where the random-intercept variance (0.0784) is five
     // times CR2's (0.0141): Tango's variance grows faster below the estimate, so the lower
-    // bound takes the random-intercept design effect and the upper one CR2's.
+    // bound takes the random-intercept design effect and the upper one CR2's, floored at the
+    // iid variance var_samp(d) / n = 0.0276 (issue 61; hi was 0.7152 with CR2's 0.0141).
     let ctx = ctx_with(2);
     let t = "(VALUES (1, 0, 'a'), (0, 0, 'a'), (0, 1, 'b'), (1, 1, 'c'), (1, 1, 'c'), (1, 0, 'c'), (0, 0, 'c'), (1, 0, 'c'), (1, 1, 'c'), (0, 0, 'c'), (0, 0, 'c'), (0, 0, 'd'), (1, 0, 'd')) AS t(a, b, c)";
     let sql = format!(
@@ -1555,7 +1559,7 @@ async fn paired_score_matches_reference() {
         0.2799308405243339,
         1.7952522255192893,
         -0.8244311327744386,
-        0.7151679928353226,
+        0.8114233241175609,
         0.7651815493310925,
         0.5319006714923618,
     ];
@@ -1564,4 +1568,89 @@ async fn paired_score_matches_reference() {
         f(&r[0][7]).unwrap() < 0.5 * hand[1],
         "CR2's SE well below the random-intercept one"
     );
+}
+
+/// Issue 61: graded scores whose templates' means agree. Rows (2,a),(0,a),(1,b),(1,b),(2,c),
+/// (0,c): N = 6, mean 1, every template mean 1, so CR2 (built from template deviations) is 0
+/// and gave se 0 and [1.0, 1.0]. By hand: MSB = 0, SSW = 2 + 0 + 2 = 4, MSW = 4 / (6 - 3) =
+/// 4/3, n0 = (6 - 12/6) / 2 = 2, template variance (0 - 4/3) / 2 < 0, clamped to 0, so the
+/// random-intercept variance is MSW / N = 2/9; the iid one is var_samp(x) / N = (4/5) / 6 =
+/// 2/15. The floor is the larger: se = sqrt(2/9) = 0.4714045207910317, df = G - 1 = 2,
+/// t_0.975(2) = 0.95 / sqrt(2 * 0.975 * 0.025) = 4.302652729749464, interval 1 -+ 2.0282899
+/// = [-1.0282899481977700, 3.0282899481977700]. `auto` on graded scores is `cr2_ri`.
+#[tokio::test]
+async fn graded_scores_with_equal_template_means_keep_a_width() {
+    for p in [1, 3] {
+        let ctx = ctx_with(p);
+        let t = "(VALUES (2.0, 'a'), (0.0, 'a'), (1.0, 'b'), (1.0, 'b'), (2.0, 'c'), (0.0, 'c')) AS t(x, c)";
+        let r = rows(
+            &ctx,
+            &format!(
+                "SELECT clustered_mean_ci(x, c)['se'], clustered_mean_ci(x, c)['lo'], \
+                 clustered_mean_ci(x, c)['hi'], clustered_mean_ci(x, c)['df'], \
+                 clustered_mean_ci(x, c)['method'], mean_se(x), \
+                 clustered_mean_ci(x, c, 0.95, 'cr2')['se'] FROM {t}"
+            ),
+        )
+        .await;
+        let se = (2.0f64 / 9.0).sqrt();
+        assert!(close(se, 0.4714045207910317, 1e-15));
+        assert_close(f(&r[0][0]), se, "se");
+        assert_close(f(&r[0][1]), -1.02828994819777, "lo");
+        assert_close(f(&r[0][2]), 3.02828994819777, "hi");
+        assert_close(f(&r[0][3]), 2.0, "df");
+        assert_eq!(r[0][4], ScalarValue::Utf8(Some("cr2_ri".into())));
+        // The plain SE, sqrt(2/15), is below the floor; explicit `cr2` stays CR2 (0 here).
+        assert_close(f(&r[0][5]), (2.0f64 / 15.0).sqrt(), "mean_se");
+        assert_eq!(f(&r[0][6]), Some(0.0));
+    }
+}
+
+/// Issue 61: a paired difference's SE is never below the iid paired SE sqrt(var_samp(d) / n).
+/// Pass/fail pairs, d = a - b: template a {1, 0}, b {1, 0}, c {1, 0}; every template's mean d
+/// is 1/2, so CR2 is 0, and the random-intercept variance with its template variance
+/// unclamped, MSW / N + ((0 - MSW) / 2) * 12 / 36 = 1/12 - 1/12, was 0 too: se 0. By hand:
+/// MSW = (3 * 1/2) / 3 = 1/2, clamped template variance 0, so se = sqrt(MSW / 6) = sqrt(1/12)
+/// = 0.28867513459481287, above the iid sqrt((6/4 / 5) / 6) = sqrt(1/20) = 0.2236. The test
+/// of d = 0 (the clustered McNemar test): Tango's variance at d = 1/2 is (1/2 - 1/4) / 6 =
+/// 1/24; V grows faster below d (at d -+ sqrt(1/24): 0.0441 below, 0.0347 above), so the
+/// side of 0 takes the design effect (1/12) / (1/24) = 2: z = (1/2) / sqrt(2 * 3/36) =
+/// sqrt(3/2) = 1.224744871391589, never above McNemar's sqrt(3) (0 discordant the other way).
+/// Graded pairs (a - b in {1, 0, 0.5, -0.5}) with equal template means d: the same floor.
+#[tokio::test]
+async fn paired_se_never_falls_below_the_iid_paired_se() {
+    let ctx = ctx_with(2);
+    let t = "(VALUES (1.0, 0.0, 'a'), (0.0, 0.0, 'a'), (1.0, 0.0, 'b'), (1.0, 1.0, 'b'), \
+             (1.0, 0.0, 'c'), (0.0, 0.0, 'c')) AS t(a, b, c)";
+    let r = rows(
+        &ctx,
+        &format!(
+            "SELECT paired_diff_clustered(a, b, c)['se'], paired_diff_clustered(a, b, c)['z'], \
+             paired_diff(a, b)['se'], paired_diff_clustered(a, b, c)['method'] FROM {t}"
+        ),
+    )
+    .await;
+    let iid = (1.0f64 / 20.0).sqrt();
+    assert_close(f(&r[0][2]), iid, "paired_diff se");
+    assert_close(f(&r[0][0]), (1.0f64 / 12.0).sqrt(), "clustered se");
+    assert!(f(&r[0][0]).unwrap() >= iid);
+    assert_close(f(&r[0][1]), 1.224744871391589, "clustered McNemar z");
+    assert!(f(&r[0][1]).unwrap() <= 3.0f64.sqrt());
+    assert_eq!(r[0][3], ScalarValue::Utf8(Some("cr2_score".into())));
+    // Graded: d = (1, 0), (0.5, 0.5), (1, 0) per template, mean 1/2 in each: CR2 0, MSW =
+    // (1/2 + 0 + 1/2) / 3 = 1/3, se = sqrt(MSW / 6) = sqrt(1/18); the iid one is
+    // sqrt((1/4 * 4 / 5) / 6) = sqrt(1/30).
+    let g = "(VALUES (1.0, 0.0, 'a'), (0.0, 0.0, 'a'), (1.0, 0.5, 'b'), (0.5, 0.0, 'b'), \
+             (1.0, 0.0, 'c'), (0.5, 0.5, 'c')) AS t(a, b, c)";
+    let r = rows(
+        &ctx,
+        &format!(
+            "SELECT paired_diff_clustered(a, b, c)['se'], paired_diff(a, b)['se'], \
+             paired_diff_clustered(a, b, c)['method'] FROM {g}"
+        ),
+    )
+    .await;
+    assert_close(f(&r[0][1]), (1.0f64 / 30.0).sqrt(), "graded paired_diff se");
+    assert_close(f(&r[0][0]), (1.0f64 / 18.0).sqrt(), "graded clustered se");
+    assert_eq!(r[0][2], ScalarValue::Utf8(Some("cr2_ri".into())));
 }

@@ -85,8 +85,9 @@ impl AggSpec for ClusteredMeanCi {
                   hi: Float64, method: Utf8, df: Float64}",
         summary: "The mean of `x` with an interval at `level` (default 0.95) that accounts for rows \
                   sharing a `cluster` (a template). The default `method` `'auto'` is `'cr2_score'` \
-                  (a clustered score interval) when every `x` is 0 or 1 and `'cr2'` (the \
-                  bias-reduced CR2 SE with a Satterthwaite t quantile) otherwise; the table below \
+                  (a clustered score interval) when every `x` is 0 or 1 and `'cr2_ri'` (the \
+                  bias-reduced CR2 SE with a Satterthwaite t quantile, never below the plain SE \
+                  `mean_se(x)` nor the within-template spread's) otherwise; the table below \
                   says when another method fits. `se` is the method's SE (CR2 for `cr2_wilson`, \
                   `cr2_score` and `wild_bootstrap`), `df` its t degrees of freedom (NULL for the \
                   normal and bootstrap methods). What each method computes: docs/intervals.md.",

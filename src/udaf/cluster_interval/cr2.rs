@@ -118,10 +118,11 @@ pub fn cr2_se(cells: &[Moments]) -> Option<f64> {
 
 /// The between-template part of the variance of the pooled mean under the random-intercept
 /// model, from the one-way ANOVA estimate of the template variance:
-/// `(MSB - MSW) / n0 * (sum_g n_g^2 / N^2 - 1 / N)` with `MSB = sum_g n_g (mean_g - mean)^2 /
-/// (G - 1)`, `MSW = sum_g m2_g / (N - G)`, `n0 = (N - sum_g n_g^2 / N) / (G - 1)`. May be
-/// negative; `None` with fewer than 2 clusters or no cluster of 2 rows. Used on the side toward
-/// 1/2 in [`clustered_score_sided`].
+/// `max(0, (MSB - MSW) / n0) * (sum_g n_g^2 / N^2 - 1 / N)` with `MSB = sum_g n_g (mean_g -
+/// mean)^2 / (G - 1)`, `MSW = sum_g m2_g / (N - G)`, `n0 = (N - sum_g n_g^2 / N) / (G - 1)`.
+/// Never negative: a variance is not, and templates whose means agree more closely than their
+/// rows do say the template variance is 0, not below it (issue 61). `None` with fewer than 2
+/// clusters or no cluster of 2 rows. Used on the side toward 1/2 in [`clustered_score_sided`].
 pub fn anova_between_var(cells: &[Moments]) -> Option<f64> {
     summary_between_var(&ClusterSummary::of(cells))
 }
@@ -134,11 +135,13 @@ pub(super) fn summary_between_var(s: &ClusterSummary) -> Option<f64> {
 
 /// The variance of the pooled mean under the random-intercept model with one-way ANOVA
 /// estimates of its two variances: `MSW / N + sigma_b^2 sum_g n_g^2 / N^2`,
-/// `sigma_b^2 = (MSB - MSW) / n0` (see [`anova_between_var`]). `None` as there.
+/// `sigma_b^2 = max(0, (MSB - MSW) / n0)` (see [`anova_between_var`]). At least `MSW / N`, the
+/// variance the rows' spread within their templates allows. `None` as there.
 ///
-/// [`Method::Cr2Ri`] takes the larger of this and the CR2 variance, in the spirit of
-/// Morel, Bokossa and Neerchal's floor on the sandwich: with unequal template sizes CR2 leans
-/// on the few largest templates and comes out low in the samples whose mean is off.
+/// [`Method::Cr2Ri`] takes the largest of this, the CR2 variance and the iid variance
+/// `var_samp(x) / N` ([`floored_var`]), in the spirit of Morel, Bokossa and Neerchal's floor on
+/// the sandwich: with unequal template sizes CR2 leans on the few largest templates and comes
+/// out low in the samples whose mean is off.
 pub fn random_intercept_var(cells: &[Moments]) -> Option<f64> {
     summary_random_intercept_var(&ClusterSummary::of(cells))
 }
@@ -149,6 +152,39 @@ pub(super) fn summary_random_intercept_var(s: &ClusterSummary) -> Option<f64> {
     finite(a.within / a.n + a.between * a.sq / (a.n * a.n))
 }
 
+/// The variance [`Method::Cr2Ri`] reports: the largest of the CR2 variance, the
+/// random-intercept variance ([`random_intercept_var`], template variance clamped at 0) and
+/// the iid variance `var_samp(x) / N`.
+///
+/// Why a floor, and why this one: CR2 is built from the templates' mean deviations alone, so
+/// when the templates' means happen to agree (graded scores make this easy: 0/0.5/1 judge
+/// scores whose template means are equal) it is 0 however much the rows vary, and the
+/// interval has no width (issue 61: `[1.0, 1.0]` over six rows of 0, 1 and 2). Clustering
+/// adds the correlation of rows within a template to the iid variance (Miller); in evals that
+/// correlation comes from shared wording and is not negative, so a design effect below 1 is
+/// estimation noise, not information, and the data's own spread bounds the variance from
+/// below. Two estimates of that bound are at hand: `MSW / N` (the random-intercept model with
+/// its template variance clamped at 0, as the module docs define `cr2_ri`'s floor) and
+/// `var_samp(x) / N` (the plain SE, `mean_se(x)^2`). Neither dominates with unequal sizes, so
+/// the floor is the larger: the reported SE is never below `mean_se(x)`, and never below what
+/// the within-template spread gives. With equal sizes and `MSB >= MSW` this is CR2's variance
+/// (`MSB / N`), so the floor changes nothing where templates differ. `None` below two
+/// clusters or two rows.
+pub fn floored_var(s: &ClusterSummary) -> Option<f64> {
+    if s.n_clusters() < 2 || s.total.n < 2 {
+        return None;
+    }
+    let ri = summary_random_intercept_var(s).unwrap_or(0.0);
+    finite(summary_cr2_var(s).max(ri).max(iid_var(s)?))
+}
+
+/// `var_samp(x) / N`, the square of `mean_se(x)`: the variance of the mean if rows were
+/// independent. `None` below two rows.
+pub fn iid_var(s: &ClusterSummary) -> Option<f64> {
+    let n = s.total.n as f64;
+    (s.total.n >= 2).then(|| s.total.m2.max(0.0) / ((n - 1.0) * n))
+}
+
 /// One-way ANOVA of per-cluster moments.
 pub(super) struct Anova {
     /// Rows.
@@ -157,7 +193,8 @@ pub(super) struct Anova {
     pub(super) sq: f64,
     /// MSW, the pooled within-cluster variance.
     pub(super) within: f64,
-    /// `(MSB - MSW) / n0`, the between-cluster variance (may be negative).
+    /// `max(0, (MSB - MSW) / n0)`, the between-cluster variance (clamped at 0: it is a
+    /// variance).
     pub(super) between: f64,
 }
 
@@ -178,7 +215,7 @@ impl Anova {
             n,
             sq,
             within,
-            between: (ssb / (g - 1.0) - within) / n0,
+            between: ((ssb / (g - 1.0) - within) / n0).max(0.0),
         })
     }
 }

@@ -23,7 +23,9 @@
 //!   ([`clustered_score_quantiles`]), with the t quantile toward 1/2 and, away from it, the
 //!   quantile of a floored variance ([`floored_t_quantile`]).
 //! - [`Method::Cr2Ri`]: CR2 with its variance floored at the random-intercept model's
-//!   ([`random_intercept_var`]), for paired differences of graded scores.
+//!   ([`random_intercept_var`], its template variance clamped at 0) and at the iid variance
+//!   `var_samp(x) / N` ([`floored_var`]): the default for means and paired differences of
+//!   graded scores, whose templates' means can agree by chance and leave CR2 at 0.
 //! - For paired differences of pass/fail pairs, [`Method::Cr2Score`] is Tango's score interval
 //!   with design effects ([`paired_score`], through [`paired_interval`]).
 //! - [`Method::WildBootstrap`]: the wild cluster bootstrap-t (Rademacher weights, Webb's
@@ -55,10 +57,10 @@ every table in [intervals.md](intervals.md))
 
 | method | when to use it | rate near 0.05 | paired pass/fail | width / oracle |
 |---|---|---|---|---|
-| `auto` | the default: `cr2_score` for 0/1 scores, `cr2` for other means, `cr2_ri` for paired graded scores | 94.0-95.8% | 94.2-96.3% | 1.16, 1.19 |
+| `auto` | the default: `cr2_score` for 0/1 scores, `cr2_ri` for graded scores (means and paired) | 94.0-95.8% | 94.2-96.3% | 1.16, 1.19 |
 | `cr2_score` | pass/fail rates and paired pass/fail pairs (a clustered score interval; Tango's for pairs) | 94.0-95.8% | 94.2-96.3% | 1.16, 1.19 |
-| `cr2_ri` | paired differences of graded scores (`cr2` floored at the random-intercept variance) | 90.5-95.7% | 93.5-96.2% | 1.11, 1.16 |
-| `cr2` | means of graded scores (judge scores, averaged samples) | 88.0-95.5% | 93.5-95.8% | 1.08, 1.11 |
+| `cr2_ri` | graded scores (judge scores, averaged samples): `cr2` floored at the random-intercept and iid variances | 90.5-95.7% | 93.5-96.2% | 1.11, 1.16 |
+| `cr2` | plain CR2, to match clubSandwich; 0 when the templates' means agree | 88.0-95.5% | 93.5-95.8% | 1.08, 1.11 |
 | `cr2_wilson` | an earlier default: Wilson at the CR2 effective size | 92.8-95.8% | | 1.08 |
 | `wild_bootstrap` | a cross-check of `cr2`; costs `reps` x G work per group | 87.5-95.3% | 93.2-95.9% | 1.12, 1.13 |
 | `cr1_t` | to match statsmodels and Inspect AI (with the t(G-1) quantile they omit) | 87.2-95.5% | 93.2-95.5% | 1.08, 1.10 |
@@ -87,11 +89,12 @@ pub enum Method {
     Cr2Score,
     /// Wild cluster bootstrap-t, seeded.
     WildBootstrap,
-    /// CR2 with its variance floored at the random-intercept model's (the larger of the two),
-    /// Satterthwaite df, t quantile: the default for paired differences of graded scores.
+    /// CR2 with its variance floored at the random-intercept model's and the iid one (the
+    /// largest of the three, [`floored_var`]), Satterthwaite df, t quantile: the default for
+    /// means and paired differences of graded scores.
     Cr2Ri,
     /// The default: [`Method::Cr2Score`] when every row is 0 or 1 (a pass/fail score),
-    /// [`Method::Cr2`] otherwise; for paired differences ([`paired_interval`]) `Cr2Score` for
+    /// [`Method::Cr2Ri`] otherwise; for paired differences ([`paired_interval`]) `Cr2Score` for
     /// pass/fail pairs, [`Method::Cr2Ri`] otherwise. Results name the method that was used.
     Auto,
 }
@@ -110,8 +113,8 @@ impl Method {
     ];
 
     /// The method used when none is given: the one whose coverage holds best at few clusters
-    /// in `benches/coverage.rs` (cr2_score for pass/fail scores, cr2 for other scores;
-    /// `paired_diff_clustered` uses cr2_ri); see docs/functions.md.
+    /// in `benches/coverage.rs` (cr2_score for pass/fail scores, cr2_ri for other scores and
+    /// for `paired_diff_clustered` of graded pairs); see docs/functions.md.
     pub const DEFAULT: Method = Method::Auto;
 
     /// The SQL name.
@@ -366,10 +369,11 @@ fn interval_of(
         | Method::Cr2Ri
         | Method::WildBootstrap
         | Method::Auto => {
-            let mut var = summary_cr2_var(s);
-            if spec.method == Method::Cr2Ri {
-                var = summary_random_intercept_var(s).map_or(var, |v| var.max(v));
-            }
+            let var = if spec.method == Method::Cr2Ri {
+                floored_var(s).unwrap_or_else(|| summary_cr2_var(s))
+            } else {
+                summary_cr2_var(s)
+            };
             let se = finite(var.sqrt());
             let df = match spec.method {
                 Method::WildBootstrap => None,
@@ -505,7 +509,10 @@ fn paired_of(
     let s2 = s.sum_sq();
     let pos = ((s2 + s1) / 2.0).round().max(0.0);
     let neg = ((s2 - s1) / 2.0).round().max(0.0);
-    let var_cr2 = summary_cr2_var(s);
+    // The slow side's CR2 variance is floored at the iid one, var_samp(d) / n, as the
+    // `cr2_ri` variance on the fast side is (see [`floored_var`]): a CR2 variance below it
+    // gave a p-value below McNemar's (issue 61).
+    let var_cr2 = summary_cr2_var(s).max(iid_var(s).unwrap_or(0.0));
     let (lo, hi, stat) = paired_score(d, n, pos, neg, var_cr2, se * se, t);
     out.lo = Some(lo);
     out.hi = Some(hi);
@@ -517,7 +524,8 @@ fn paired_of(
 /// Relative tolerance under which a bootstrap statistic ties the observed one.
 const TIE_TOL: f64 = 1e-9;
 
-/// Resolves [`Method::Auto`]: the clustered score interval for 0/1 data, CR2 otherwise.
+/// Resolves [`Method::Auto`]: the clustered score interval for 0/1 data, CR2 floored at the
+/// random-intercept and iid variances ([`Method::Cr2Ri`]) otherwise.
 pub fn resolve(method: Method, cells: &[Moments]) -> Method {
     resolve_summary(method, &ClusterSummary::of(cells))
 }
@@ -526,7 +534,7 @@ pub fn resolve(method: Method, cells: &[Moments]) -> Method {
 fn resolve_summary(method: Method, s: &ClusterSummary) -> Method {
     match method {
         Method::Auto if s.all_binary() => Method::Cr2Score,
-        Method::Auto => Method::Cr2,
+        Method::Auto => Method::Cr2Ri,
         m => m,
     }
 }
@@ -575,15 +583,15 @@ mod tests {
     }
 
     #[test]
-    fn auto_is_score_for_pass_fail_and_cr2_otherwise() {
+    fn auto_is_score_for_pass_fail_and_cr2_ri_otherwise() {
         let binary = [binary_cell(4, 1), binary_cell(3, 3), binary_cell(1, 0)];
         assert_eq!(resolve(Method::Auto, &binary), Method::Cr2Score);
         let pushed = [cell(&[1.0, 0.0, 0.0, 1.0]), cell(&[0.0]), cell(&[1.0, 1.0])];
         assert_eq!(resolve(Method::Auto, &pushed), Method::Cr2Score);
         let graded = [cell(&[1.0, 0.5]), cell(&[0.0, 1.0])];
-        assert_eq!(resolve(Method::Auto, &graded), Method::Cr2);
+        assert_eq!(resolve(Method::Auto, &graded), Method::Cr2Ri);
         let scale = [cell(&[3.0, 4.0]), cell(&[5.0])];
-        assert_eq!(resolve(Method::Auto, &scale), Method::Cr2);
+        assert_eq!(resolve(Method::Auto, &scale), Method::Cr2Ri);
         assert_eq!(resolve(Method::Miller, &binary), Method::Miller);
         let ci = cluster_interval(&binary, &IntervalSpec::default());
         assert_eq!(ci.method, Method::Cr2Score);
@@ -660,6 +668,61 @@ mod tests {
             None
         );
         assert_eq!(anova_between_var(&[binary_cell(5, 1)]), None);
+        // Templates more alike than their rows, {2, 0}, {1, 1}, {2, 0}: (0 - 4/3) / 2 < 0 is
+        // clamped to 0 (issue 61), so the random-intercept variance is MSW / N = 2/9.
+        let alike = [cell(&[2.0, 0.0]), cell(&[1.0, 1.0]), cell(&[2.0, 0.0])];
+        assert_eq!(anova_between_var(&alike), Some(0.0));
+        assert!((random_intercept_var(&alike).unwrap() - 2.0 / 9.0).abs() < 1e-15);
+    }
+
+    /// Issue 61: the graded default and the paired defaults never report an SE below
+    /// `mean_se` of the rows (the iid SE), over random templates of 1 to 6 rows of 0/0.5/1
+    /// scores (graded) or -1/0/1 differences (pass/fail pairs). Before the fix 0 was
+    /// reported whenever the templates' means agreed.
+    #[test]
+    fn defaults_never_fall_below_the_iid_se() {
+        use rand::{Rng, SeedableRng, rngs::StdRng};
+        let mut rng = StdRng::seed_from_u64(61);
+        for rep in 0..2000 {
+            let binary = rep % 2 == 1;
+            let g = rng.gen_range(2..8usize);
+            let cells: Vec<Moments> = (0..g)
+                .map(|_| {
+                    let xs: Vec<f64> = (0..rng.gen_range(1..7usize))
+                        .map(|_| {
+                            let k = rng.gen_range(0..3usize) as f64;
+                            if binary { k - 1.0 } else { 0.5 * k }
+                        })
+                        .collect();
+                    cell(&xs)
+                })
+                .collect();
+            let s = ClusterSummary::of(&cells);
+            let Some(iid) = iid_var(&s).map(f64::sqrt) else {
+                continue;
+            };
+            let spec = IntervalSpec::default();
+            let (ci, what) = if binary {
+                (paired_interval(&cells, &spec, true), "paired")
+            } else {
+                (cluster_interval(&cells, &spec), "graded")
+            };
+            // Every graded draw 0 or 1: a pass/fail rate, whose clustered score interval
+            // handles a CR2 variance below the binomial one itself (score.rs).
+            if ci.method == Method::Cr2Score && !binary {
+                continue;
+            }
+            if let Some(se) = ci.se {
+                assert!(
+                    se >= iid * (1.0 - 1e-12),
+                    "{what} {rep}: se {se} < iid {iid}"
+                );
+            }
+            if !binary {
+                let (lo, hi) = (ci.lo.unwrap(), ci.hi.unwrap());
+                assert!(iid == 0.0 || hi > lo, "{what} {rep}: zero width");
+            }
+        }
     }
 
     #[test]
