@@ -330,6 +330,62 @@ fn recv(
     }
 }
 
+/// Viewers started by [`view_start`], by URL: each keeps its own runtime alive until
+/// [`view_stop`] (or the interpreter's exit).
+static VIEWERS: std::sync::Mutex<Vec<(String, tokio::runtime::Runtime)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Starts `evalflow view ROOT` in the background of this process and returns (0, "", URL),
+/// or the CLI's (exit code, message, None).
+#[pyfunction]
+#[pyo3(signature = (root, addr, token=None))]
+fn view_start(
+    py: Python<'_>,
+    root: String,
+    addr: String,
+    token: Option<String>,
+) -> PyResult<(u8, String, Option<String>)> {
+    let addr: std::net::SocketAddr = match addr.parse() {
+        Ok(a) => a,
+        Err(e) => return Ok((cli::EXIT_BAD_INPUT, format!("addr `{addr}`: {e}"), None)),
+    };
+    let rt = runtime()?;
+    let cfg = evalflow::view::ViewConfig { root, addr, token };
+    let started = py.detach(|| rt.block_on(evalflow::view::start(cfg)));
+    match started {
+        Ok(server) => {
+            let url = format!("http://{}", server.addr);
+            if let Ok(mut v) = VIEWERS.lock() {
+                v.push((url.clone(), rt));
+            }
+            Ok((0, String::new(), Some(url)))
+        }
+        Err(e) => {
+            let code = match &e {
+                evalflow::view::ViewError::Storage(s) if !s.is_bad_input() => cli::EXIT_INTERNAL,
+                _ => cli::EXIT_BAD_INPUT,
+            };
+            Ok((code, e.to_string(), None))
+        }
+    }
+}
+
+/// Stops the viewer serving `url`; true when one was running.
+#[pyfunction]
+fn view_stop(url: &str) -> bool {
+    let found = VIEWERS.lock().ok().and_then(|mut v| {
+        let i = v.iter().position(|(u, _)| u == url)?;
+        Some(v.remove(i))
+    });
+    match found {
+        Some((_, rt)) => {
+            rt.shutdown_background();
+            true
+        }
+        None => false,
+    }
+}
+
 /// A scorer definition given as JSON (a Python dict) as TOML text, the form
 /// `rescore --scorer-file` reads.
 #[pyfunction]
@@ -351,6 +407,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(layout, m)?)?;
     m.add_function(wrap_pyfunction!(invoke, m)?)?;
     m.add_function(wrap_pyfunction!(scorer_toml, m)?)?;
+    m.add_function(wrap_pyfunction!(view_start, m)?)?;
+    m.add_function(wrap_pyfunction!(view_stop, m)?)?;
     m.add("__evalflow_version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

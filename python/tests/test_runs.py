@@ -340,3 +340,30 @@ def test_keyboard_interrupt_during_import_leaves_nothing_and_the_interpreter_ali
     # Nothing the import wrote is left (an empty root folder may be: see the closing note of
     # session 20, a Ctrl-C before the import watches for it drops it before its clean-up).
     assert not root.exists() or not any(root.rglob("*")), sorted(str(x) for x in root.rglob("*"))
+
+
+def test_view_serves_the_run_from_this_process_and_stops(sentiment_run, tmp_path):
+    import json
+    import urllib.error
+    import urllib.request
+
+    viewer = evalflow.view(sentiment_run)
+    try:
+        assert viewer.url.startswith("http://127.0.0.1:")
+        runs = json.load(urllib.request.urlopen(viewer.url + "/api/runs", timeout=10))
+        assert len(runs) == 1
+        calls = cli_sql("SELECT count(*) AS n FROM calls", runs=[str(sentiment_run)], tmp=tmp_path)
+        assert runs[0]["answers"] == calls.to_pylist()[0]["n"] > 100
+        run_id = runs[0]["run_id"]
+        page = json.load(
+            urllib.request.urlopen(f"{viewer.url}/api/runs/{run_id}/answers?limit=7", timeout=10)
+        )
+        assert len(page["rows"]) == 7 and page["next"]
+        html = urllib.request.urlopen(viewer.url + "/", timeout=10).read().decode()
+        assert "/assets/app.js" in html
+    finally:
+        assert viewer.stop()
+    assert not viewer.stop()
+    # Off loopback without a token it is refused, as the CLI refuses it.
+    with pytest.raises(evalflow.BadInputError, match="--token"):
+        evalflow.view(sentiment_run, addr="0.0.0.0:0")

@@ -43,6 +43,8 @@ __all__ = [
     "rescore",
     "compare",
     "report",
+    "view",
+    "Viewer",
     "cli",
     "EvalflowError",
     "BadInputError",
@@ -475,3 +477,33 @@ def report(run: str | os.PathLike | Run, *, html: str | os.PathLike | None = Non
     root = run.root if isinstance(run, Run) else os.fspath(run)
     _invoke(["report", root] + _flags({"html": html, **options}))
     return Run(root)
+
+
+class Viewer:
+    """A running ``evalflow view`` server in this process: ``url`` to open, ``stop()`` to end."""
+
+    def __init__(self, url: str, root: str):
+        self.url = url
+        self.root = root
+
+    def stop(self) -> bool:
+        """Stops serving; True when it was running."""
+        return _native.view_stop(self.url)
+
+    def __repr__(self) -> str:
+        return f"Viewer({self.url!r}, root={self.root!r})"
+
+    def _repr_html_(self) -> str:
+        return f'<a href="{self.url}" target="_blank">evalflow view: {self.root}</a>'
+
+
+def view(root: str | os.PathLike | Run, *, addr: str = "127.0.0.1:0", token: str | None = None) -> Viewer:
+    """Serves the read-only viewer of ``root`` (a folder of runs, one run or an ``s3://``
+    prefix) from this process, in the background, and returns it: ``viewer.url`` opens in a
+    browser (port 0 picks a free port). Another interface than loopback needs ``token``."""
+    target = root.root if isinstance(root, Run) else os.fspath(root)
+    code, message, url = _native.view_start(target, addr, token)
+    if code != 0:
+        _raise_for(code, message)
+    return Viewer(url, target)
+

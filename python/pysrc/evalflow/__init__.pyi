@@ -141,3 +141,11 @@ def compare(
 def report(run: _Path | Run, *, html: _Path | None = None, **options: Any) -> Run:
     """Prints the run's results and writes its HTML page (default ``<run>/report.html``);
     options ``compare=RUN_B``, ``holdout=LABELS_CSV``, ``baseline=FILE``."""
+
+class Viewer:
+    url: str
+    root: str
+    def stop(self) -> bool: ...
+
+def view(root: _Path | Run, *, addr: str = "127.0.0.1:0", token: str | None = None) -> Viewer:
+    """Serves the read-only viewer of ``root`` in the background of this process; ``.url``."""
