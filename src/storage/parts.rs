@@ -52,14 +52,13 @@ pub fn parquet_props(schema: &Schema) -> WriterProperties {
                 .zip(of.fields())
                 .all(|(a, b)| a.name() == b.name())
     };
-    let bloom = |b: datafusion::parquet::file::properties::WriterPropertiesBuilder,
-                 col: &str,
-                 fpp: f64| {
-        let key = ColumnPath::from(col);
-        b.set_column_bloom_filter_enabled(key.clone(), true)
-            .set_column_bloom_filter_fpp(key.clone(), fpp)
-            .set_column_bloom_filter_max_ndv(key, PART_ROWS as u64)
-    };
+    let bloom =
+        |b: datafusion::parquet::file::properties::WriterPropertiesBuilder, col: &str, fpp: f64| {
+            let key = ColumnPath::from(col);
+            b.set_column_bloom_filter_enabled(key.clone(), true)
+                .set_column_bloom_filter_fpp(key.clone(), fpp)
+                .set_column_bloom_filter_max_ndv(key, PART_ROWS as u64)
+        };
     if is(Table::Cases) {
         return bloom(b, "case_id", 1e-6).build();
     }

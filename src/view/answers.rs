@@ -247,7 +247,6 @@ async fn fill_page(r: &RunView, rows: &mut [Value], on_scores: bool) -> Result<(
         v
     };
     let call_cols = format!("call_id, substr(response, 1, {SNIPPET}) AS response, finish_reason");
-    let calls = lookup(&r.ctx, "calls", "call_id", &call_cols, &ids("call_id")).await?;
     let case_cols = if on_scores {
         format!("case_id, substr(input, 1, {SNIPPET}) AS input, expected")
     } else {
@@ -256,19 +255,23 @@ async fn fill_page(r: &RunView, rows: &mut [Value], on_scores: bool) -> Result<(
              test_type, role"
         )
     };
-    let cases = lookup(&r.ctx, "cases", "case_id", &case_cols, &ids("case_id")).await?;
-    let verdicts = if on_scores {
+    let (call_ids, case_ids) = (ids("call_id"), ids("case_id"));
+    let verdict_ids = if on_scores {
         Vec::new()
     } else {
+        call_ids.clone()
+    };
+    let (calls, cases, verdicts) = futures::try_join!(
+        lookup(&r.ctx, "calls", "call_id", &call_cols, &call_ids),
+        lookup(&r.ctx, "cases", "case_id", &case_cols, &case_ids),
         lookup(
             &r.ctx,
             "validity",
             "call_id",
             "call_id, validity",
-            &ids("call_id"),
-        )
-        .await?
-    };
+            &verdict_ids
+        ),
+    )?;
     for row in rows.iter_mut() {
         for (src, key) in [
             (&calls, "call_id"),
@@ -423,11 +426,15 @@ async fn lookup_where(
     select_where: &str,
     values: &[String],
 ) -> Result<Vec<Value>, ViewError> {
-    let mut out = Vec::new();
-    for chunk in values.chunks(LOOKUP_CHUNK) {
+    // The chunks' plans run at once: each prunes to the few parts its ids may be in.
+    let queries = values.chunks(LOOKUP_CHUNK).map(|chunk| {
         let list: Vec<String> = chunk.iter().map(|v| lit(v)).collect();
         let sql = format!("SELECT {select_where} IN ({})", list.join(", "));
-        if let Value::Array(rows) = json_rows(ctx, &sql).await? {
+        async move { json_rows(ctx, &sql).await }
+    });
+    let mut out = Vec::new();
+    for rows in futures::future::try_join_all(queries).await? {
+        if let Value::Array(rows) = rows {
             out.extend(rows);
         }
     }

@@ -27,11 +27,59 @@ pub struct RunView {
     /// A one-partition session over the same tables, for pages: its plans keep a part's
     /// row order, so a page's cursor is a count of rows.
     page: tokio::sync::OnceCell<SessionContext>,
+    /// The run page's filter values and token totals ([`RunView::facets`]).
+    facets: tokio::sync::OnceCell<Value>,
     /// The manifest's bytes this view was built from.
     stamp: Vec<u8>,
 }
 
 impl RunView {
+    /// The values each filter can take and the token totals: a scan of the tables, made
+    /// once per manifest (a run being written gets a new view when its manifest changes).
+    pub async fn facets(&self) -> Result<&Value, ViewError> {
+        self.facets
+            .get_or_try_init(|| async {
+                let mut v = json!({});
+                let distinct = |col: &str, table: &str| {
+                    format!(
+                        "SELECT DISTINCT {col} AS v FROM {table} WHERE {col} IS NOT NULL \
+                         ORDER BY v LIMIT 1000"
+                    )
+                };
+                for (key, col, table) in [
+                    ("tests", "test", "cases"),
+                    ("capabilities", "capability", "cases"),
+                    ("test_types", "test_type", "cases"),
+                    ("validities", "validity", "validity"),
+                    ("finish_reasons", "finish_reason", "calls"),
+                ] {
+                    let rows = crate::query::text_rows(&self.ctx, &distinct(col, table)).await?;
+                    v[key] = json!(
+                        rows.into_iter()
+                            .filter_map(|mut x| x.remove(0))
+                            .collect::<Vec<_>>()
+                    );
+                }
+                let tokens = crate::query::text_rows(
+                    &self.ctx,
+                    "SELECT sum(prompt_tokens), sum(completion_tokens), sum(reasoning_tokens), \
+                     avg(latency_ms) FROM calls",
+                )
+                .await?;
+                let t = tokens.into_iter().next().unwrap_or_default();
+                let num = |i: usize| {
+                    t.get(i)
+                        .cloned()
+                        .flatten()
+                        .and_then(|s| s.parse::<f64>().ok())
+                };
+                v["tokens"] = json!({"prompt": num(0), "completion": num(1), "reasoning": num(2)});
+                v["mean_latency_ms"] = json!(num(3));
+                Ok::<_, ViewError>(v)
+            })
+            .await
+    }
+
     /// The one-partition session of pages (made on first use).
     pub async fn page_ctx(&self) -> Result<&SessionContext, ViewError> {
         self.page
@@ -50,20 +98,25 @@ impl RunView {
             .await
     }
 
-    /// Scorer versions that have parts, in the manifest's order, then any others found.
-    pub async fn scorer_ids(&self) -> Result<Vec<(ScorerId, u64)>, ViewError> {
-        let mut found: Vec<(String, u64)> = Vec::new();
-        for p in self.store.list_parts("scores").await? {
-            let full = p.location.as_ref().to_string();
-            let Some(tag) = full.rsplit('/').nth(1) else {
-                continue;
-            };
-            let rows = self.store.part_rows(&p).await?;
-            match found.iter_mut().find(|(t, _)| t == tag) {
-                Some(f) => f.1 += rows,
-                None => found.push((tag.to_string(), rows)),
-            }
-        }
+    /// Scorer versions with a folder under `scores/`, in the manifest's order, then any
+    /// others found (one listing, no footer).
+    pub async fn scorer_tags(&self) -> Result<Vec<ScorerId>, ViewError> {
+        let prefix = self.store.path("scores");
+        let listed = self
+            .store
+            .object_store()
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map_err(|source| crate::storage::StorageError::Store {
+                location: self.store.location(&prefix),
+                source,
+            })?;
+        let mut tags: Vec<String> = listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_string))
+            .filter(|t| t.contains('@'))
+            .collect();
         let order = |t: &str| {
             self.manifest
                 .scorer_versions
@@ -71,17 +124,34 @@ impl RunView {
                 .position(|m| m == t)
                 .unwrap_or(usize::MAX)
         };
-        found.sort_by_key(|(t, _)| order(t));
-        Ok(found
-            .into_iter()
-            .filter_map(|(t, n)| ScorerId::parse(&t).map(|id| (id, n)))
-            .collect())
+        tags.sort_by_key(|t| order(t));
+        Ok(tags.iter().filter_map(|t| ScorerId::parse(t)).collect())
+    }
+
+    /// [`Self::scorer_tags`] with each version's rows (from its parts' footers).
+    pub async fn scorer_ids(&self) -> Result<Vec<(ScorerId, u64)>, ViewError> {
+        let mut out = Vec::new();
+        for id in self.scorer_tags().await? {
+            let mut rows = 0;
+            for p in self.store.list_parts(&id.dir()).await? {
+                rows += self.store.part_rows(&p).await?;
+            }
+            if rows > 0 {
+                out.push((id, rows));
+            }
+        }
+        Ok(out)
     }
 
     /// The scorer version `spec` names (`NAME@VERSION`, or `NAME`: its newest), or the
     /// run's primary one (the first with parts).
     pub async fn scorer(&self, spec: Option<&str>) -> Result<Option<ScorerId>, ViewError> {
-        let ids = self.scorer_ids().await?;
+        let ids: Vec<(ScorerId, ())> = self
+            .scorer_tags()
+            .await?
+            .into_iter()
+            .map(|id| (id, ()))
+            .collect();
         let Some(spec) = spec.filter(|s| !s.is_empty()) else {
             return Ok(ids.into_iter().next().map(|(id, _)| id));
         };
@@ -259,12 +329,26 @@ impl Catalog {
 
     /// The run whose id (or path below the root) is `id`.
     pub async fn run(&self, id: &str) -> Result<Arc<RunView>, ViewError> {
-        let paths = self.run_paths().await?;
         if id.split('/').any(|s| s == ".." || s == ".") {
             return Err(ViewError::BadRequest(format!(
                 "run `{id}`: paths outside the root are refused"
             )));
         }
+        // A run opened before: one manifest read, not a walk of the root.
+        let known = self
+            .views
+            .lock()
+            .await
+            .values()
+            .find(|v| v.path == id || v.run_id == id)
+            .map(|v| v.path.clone());
+        if let Some(path) = known
+            && let Ok(v) = self.open_path(&path).await
+            && (v.path == id || v.run_id == id)
+        {
+            return Ok(v);
+        }
+        let paths = self.run_paths().await?;
         if paths.iter().any(|p| p == id) {
             return self.open_path(id).await;
         }
@@ -311,6 +395,7 @@ impl Catalog {
             manifest,
             ctx,
             page: tokio::sync::OnceCell::new(),
+            facets: tokio::sync::OnceCell::new(),
             stamp,
         });
         self.views
@@ -373,8 +458,8 @@ impl Catalog {
             "complete"
         };
         let answers = self.rows(&r.store, "calls").await.ok();
-        let scorers: Vec<String> = match r.scorer_ids().await {
-            Ok(ids) => ids.iter().map(|(id, _)| id.tag()).collect(),
+        let scorers: Vec<String> = match r.scorer_tags().await {
+            Ok(ids) => ids.iter().map(|id| id.tag()).collect(),
             Err(_) => m.scorer_versions.clone(),
         };
         let models = models_of(r).await;
@@ -409,41 +494,12 @@ impl Catalog {
             .map(|(k, s)| (k.clone(), json!({"status": s.status, "rows": s.rows})))
             .collect();
         v["stages"] = Value::Object(stages);
-        let distinct = |col: &str, table: &str| {
-            format!(
-                "SELECT DISTINCT {col} AS v FROM {table} WHERE {col} IS NOT NULL ORDER BY v \
-                 LIMIT 1000"
-            )
-        };
-        for (key, col, table) in [
-            ("tests", "test", "cases"),
-            ("capabilities", "capability", "cases"),
-            ("test_types", "test_type", "cases"),
-            ("validities", "validity", "validity"),
-            ("finish_reasons", "finish_reason", "calls"),
-        ] {
-            let rows = crate::query::text_rows(&r.ctx, &distinct(col, table)).await?;
-            v[key] = json!(
-                rows.into_iter()
-                    .filter_map(|mut x| x.remove(0))
-                    .collect::<Vec<_>>()
-            );
+        let facets = r.facets().await?;
+        if let (Some(dst), Some(src)) = (v.as_object_mut(), facets.as_object()) {
+            for (k, x) in src {
+                dst.insert(k.clone(), x.clone());
+            }
         }
-        let tokens = crate::query::text_rows(
-            &r.ctx,
-            "SELECT sum(prompt_tokens), sum(completion_tokens), sum(reasoning_tokens), \
-             avg(latency_ms) FROM calls",
-        )
-        .await?;
-        let t = tokens.into_iter().next().unwrap_or_default();
-        let num = |i: usize| {
-            t.get(i)
-                .cloned()
-                .flatten()
-                .and_then(|s| s.parse::<f64>().ok())
-        };
-        v["tokens"] = json!({"prompt": num(0), "completion": num(1), "reasoning": num(2)});
-        v["mean_latency_ms"] = json!(num(3));
         Ok(v)
     }
 }
