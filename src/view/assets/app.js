@@ -672,11 +672,10 @@ async function viewAnswer(ctx, box, id, callId) {
     section('Response', pre(call.response, 'response', 'text response')),
     section('Validity', verdict)];
 
-  // The K samples of this case and model, side by side.
-  if (d.samples && d.samples.length) {
-    const mine = [...scores].sort((a, b) => cmpVersion(b.scoring_version, a.scoring_version))[0] || {};
-    const all = [{ call_id: callId, sample_idx: call.sample_idx, response: call.response, validity: val.validity,
-      finish_reason: call.finish_reason, score: mine.score, passed: mine.passed, self: true }, ...d.samples]
+  // The K samples of this case and model (this one included, scored by the primary
+  // scorer), side by side; nothing to show when K = 1.
+  if (d.samples && d.samples.length > 1) {
+    const all = d.samples.map((s) => ({ ...s, self: s.call_id === callId }))
       .sort((a, b) => (a.sample_idx ?? 0) - (b.sample_idx ?? 0));
     out.push(section(`Samples (K = ${all.length})`, h('div', { class: 'samples', style: { gridTemplateColumns: `repeat(${Math.min(all.length, 4)},minmax(0,1fr))` } },
       all.map((s) => h('div', { class: 'sample' + (s.self ? ' self' : ''), 'data-sample-idx': s.sample_idx ?? '' },
