@@ -519,8 +519,8 @@ pub async fn scorer_diff(r: &RunView, q: &[(String, String)]) -> Result<Value, V
         &format!(
             "SELECT coalesce(x.call_id, y.call_id) AS call_id, x.score AS score_a, y.score AS \
              score_b, x.passed AS passed_a, y.passed AS passed_b, x.label AS label_a, y.label \
-             AS label_b, x.k AS class_a, y.k AS class_b FROM {joined} WHERE x.k IS DISTINCT \
-             FROM y.k{keyset} ORDER BY 1 LIMIT {}",
+             AS label_b, x.k AS class_a, y.k AS class_b FROM {joined} WHERE (x.k IS DISTINCT \
+             FROM y.k){keyset} ORDER BY 1 LIMIT {}",
             limit + 1
         ),
     )
