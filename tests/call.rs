@@ -2172,9 +2172,9 @@ fn a_judge_over_many_parts_scores_the_same_and_resumes_without_paying_twice() {
 
 /// Two `call` processes on one root (an overlapping cron job): the second is refused, exit 2
 /// naming the first, every time; with `--wait-lock` it waits and then finds nothing to send.
-/// No request reaches the server twice and `calls` holds each call once.
-#[test]
-fn a_second_writer_on_one_root_is_refused_or_waits_and_nothing_is_paid_twice() {
+/// No request reaches the server twice and `calls` holds each call once. On S3 (moto) the
+/// lease is a conditional put.
+fn second_writer(on_s3: bool) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
@@ -2185,10 +2185,25 @@ fn a_second_writer_on_one_root_is_refused_or_waits_and_nothing_is_paid_twice() {
     };
     let server = rt.block_on(MockServer::start(loopback(), cfg)).unwrap();
     let p = pipeline(dir.path(), "two", &server.base_url(), 16, "concurrency = 4");
+    let moto = on_s3.then(|| moto::Moto::start("lease"));
     let root = dir.path().join("run");
-    let (p, root_s) = (p.to_str().unwrap(), root.to_str().unwrap());
+    let url = if on_s3 {
+        "s3://lease/runs/r".to_string()
+    } else {
+        root.to_str().unwrap().to_string()
+    };
+    let (p, root_s) = (p.to_str().unwrap(), url.as_str());
+    let state = dir.path().join("state");
     let cache = dir.path().join("cache");
-    let with_env = |e: Evalflow| e.env("EVALFLOW_CACHE_DIR", cache.to_str().unwrap());
+    let with_env = |mut e: Evalflow| {
+        e = e
+            .env("EVALFLOW_CACHE_DIR", cache.to_str().unwrap())
+            .env("EVALFLOW_STATE_DIR", state.to_str().unwrap());
+        for (k, v) in moto.iter().flat_map(|m| m.env()) {
+            e = e.env(k, &v);
+        }
+        e
+    };
     let o = with_env(bin().args(["generate", p, "--out", root_s])).output();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
@@ -2200,11 +2215,14 @@ fn a_second_writer_on_one_root_is_refused_or_waits_and_nothing_is_paid_twice() {
             .spawn()
             .unwrap(),
     );
-    // The first holds the lease once its name is in the lease file.
-    let lease = root.join("_lease.json");
+    // The first holds the lease once a request reached the server (it takes the lease
+    // before it reads the manifest, long before it sends).
     let t0 = std::time::Instant::now();
-    while !std::fs::read_to_string(&lease).is_ok_and(|s| s.contains("\"call\"")) {
-        assert!(t0.elapsed() < Duration::from_secs(30), "no lease taken");
+    while read_log(&log).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the first call never sent"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let pid = first.0.id().to_string();
@@ -2234,13 +2252,25 @@ fn a_second_writer_on_one_root_is_refused_or_waits_and_nothing_is_paid_twice() {
     );
     assert!(first.0.wait().unwrap().success());
 
+    if let Some(m) = &moto {
+        rt.block_on(mirror(&m.endpoint, "lease", "runs/r", &root));
+    }
     let rows = rt.block_on(calls(&root));
     let ids: HashSet<&str> = rows.iter().map(|r| r.call_id.as_str()).collect();
     assert_eq!((rows.len(), ids.len()), (80, 80));
     assert_eq!(read_log(&log).len(), 80, "each call requested once");
-    // A reader needs no lease: sql answers while nothing holds it, and while a writer does.
-    let o = bin()
-        .args(["sql", "SELECT count(*) AS n FROM calls", "--run", root_s])
-        .output();
+    // A reader needs no lease: sql answers while nothing holds it.
+    let o =
+        with_env(bin().args(["sql", "SELECT count(*) AS n FROM calls", "--run", root_s])).output();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn a_second_writer_on_one_root_is_refused_or_waits_and_nothing_is_paid_twice() {
+    second_writer(false);
+}
+
+#[test]
+fn a_second_writer_on_an_s3_root_is_refused_or_waits_and_nothing_is_paid_twice() {
+    second_writer(true);
 }

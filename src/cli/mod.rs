@@ -330,6 +330,14 @@ pub struct AggregateArgs {
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     cli.apply_resources();
     cli.apply_cluster()?;
+    let result = dispatch(cli).await;
+    // The command's object-store leases were dropped with it: give them back now, so the
+    // next writer need not wait for them to expire.
+    crate::storage::lease::release_dropped().await;
+    result
+}
+
+async fn dispatch(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         #[cfg(feature = "ballista")]
         Command::Scheduler(a) => cluster::scheduler(a).await,

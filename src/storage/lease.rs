@@ -161,12 +161,17 @@ fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// The start time of `pid` in clock ticks since boot, where `/proc` has it.
+/// The start time of `pid` in clock ticks since boot, where `/proc` has it and the process
+/// still runs (a zombie, exited but not yet reaped by its parent, counts as gone).
 fn proc_start(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may hold spaces: count after it.
     let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split(' ').nth(19)?.parse().ok()
+    let mut fields = rest.split(' ');
+    if matches!(fields.next(), Some("Z" | "X" | "x")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// Whether `pid` still runs as the process that took the lease. Without `/proc` a process is
@@ -181,6 +186,26 @@ fn process_alive(pid: u32, start: Option<u64>) -> bool {
     }
 }
 
+/// Object-store leases dropped but not yet deleted: a drop cannot wait for the store, so
+/// [`release_dropped`] (the CLI calls it when a command ends) deletes them.
+static DROPPED: Mutex<Vec<(RunStore, String)>> = Mutex::new(Vec::new());
+
+/// Deletes the lease objects of leases dropped in this process (each only while it still
+/// names its holder).
+pub async fn release_dropped() {
+    let dropped = DROPPED
+        .lock()
+        .map(|mut d| std::mem::take(&mut *d))
+        .unwrap_or_default();
+    for (store, token) in dropped {
+        if let Ok(Some(cur)) = read_object(&store).await
+            && cur.0.token == token
+        {
+            let _ = store.delete(LEASE_FILE).await;
+        }
+    }
+}
+
 /// The lease on one root, held until dropped (or [`Lease::release`]d).
 #[derive(Debug)]
 pub struct Lease {
@@ -191,6 +216,9 @@ pub struct Lease {
 enum Inner {
     /// The locked file; closing it unlocks.
     Local(#[allow(dead_code)] std::fs::File),
+    /// A store without conditional puts (S3 with `AWS_CONDITIONAL_PUT=disabled`): nothing
+    /// can guard the root; said on stderr.
+    Unguarded,
     Object(Box<ObjectLease>),
 }
 
@@ -269,15 +297,8 @@ impl Drop for ObjectLease {
             return;
         }
         set_held(&self.location, false);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (store, token) = (self.store.clone(), self.token.clone());
-            rt.spawn(async move {
-                if let Ok(Some(cur)) = read_object(&store).await
-                    && cur.0.token == token
-                {
-                    let _ = store.delete(LEASE_FILE).await;
-                }
-            });
+        if let Ok(mut d) = DROPPED.lock() {
+            d.push((self.store.clone(), self.token.clone()));
         }
     }
 }
@@ -384,6 +405,16 @@ async fn try_object(
     };
     let result = match put(PutMode::Create).await {
         Ok(r) => r,
+        Err(object_store::Error::NotImplemented { .. }) => {
+            eprintln!(
+                "{}: warning: this store has no conditional puts, so nothing keeps a second \
+                 writer off this root (enable them: AWS_CONDITIONAL_PUT=etag)",
+                store.display()
+            );
+            return Ok(Ok(Lease {
+                inner: Inner::Unguarded,
+            }));
+        }
         Err(object_store::Error::AlreadyExists { .. }) => {
             let Some((holder, version)) = read_object(store).await? else {
                 // Released between our put and our read: try again at once.
@@ -548,5 +579,18 @@ mod tests {
         assert!(process_alive(me, start));
         assert!(!process_alive(me, start.map(|s| s + 1)));
         assert!(!process_alive(u32::MAX - 1, None));
+        // A holder that exited but was not reaped yet (a zombie) holds nothing.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let t0 = std::time::Instant::now();
+        while process_alive(pid, None) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "a zombie counted as alive"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok());
+        child.wait().unwrap();
     }
 }
