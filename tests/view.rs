@@ -160,7 +160,12 @@ struct Served {
 impl Served {
     /// Starts `evalflow ARGS` and waits (at most 120 s) for its address.
     fn start(args: &[&str], log: &Path) -> Served {
-        let inner = evalflow(args, &[]);
+        Served::start_with(args, &[], log)
+    }
+
+    /// [`Served::start`] with environment variables.
+    fn start_with(args: &[&str], envs: &[(&str, &str)], log: &Path) -> Served {
+        let inner = evalflow(args, envs);
         let mut c = Command::new("sh");
         c.arg("-c")
             .arg("\"$0\" \"$@\" & pid=$!; cat >/dev/null; kill $pid 2>/dev/null; wait $pid")
@@ -526,8 +531,11 @@ fn build_fixture() -> Fixture {
         std::panic::resume_unwind(e);
     }
     assert_ne!(tags[0], tags[1], "the two scorer files are two versions");
-    let viewer = Served::start(
+    // Scorer diffs join the two versions in slices of about 1,500 rows here (2M by default),
+    // so the matrix and the pages cross slices.
+    let viewer = Served::start_with(
         &["view", root.to_str().unwrap(), "--addr", "127.0.0.1:0"],
+        &[("EVALFLOW_VIEW_DIFF_ROWS", "1500")],
         &dir.join("viewer.log"),
     );
     Fixture {

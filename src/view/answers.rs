@@ -480,54 +480,97 @@ pub async fn scorer_diff(r: &RunView, q: &[(String, String)]) -> Result<Value, V
     };
     let kind_a = crate::stages::score::metric_kind(&r.store, &a).await?;
     let kind_b = crate::stages::score::metric_kind(&r.store, &b).await?;
-    let side = |id: &ScorerId, kind| {
+    // The two versions are joined slice by slice of call ids (a hash join holds one side
+    // and does not spill): about 2M rows a slice (`EVALFLOW_VIEW_DIFF_ROWS`), counted from
+    // the parts listed (each at most PART_ROWS rows).
+    let parts =
+        r.store.list_parts(&a.dir()).await?.len() + r.store.list_parts(&b.dir()).await?.len();
+    let per_pass = std::env::var("EVALFLOW_VIEW_DIFF_ROWS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(2_000_000);
+    let passes = (parts * crate::storage::PART_ROWS)
+        .div_ceil(2 * per_pass)
+        .max(1);
+    let slices = crate::query::id_slices("call_id", passes);
+    let side = |id: &ScorerId, kind, slice: &str| {
         format!(
             "(SELECT call_id, {} AS k, score, passed, label FROM scores WHERE scorer = {} AND \
-             scoring_version = {})",
+             scoring_version = {} AND {slice})",
             class_expr(kind),
             lit(&id.name),
             lit(&id.version)
         )
     };
-    let joined = format!(
-        "{} x FULL JOIN {} y ON x.call_id = y.call_id",
-        side(&a, kind_a),
-        side(&b, kind_b)
-    );
-    let matrix = json_rows(
-        &r.ctx,
-        &format!(
-            "SELECT coalesce(x.k, 'absent') AS a, coalesce(y.k, 'absent') AS b, count(*) AS n \
-             FROM {joined} GROUP BY 1, 2 ORDER BY 1, 2"
-        ),
-    )
-    .await?;
-    let (mut total, mut disagree) = (0i64, 0i64);
-    for cell in matrix.as_array().into_iter().flatten() {
-        let n = cell["n"].as_i64().unwrap_or(0);
-        total += n;
-        if cell["a"] != cell["b"] {
-            disagree += n;
+    let joined = |slice: &str| {
+        format!(
+            "{} x FULL JOIN {} y ON x.call_id = y.call_id",
+            side(&a, kind_a, slice),
+            side(&b, kind_b, slice)
+        )
+    };
+    let mut cells: std::collections::BTreeMap<(String, String), i64> = Default::default();
+    for slice in &slices {
+        let m = json_rows(
+            &r.ctx,
+            &format!(
+                "SELECT coalesce(x.k, 'absent') AS a, coalesce(y.k, 'absent') AS b, count(*) \
+                 AS n FROM {} GROUP BY 1, 2",
+                joined(slice)
+            ),
+        )
+        .await?;
+        for c in m.as_array().into_iter().flatten() {
+            let key = (
+                c["a"].as_str().unwrap_or_default().to_string(),
+                c["b"].as_str().unwrap_or_default().to_string(),
+            );
+            *cells.entry(key).or_default() += c["n"].as_i64().unwrap_or(0);
         }
     }
+    let (mut total, mut disagree) = (0i64, 0i64);
+    let matrix: Vec<Value> = cells
+        .iter()
+        .map(|((ca, cb), n)| {
+            total += n;
+            if ca != cb {
+                disagree += n;
+            }
+            json!({"a": ca, "b": cb, "n": n})
+        })
+        .collect();
     let after = get("after").filter(|s| !s.is_empty());
     let keyset = after
         .map(|c| format!(" AND coalesce(x.call_id, y.call_id) > {}", lit(c)))
         .unwrap_or_default();
-    let mut rows = json_rows(
-        &r.ctx,
-        &format!(
-            "SELECT coalesce(x.call_id, y.call_id) AS call_id, x.score AS score_a, y.score AS \
-             score_b, x.passed AS passed_a, y.passed AS passed_b, x.label AS label_a, y.label \
-             AS label_b, x.k AS class_a, y.k AS class_b FROM {joined} WHERE (x.k IS DISTINCT \
-             FROM y.k){keyset} ORDER BY 1 LIMIT {}",
-            limit + 1
-        ),
-    )
-    .await?
-    .as_array()
-    .cloned()
-    .unwrap_or_default();
+    // The slices are in id order: start at the cursor's, read on until the page is full.
+    let first = after
+        .and_then(|c| u8::from_str_radix(c.get(..2)?, 16).ok())
+        .map_or(0, |v| {
+            (0..slices.len())
+                .find(|p| (v as usize) < (p + 1) * 256 / slices.len())
+                .unwrap_or(0)
+        });
+    let mut rows: Vec<Value> = Vec::new();
+    for slice in &slices[first..] {
+        let got = json_rows(
+            &r.ctx,
+            &format!(
+                "SELECT coalesce(x.call_id, y.call_id) AS call_id, x.score AS score_a, y.score AS \
+                 score_b, x.passed AS passed_a, y.passed AS passed_b, x.label AS label_a, \
+                 y.label AS label_b, x.k AS class_a, y.k AS class_b FROM {} WHERE (x.k IS \
+                 DISTINCT FROM y.k){keyset} ORDER BY 1 LIMIT {}",
+                joined(slice),
+                limit + 1 - rows.len()
+            ),
+        )
+        .await?;
+        rows.extend(got.as_array().cloned().unwrap_or_default());
+        if rows.len() > limit {
+            break;
+        }
+    }
     let next = if rows.len() > limit {
         rows.truncate(limit);
         rows.last()
