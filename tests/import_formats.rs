@@ -398,6 +398,85 @@ fn openai_batch_output_joined_with_its_input() {
     assert_eq!(v3[0]["len"], 0);
 }
 
+/// Issue 61, item 4: a `custom_id` is unique in batch output, so an output line that repeats
+/// one (a download appended twice) is a copy: one call per custom_id, tokens summed once, and
+/// the copies counted on stderr; a repeat with other content is a bad line naming both.
+#[test]
+fn repeated_batch_output_lines_are_copies_dropped_and_counted() {
+    let want = expected("openai-batch/expected.json");
+    let total = want["request_counts"]["total"].as_i64().unwrap();
+    let inp = fixture("openai-batch/batch_input.jsonl");
+    let lines: Vec<String> = std::fs::read_to_string(fixture("openai-batch/batch_output.jsonl"))
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    // The first 5 lines again at the end, and line 10 right after itself, reserialized
+    // (other spacing, the same JSON): 6 copies.
+    let mut repeated = lines.clone();
+    repeated.extend(lines[..5].iter().cloned());
+    let again: Value = serde_json::from_str(&lines[10]).unwrap();
+    repeated.insert(11, again.to_string());
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("batch_output.jsonl");
+    std::fs::write(&out, repeated.join("\n") + "\n").unwrap();
+    let (root, o) = import_raw(
+        d.path(),
+        &[
+            out.to_str().unwrap(),
+            "--batch-input",
+            inp.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("openai-batch: 6 output line(s) repeated the custom_id of an earlier line"),
+        "{err}"
+    );
+    let v = sql(
+        &root,
+        "SELECT count(*) AS n, count(DISTINCT source_id) AS ids, max(sample_idx) AS k, \
+         sum(prompt_tokens) AS input, sum(completion_tokens) AS output FROM calls",
+    )[0]
+    .clone();
+    assert_eq!(n(&v["n"]), total, "{v}");
+    assert_eq!(n(&v["ids"]), total, "{v}");
+    assert_eq!(
+        v["k"], 1,
+        "two samples per case (seed 0 and 1), no third: {v}"
+    );
+    assert_eq!(v["input"], want["prompt_tokens"], "{v}");
+    assert_eq!(v["output"], want["completion_tokens"], "{v}");
+    // Another answer under a custom_id already read: not a copy, refused naming both lines.
+    let mut other: Value = serde_json::from_str(&lines[0]).unwrap();
+    other["id"] = Value::from("batch_req_other");
+    let mut conflicting = lines.clone();
+    conflicting.push(other.to_string());
+    let d2 = tempfile::tempdir().unwrap();
+    let out2 = d2.path().join("batch_output.jsonl");
+    std::fs::write(&out2, conflicting.join("\n") + "\n").unwrap();
+    let (root2, o2) = import_raw(
+        d2.path(),
+        &[
+            out2.to_str().unwrap(),
+            "--batch-input",
+            inp.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o2.status.code(), Some(2), "{}", text(&o2));
+    let id = other["custom_id"].as_str().unwrap();
+    assert!(
+        text(&o2).contains(&format!(
+            "batch_output.jsonl:{}: field `custom_id`: `{id}` was read at line 1 with a different content",
+            lines.len() + 1
+        )),
+        "{}",
+        text(&o2)
+    );
+    assert!(!root2.exists());
+}
+
 /// Every fixture folder at once: one run, each format's rows tagged with their source.
 #[test]
 fn a_folder_of_mixed_formats_imports_at_once() {

@@ -24,8 +24,10 @@
 //!   read once; a record identical to one of an earlier file but for where it came from
 //!   (a copy of the file) is dropped (`--keep-duplicates` keeps it as a sample), and so is
 //!   an exact copy of a sample (same index). Two different records of one sample are
-//!   refused. `--model` renames the one model of the sources; over several it is refused
-//!   (exit 2) rather than pooling their samples.
+//!   refused. A batch output line that repeats a `custom_id` of its file is a copy too
+//!   (the id is unique in batch output): dropped, its count said on stderr. `--model`
+//!   renames the one model of the sources; over several it is refused (exit 2) rather
+//!   than pooling their samples.
 //! - Every bad record is reported (the first 20 named, all counted; an error body is a
 //!   provider-error call, not a bad record); `--skip-bad-lines FILE` imports the others
 //!   and writes each bad one to FILE as a JSON line (file, row, field, error, the line).
@@ -485,11 +487,14 @@ async fn import_into(
     let mut named: BTreeMap<Arc<str>, String> = BTreeMap::new();
     // Record by record: memory holds one staging batch, not the sources.
     let mut per_format: BTreeMap<&'static str, u64> = BTreeMap::new();
+    // Batch output lines that repeat a custom_id of their file: copies, dropped.
+    let repeats = import::openai_batch::Repeats::default();
     let pushed: Result<(), CliError> = async {
         for (path, format) in &files {
             let records = match format {
                 Format::OpenaiBatch => {
-                    import::openai_batch::open_joined(path, &opts, requests.clone()).map_err(bad)?
+                    import::openai_batch::open_joined(path, &opts, requests.clone(), repeats.clone())
+                        .map_err(bad)?
                 }
                 f => import::open(path, *f, &opts).map_err(bad)?,
             };
@@ -699,6 +704,13 @@ async fn import_into(
     }
     for (tag, _, n) in &summary.scores {
         println!("imported scores {tag}: {n} rows");
+    }
+    if repeats.count() > 0 {
+        eprintln!(
+            "openai-batch: {} output line(s) repeated the custom_id of an earlier line of their file and were dropped as copies (a custom_id \
+             is unique in batch output; each request is imported once)",
+            repeats.count()
+        );
     }
     if summary.duplicates > 0 {
         println!(

@@ -19,14 +19,22 @@
 //! - Without an input line a record keeps an empty input and is its own case (keyed by
 //!   `custom_id`); the model then comes from the response body or `--model`.
 //! - `provider` is `openai`, `source_id` the `custom_id`.
+//! - A `custom_id` is unique in one batch's output, so a line that repeats the `custom_id`
+//!   of an earlier line of the same file is a copy (a download appended twice, files
+//!   concatenated): it is dropped, not imported as one more sample, and counted in
+//!   [`Repeats`] for the import to report. Two output files may reuse ids (two batches).
 //!
 //! # Errors
-//! A line that is not JSON or lacks `custom_id` names `file:line` and the field.
+//! A line that is not JSON or lacks `custom_id` names `file:line` and the field. A line that
+//! repeats a `custom_id` with a different content (not a copy: which answer is the call's
+//! cannot be told) names both lines.
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value;
 
@@ -66,16 +74,29 @@ pub fn read_inputs(files: &[PathBuf]) -> Result<Requests, ImportError> {
     Ok(out)
 }
 
+/// Output lines dropped as copies of an earlier line with the same `custom_id`, counted
+/// over every file opened with it (clones share the count).
+#[derive(Debug, Clone, Default)]
+pub struct Repeats(Arc<AtomicU64>);
+
+impl Repeats {
+    /// The lines dropped so far.
+    pub fn count(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// Opens a batch output file, joined with the inputs named in `opts`.
 ///
 /// # Errors
 /// The output or an input file cannot be read.
 pub fn open(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
     let inputs = Arc::new(read_inputs(&opts.batch_inputs)?);
-    open_joined(path, opts, inputs)
+    open_joined(path, opts, inputs, Repeats::default())
 }
 
-/// Opens a batch output file joined with `inputs` already read.
+/// Opens a batch output file joined with `inputs` already read; the lines it drops as
+/// copies of an earlier line (the same `custom_id`) are counted in `repeats`.
 ///
 /// # Errors
 /// The file cannot be opened.
@@ -83,19 +104,76 @@ pub fn open_joined(
     path: &Path,
     opts: &Options,
     inputs: Arc<Requests>,
+    repeats: Repeats,
 ) -> Result<RecordIter, ImportError> {
     let f = std::fs::File::open(path).map_err(|e| bad_file(path, e))?;
     let file = path.to_path_buf();
     let opts = opts.clone();
     let lines = std::io::BufReader::new(f).lines().enumerate();
+    // Each custom_id read in this file: the hash of its line's JSON and the line number.
+    // Bounded by the batch size (50,000 requests), as the inputs are.
+    let mut seen: HashMap<String, (u64, usize)> = HashMap::new();
     Ok(Box::new(lines.filter_map(move |(i, line)| {
         let n = i + 1;
-        match line {
-            Err(e) => Some(Err(bad(&file, n, "(line)", e))),
-            Ok(l) if l.trim().is_empty() => None,
-            Ok(l) => Some(record(&file, n, &l, &opts, &inputs).map_err(|e| e.with_raw(&l))),
+        let l = match line {
+            Err(e) => return Some(Err(bad(&file, n, "(line)", e))),
+            Ok(l) if l.trim().is_empty() => return None,
+            Ok(l) => l,
+        };
+        let v: Value = match serde_json::from_str(&l) {
+            Ok(v) => v,
+            Err(e) => {
+                return Some(Err(
+                    bad(&file, n, "(line)", format!("not JSON: {e}")).with_raw(&l)
+                ));
+            }
+        };
+        match repeat_of(&mut seen, &file, n, &v) {
+            Ok(true) => {
+                repeats.0.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Ok(false) => Some(record(&file, n, &v, &opts, &inputs).map_err(|e| e.with_raw(&l))),
+            Err(e) => Some(Err(e.with_raw(&l))),
         }
     })))
+}
+
+/// Whether line `n` is a copy of an earlier line with its `custom_id` (else it is recorded
+/// as the first). A line without a `custom_id` is no repeat: [`record`] names what is
+/// wrong with it.
+///
+/// # Errors
+/// The `custom_id` was read before with a different content.
+fn repeat_of(
+    seen: &mut HashMap<String, (u64, usize)>,
+    file: &Path,
+    n: usize,
+    v: &Value,
+) -> Result<bool, ImportError> {
+    let Some(id) = v.get("custom_id").and_then(Value::as_str) else {
+        return Ok(false);
+    };
+    // The parsed value, so a copy written with other spacing is still a copy.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    v.to_string().hash(&mut h);
+    let hash = h.finish();
+    match seen.get(id) {
+        None => {
+            seen.insert(id.to_string(), (hash, n));
+            Ok(false)
+        }
+        Some(&(first, _)) if first == hash => Ok(true),
+        Some(&(_, at)) => Err(bad(
+            file,
+            n,
+            "custom_id",
+            format!(
+                "`{id}` was read at line {at} with a different content; a custom_id is unique in batch output, so which line is the \
+                 call's answer cannot be told"
+            ),
+        )),
+    }
 }
 
 /// A field of a record: on the output line, on its input line, or in the request's
@@ -113,13 +191,11 @@ fn field_of(out: &Value, input: Option<&Value>, field: &str) -> Option<String> {
 fn record(
     file: &Path,
     n: usize,
-    line: &str,
+    v: &Value,
     opts: &Options,
     inputs: &Requests,
 ) -> Result<Record, ImportError> {
     let model = &opts.model;
-    let v: Value =
-        serde_json::from_str(line).map_err(|e| bad(file, n, "(line)", format!("not JSON: {e}")))?;
     let id = v
         .get("custom_id")
         .and_then(Value::as_str)
@@ -135,9 +211,9 @@ fn record(
             file: file.display().to_string().into(),
             id: Some(id.to_string()),
         },
-        test: field_of(&v, input, "test"),
-        capability: field_of(&v, input, "capability"),
-        cluster: opts.cluster.as_deref().and_then(|f| field_of(&v, input, f)),
+        test: field_of(v, input, "test"),
+        capability: field_of(v, input, "capability"),
+        cluster: opts.cluster.as_deref().and_then(|f| field_of(v, input, f)),
         ..Record::default()
     };
     // What the call asked: its request line's body, else what the output line says.
