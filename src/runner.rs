@@ -278,6 +278,16 @@ impl Runner {
                 ])
                 .collect(),
         );
+        if stats.error_rows > 0 && stats.error_rows < stats.rows_total {
+            // Failed calls are rows: say which kinds, or the run looks whole. (Every call
+            // failed: the caller's error says it, see `CallStats::some_answered`.)
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "{}",
+                stats.failures.summary(stats.rows_total)
+            );
+        }
         if stats.retried > 0 {
             // Rows were replaced: their verdicts are to decide, and every score and result
             // was made from the old rows. Validate keeps its record (its languages) but must
@@ -535,7 +545,9 @@ impl Runner {
     /// All five stages in order.
     pub async fn run_all(&mut self) -> Result<Vec<ResultRow>, RunError> {
         self.generate().await?;
-        self.call().await?;
+        // A run none of whose calls succeeded has nothing to validate or score: it ends here,
+        // saying why (the call stage stays complete; `--retry-errors` sends them again).
+        self.call().await?.some_answered()?;
         self.validate().await?;
         self.require("score", "validate")?;
         let scorers = self.prepared_scorers().await?;

@@ -460,7 +460,8 @@ async fn anthropic_errored_results_end_as_the_synchronous_rows() {
     per_line_errors("anthropic").await;
 }
 
-/// A batch that fails validation: every request is a final error row naming it, sent once.
+/// A batch that fails validation: every request is a final error row naming it, sent once,
+/// and the run fails saying no call succeeded.
 async fn failed_batch(provider: &str) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
@@ -473,7 +474,18 @@ async fn failed_batch(provider: &str) {
     .unwrap();
     let p = pipeline_for(provider, dir.path(), "p", &server.base_url(), 2, "");
     let root = dir.path().join("run");
-    run_all(&p, &root, true).await;
+    // No call succeeded: the run ends after the call stage, saying so (issue 61, item 11).
+    let mut r = Runner::open(&p, Some(root.to_str().unwrap()))
+        .await
+        .unwrap();
+    r.batch = true;
+    let e = r.run_all().await.unwrap_err().to_string();
+    assert!(
+        e.contains("call: no call succeeded: all 20 calls ended in an error, by kind:")
+            && e.contains(": 20 (first: ")
+            && e.contains("--retry-errors"),
+        "{e}"
+    );
     let rows = call_rows(&root).await;
     assert_eq!(rows.len(), 20);
     let (batches, answered) = batch_log(&log);

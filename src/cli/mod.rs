@@ -411,6 +411,7 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
                 s.skipped,
                 s.errors
             );
+            s.some_answered().map_err(|e| CliError::Run(e.into()))?;
             if s.retried > 0 {
                 println!(
                     "retried: {} error rows replaced by new attempts ({} still errors); run \

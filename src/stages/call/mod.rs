@@ -13,6 +13,7 @@ pub mod anthropic;
 pub mod batch;
 pub mod cache;
 pub mod deadline;
+pub mod failures;
 pub mod http;
 pub mod journal;
 pub mod limits;
@@ -63,6 +64,37 @@ pub enum CallError {
         #[source]
         source: std::io::Error,
     },
+    /// The provider answered [`failures::STOP_AFTER`] requests in a row with HTTP 403 (out
+    /// of credit, or a key without access): the stage stopped sending, since every further
+    /// request would be refused too. The answered calls are committed; the stage is left
+    /// unfinished for a later command to resume.
+    #[error(
+        "call: stopped sending after {} HTTP 403 answers in a row (out of credit or forbidden: every further request would be refused \
+         too); {rows} of {suite} calls are recorded, the rest were not sent.\n{summary}\nadd credit (or fix the key's access), then run \
+         the same command to send the rest (--retry-errors sends the refused calls again too)",
+        failures::STOP_AFTER
+    )]
+    Refused {
+        /// Rows committed.
+        rows: u64,
+        /// Calls of the suite (cases x samples).
+        suite: u64,
+        /// [`failures::Failures::render`] of the committed rows.
+        summary: String,
+    },
+    /// Every committed call ended in an error: there is nothing to validate or score.
+    #[error(
+        "call: no call succeeded: all {rows} calls ended in an error, by kind:\n{summary}\nfix the cause, then run the same command with \
+         --retry-errors to send them again"
+    )]
+    NothingAnswered {
+        rows: u64,
+        /// [`failures::Failures::render`] of the committed rows.
+        summary: String,
+        /// Every failure says the request is wrong (HTTP 400, 401, 404): the model name,
+        /// key or URL of the pipeline.
+        bad_request: bool,
+    },
 }
 
 impl CallError {
@@ -74,7 +106,8 @@ impl CallError {
             CallError::Query(e) => e.is_bad_input(),
             CallError::Storage(e) => e.is_bad_input(),
             CallError::Batch(e) => e.is_bad_input(),
-            CallError::Journal { .. } => false,
+            CallError::Journal { .. } | CallError::Refused { .. } => false,
+            CallError::NothingAnswered { bad_request, .. } => *bad_request,
         }
     }
 }
@@ -399,6 +432,8 @@ pub struct CallStats {
     /// The committed rows' cost in dollars under `[model] price`, with the batch discount,
     /// and what it would have cost without it.
     pub cost: Option<(f64, f64)>,
+    /// The committed error rows by kind, with the first message of each.
+    pub failures: failures::Failures,
 }
 
 impl CallStats {
@@ -434,6 +469,23 @@ impl CallStats {
                 json!(self.cost.map(|c| c.1)),
             ),
         ])
+    }
+
+    /// [`CallError::NothingAnswered`] when the committed table has rows and every one is an
+    /// error (and no batch is still open).
+    ///
+    /// # Errors
+    /// As said: no call succeeded.
+    pub fn some_answered(&self) -> Result<(), CallError> {
+        if self.open_batches.is_empty() && self.rows_total > 0 && self.error_rows == self.rows_total
+        {
+            return Err(CallError::NothingAnswered {
+                rows: self.rows_total,
+                summary: self.failures.render(),
+                bad_request: self.failures.all_bad_requests(),
+            });
+        }
+        Ok(())
     }
 
     /// Prices the committed tokens under `[model] price`: batch rows at half price.
@@ -517,6 +569,7 @@ async fn recover(
 async fn committed_totals(store: &RunStore, stats: &mut CallStats) -> Result<(), StorageError> {
     const COLUMNS: &[&str] = &[
         "error",
+        "http_status",
         "prompt_tokens",
         "completion_tokens",
         "reasoning_tokens",
@@ -528,6 +581,7 @@ async fn committed_totals(store: &RunStore, stats: &mut CallStats) -> Result<(),
     let (mut rows, mut errs, mut p, mut c, mut r) = (0u64, 0u64, 0i64, 0i64, 0i64);
     stats.batch_prompt_tokens = 0;
     stats.batch_completion_tokens = 0;
+    stats.failures = failures::Failures::default();
     let sum = |b: &RecordBatch, name: &str| -> i64 {
         b.column_by_name(name)
             .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
@@ -541,6 +595,19 @@ async fn committed_totals(store: &RunStore, stats: &mut CallStats) -> Result<(),
             .column_by_name("error")
             .map(|c| (c.len() - c.null_count()) as u64)
             .unwrap_or(0);
+        let b = crate::schema::plain_strings(b);
+        if let (Some(e), Some(st)) = (
+            b.column_by_name("error")
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>()),
+            b.column_by_name("http_status")
+                .and_then(|c| c.as_any().downcast_ref::<Int32Array>()),
+        ) {
+            for i in (0..e.len()).filter(|i| e.is_valid(*i)) {
+                stats
+                    .failures
+                    .add(st.is_valid(i).then(|| st.value(i)), e.value(i));
+            }
+        }
         p += sum(&b, "prompt_tokens");
         c += sum(&b, "completion_tokens");
         r += sum(&b, "reasoning_tokens");
@@ -700,22 +767,36 @@ pub async fn run_with(
             Ok::<(), datafusion::error::DataFusionError>(())
         })
     };
+    // A run of out-of-credit answers stops the sending (the requests in flight finish).
+    let refusals = Arc::new(failures::Refusals::default());
     let producer = {
         let provider = provider.clone();
         let cache = cache.clone();
+        let refusals = refusals.clone();
         tokio::spawn(async move {
             let mut queued = 0u64;
             while let Some(reqs) = req_rx.recv().await {
                 for req in reqs {
+                    if refusals.stopped() {
+                        return queued;
+                    }
                     let Ok(permit) = sem.clone().acquire_owned().await else {
                         return queued;
                     };
+                    // The slot may have come free on the answer that stopped the stage.
+                    if refusals.stopped() {
+                        return queued;
+                    }
                     queued += 1;
                     let tx = tx.clone();
                     let provider = provider.clone();
                     let cache = cache.clone();
+                    let refusals = refusals.clone();
                     tokio::spawn(async move {
                         let row = call_one(provider, cache, req).await;
+                        if !row.1 {
+                            refusals.observe(&row.0.res);
+                        }
                         let _ = tx.send((row, permit));
                     });
                 }
@@ -836,6 +917,13 @@ pub async fn run_with(
     }
     committed_totals(store, &mut stats).await?;
     stats.price(model);
+    if refusals.stopped() {
+        return Err(CallError::Refused {
+            rows: stats.rows_total,
+            suite,
+            summary: stats.failures.render(),
+        });
+    }
     Ok(stats)
 }
 
