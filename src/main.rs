@@ -1,6 +1,7 @@
 //! The evalflow binary: parse, run, map to an explicit exit code.
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 use evalflow::cli::{self, Cli};
@@ -49,8 +50,15 @@ struct MallocConf(*const std::ffi::c_char);
 #[cfg(not(target_env = "msvc"))]
 unsafe impl Sync for MallocConf {}
 
+/// Whether the command's output is its product (see `Command::writes_a_run`), so a reader
+/// that went away ends it.
+static OUTPUT_IS_THE_PRODUCT: AtomicBool = AtomicBool::new(true);
+
 fn main() -> ExitCode {
-    // A closed pipe (`evalflow sql ... | head`) is not an error: exit quietly.
+    // A closed pipe (`evalflow sql ... | head`) is not an error: exit quietly. A verb that
+    // writes a run drops its messages on a closed pipe and finishes (`progress::outln`); a
+    // broken pipe that still reaches here in one (a print not converted) ends it non-zero,
+    // never as a success it did not reach.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let msg = info
@@ -60,7 +68,11 @@ fn main() -> ExitCode {
             .or_else(|| info.payload().downcast_ref::<&str>().copied())
             .unwrap_or("");
         if msg.contains("Broken pipe") {
-            std::process::exit(0);
+            if OUTPUT_IS_THE_PRODUCT.load(Ordering::Relaxed) {
+                std::process::exit(0);
+            }
+            // stderr may be the closed pipe: the exit code says it.
+            std::process::exit(i32::from(cli::EXIT_INTERNAL));
         }
         default_hook(info);
     }));
@@ -76,7 +88,11 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    OUTPUT_IS_THE_PRODUCT.store(!cli.command.writes_a_run(), Ordering::Relaxed);
     tracing_subscriber::fmt()
+        // A closed stderr drops log lines; the default reports that on stderr, by a print
+        // that panics there.
+        .log_internal_errors(false)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
@@ -96,7 +112,9 @@ fn main() -> ExitCode {
     match rt.block_on(cli::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            // The error is said if stderr is open; the exit code says it either way.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "error: {e}");
             ExitCode::from(e.exit_code())
         }
     }

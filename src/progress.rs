@@ -12,6 +12,46 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+/// Writes one line to stdout, or drops it when stdout is closed.
+///
+/// # Behavior
+/// A command that writes a run reports on work that goes on whether anyone reads the
+/// report: `evalflow run ... | head -1` or a CI log collector that went away must not end
+/// the run (`println!` panics on a closed pipe, and src/main.rs turns that panic into an
+/// exit). Other write errors are dropped too: the line is a message, not the product.
+pub fn print_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
+/// [`print_line`] for stderr: warnings and progress of a command that writes a run.
+pub fn eprint_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// `println!` that drops its line on a closed stdout ([`print_line`]).
+macro_rules! outln {
+    () => {
+        $crate::progress::print_line(format_args!(""))
+    };
+    ($($t:tt)*) => {
+        $crate::progress::print_line(format_args!($($t)*))
+    };
+}
+pub(crate) use outln;
+
+/// `eprintln!` that drops its line on a closed stderr ([`eprint_line`]).
+macro_rules! errln {
+    () => {
+        $crate::progress::eprint_line(format_args!(""))
+    };
+    ($($t:tt)*) => {
+        $crate::progress::eprint_line(format_args!($($t)*))
+    };
+}
+pub(crate) use errln;
+
 /// Whether progress may be printed as plain lines when stderr is not a terminal: only when
 /// `EVALFLOW_PROGRESS=lines` asks for it, since a captured stderr is for errors and warnings.
 pub fn log_lines() -> bool {

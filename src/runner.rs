@@ -281,12 +281,7 @@ impl Runner {
         if stats.error_rows > 0 && stats.error_rows < stats.rows_total {
             // Failed calls are rows: say which kinds, or the run looks whole. (Every call
             // failed: the caller's error says it, see `CallStats::some_answered`.)
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "{}",
-                stats.failures.summary(stats.rows_total)
-            );
+            crate::progress::errln!("{}", stats.failures.summary(stats.rows_total));
         }
         if stats.retried > 0 {
             // Rows were replaced: their verdicts are to decide, and every score and result
@@ -357,7 +352,7 @@ impl Runner {
         self.manifest.save(&self.store).await?;
         if redo {
             self.store.delete_dir("validity").await?;
-            eprintln!(
+            crate::progress::errln!(
                 "validate: answer languages {} (were {}): every verdict is decided again;                  score the run again before aggregating",
                 languages.join(", "),
                 previous.unwrap_or_default().join(", ")
@@ -536,7 +531,7 @@ impl Runner {
                 .await?
                 .warning(scorer)
             {
-                eprintln!("{w}");
+                crate::progress::errln!("{w}");
             }
         }
         Ok(rows)

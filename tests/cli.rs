@@ -1128,3 +1128,66 @@ async fn no_progress_lines_off_a_terminal() {
         );
     }
 }
+
+/// Issue 61, item 9: `run` whose stdout or stderr is a pipe closed early (`run ... | head -1`,
+/// a CI log collector gone) finishes every stage and writes its report, then exits 0: its
+/// output on the closed pipe is dropped, not a reason to stop (nor an exit 0 half way).
+#[test]
+fn a_run_whose_output_pipe_closes_early_finishes_and_exits_0() {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    // (what is closed, whether the first stderr line is read before closing)
+    for (case, read_first) in [("stdout and stderr", true), ("stderr", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("run");
+        let mut c = bin();
+        c.args([
+            "run",
+            "pipelines/sentiment.toml",
+            "--out",
+            root.to_str().unwrap(),
+        ])
+        .current_dir(repo())
+        .stderr(Stdio::piped())
+        .stdout(if read_first {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+        let mut child = c.spawn().unwrap();
+        let err = child.stderr.take().unwrap();
+        let out = child.stdout.take();
+        if read_first {
+            // The first line comes before any stage; the table and the report's path come
+            // on stdout after every stage, long after both pipes are closed.
+            let mut line = String::new();
+            std::io::BufReader::new(err).read_line(&mut line).unwrap();
+            assert!(line.starts_with("run root: "), "{case}: {line}");
+        } else {
+            drop(err);
+        }
+        drop(out);
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{case}");
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(root.join("manifest.json")).unwrap()).unwrap();
+        let stages: Vec<(String, String)> = m["stages"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v["status"].as_str().unwrap().to_string()))
+            .collect();
+        for stage in ["generate", "call", "validate", "score", "aggregate"] {
+            assert!(
+                stages.contains(&(stage.to_string(), "complete".to_string())),
+                "{case}: {stages:?}"
+            );
+        }
+        assert!(
+            stages.iter().all(|(_, s)| s == "complete"),
+            "{case}: {stages:?}"
+        );
+        assert!(m["finished_at"].is_string(), "{case}: {m}");
+        assert!(root.join("report.html").is_file(), "{case}: no report");
+    }
+}

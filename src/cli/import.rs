@@ -313,7 +313,7 @@ pub async fn run(a: ImportArgs) -> Result<(), CliError> {
     {
         // A task of a plan that was dropped may land a part after the cleanup: end the
         // process now, before any can (a host process is not ended: it gets the error).
-        eprintln!("{msg}");
+        crate::progress::errln!("{msg}");
         std::process::exit(130);
     }
     result
@@ -685,7 +685,7 @@ async fn import_into(
     }
     manifest.save(&store).await.map_err(io)?;
     let formats: Vec<String> = per_format.iter().map(|(f, n)| format!("{n} {f}")).collect();
-    println!(
+    crate::progress::outln!(
         "imported {} calls ({}) over {} cases into {} (next: evalflow validate {} --out {})",
         summary.calls,
         formats.join(", "),
@@ -695,25 +695,28 @@ async fn import_into(
         store.display()
     );
     if summary.clustered == 0 {
-        println!("clusters: none recorded (no --cluster field): each case is its own cluster");
+        crate::progress::outln!(
+            "clusters: none recorded (no --cluster field): each case is its own cluster"
+        );
     } else if summary.clustered < summary.cases {
-        println!(
+        crate::progress::outln!(
             "clusters: {} of {} cases have the --cluster field; the others are their own cluster",
-            summary.clustered, summary.cases
+            summary.clustered,
+            summary.cases
         );
     }
     for (tag, _, n) in &summary.scores {
-        println!("imported scores {tag}: {n} rows");
+        crate::progress::outln!("imported scores {tag}: {n} rows");
     }
     if repeats.count() > 0 {
-        eprintln!(
+        crate::progress::errln!(
             "openai-batch: {} output line(s) repeated the custom_id of an earlier line of their file and were dropped as copies (a custom_id \
              is unique in batch output; each request is imported once)",
             repeats.count()
         );
     }
     if summary.duplicates > 0 {
-        println!(
+        crate::progress::outln!(
             "duplicates: {} record(s) were exact copies of others (the same file twice, or a copy of it) and were imported once{}",
             summary.duplicates,
             if a.keep_duplicates {
@@ -726,7 +729,7 @@ async fn import_into(
     if bad_total > 0
         && let Some(p) = &a.skip_bad_lines
     {
-        println!(
+        crate::progress::outln!(
             "skipped {bad_total} bad record(s), written to {}:\n  {}{}",
             p.display(),
             bad_shown.join("\n  "),
@@ -738,7 +741,7 @@ async fn import_into(
         );
     }
     if !skipped.is_empty() {
-        eprintln!(
+        crate::progress::errln!(
             "skipped {} file(s) of no format import reads: {}",
             skipped.len(),
             skipped

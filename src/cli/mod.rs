@@ -261,6 +261,28 @@ impl Command {
     }
 }
 
+impl Command {
+    /// Whether the verb does work beyond its output (writes a run: its stages, an import, a
+    /// re-score, a compaction): a closed stdout or stderr must not end it as if it had
+    /// finished. Its messages go through [`crate::progress::outln`] and `errln`, which drop a
+    /// line on a closed pipe; src/main.rs exits non-zero on a broken pipe left anywhere else.
+    /// The other verbs' output is their product: a reader gone (`sql ... | head`) ends them.
+    pub fn writes_a_run(&self) -> bool {
+        matches!(
+            self,
+            Command::Run(_)
+                | Command::Generate(_)
+                | Command::Call(_)
+                | Command::Validate(_)
+                | Command::Score(_)
+                | Command::Aggregate(_)
+                | Command::Import(_)
+                | Command::Rescore(_)
+                | Command::Compact(_)
+        )
+    }
+}
+
 /// Takes the lease of a root a verb writes (see [`crate::storage::lease`]): exit 2 naming
 /// the holder when another process writes it.
 pub(crate) async fn lease(
@@ -353,7 +375,7 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
             r.retry_errors = a.retry_errors;
             r.batch = a.batch;
             r.no_wait = a.no_wait;
-            eprintln!("run root: {}", r.store.display());
+            crate::progress::errln!("run root: {}", r.store.display());
             remember_root(r.store.display());
             if a.no_wait {
                 r.generate().await?;
@@ -364,8 +386,8 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
                 }
             }
             let rows = r.run_all().await?;
-            println!("run {} ({})\n", r.manifest.run_id, r.store.display());
-            println!("{}", aggregate::render(&rows));
+            crate::progress::outln!("run {} ({})\n", r.manifest.run_id, r.store.display());
+            crate::progress::outln!("{}", aggregate::render(&rows));
             if let Some(h) = &r.pipeline.score.holdout {
                 let path = r
                     .pipeline
@@ -376,19 +398,19 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
                 let labels = holdout::read_labels(&path)?;
                 let scorer = r.prepared_scorers().await?.remove(0);
                 let p = report::prevalence(&r.store, scorer.as_ref(), &labels).await?;
-                println!("\n{}", report::render_prevalence(&p, labels.len()));
+                crate::progress::outln!("\n{}", report::render_prevalence(&p, labels.len()));
             }
             let primary = r.prepared_scorers().await?.remove(0).id();
             let at = crate::report::write_for_run(&r.store, &r.manifest, &primary, rows)
                 .await
                 .map_err(internal)?;
-            println!("\nreport: {at}");
+            crate::progress::outln!("\nreport: {at}");
             Ok(())
         }
         Command::Generate(a) => {
             let mut r = open_stage(&a).await?;
             let n = r.generate().await?;
-            println!("cases: {n} rows in {}/cases", r.store.display());
+            crate::progress::outln!("cases: {n} rows in {}/cases", r.store.display());
             Ok(())
         }
         Command::Call(mut a) => {
@@ -403,7 +425,7 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
                 print_open_batches(&s, r.store.display());
                 return Ok(());
             }
-            println!(
+            crate::progress::outln!(
                 "calls: {} rows in {}/calls ({} sent now, {} already committed, {} errors)",
                 s.rows_total,
                 r.store.display(),
@@ -413,10 +435,11 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
             );
             s.some_answered().map_err(|e| CliError::Run(e.into()))?;
             if s.retried > 0 {
-                println!(
+                crate::progress::outln!(
                     "retried: {} error rows replaced by new attempts ({} still errors); run \
                      validate and score again",
-                    s.retried, s.error_rows
+                    s.retried,
+                    s.error_rows
                 );
             }
             Ok(())
@@ -426,7 +449,7 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
             let mut r = open_stage(&a).await?;
             r.languages = languages;
             let n = r.validate().await?;
-            println!("validity: {n} rows in {}/validity", r.store.display());
+            crate::progress::outln!("validity: {n} rows in {}/validity", r.store.display());
             Ok(())
         }
         Command::Score(mut a) => {
@@ -435,7 +458,11 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
             r.retry_errors = retry;
             for s in r.prepared_scorers().await? {
                 let n = r.score(s.as_ref()).await?;
-                println!("scores: {n} rows in {}/{}", r.store.display(), s.id().dir());
+                crate::progress::outln!(
+                    "scores: {n} rows in {}/{}",
+                    r.store.display(),
+                    s.id().dir()
+                );
             }
             Ok(())
         }
@@ -456,7 +483,7 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
                     })?,
             };
             let rows = r.aggregate(&primary).await?;
-            println!("{}", aggregate::render(&rows));
+            crate::progress::outln!("{}", aggregate::render(&rows));
             Ok(())
         }
         Command::Sql(a) => sql::run(a).await,
@@ -503,9 +530,12 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
                 .map_err(internal)?
             {
                 if c.parts_before > 0 {
-                    println!(
+                    crate::progress::outln!(
                         "{}: {} parts -> {} ({} rows)",
-                        c.folder, c.parts_before, c.parts_after, c.rows
+                        c.folder,
+                        c.parts_before,
+                        c.parts_after,
+                        c.rows
                     );
                 }
             }
@@ -596,13 +626,13 @@ pub fn interrupt_requested() -> impl std::future::Future<Output = ()> + Send {
 
 /// What a batch-mode call that did not wait left open.
 fn print_open_batches(s: &crate::stages::call::CallStats, root: &str) {
-    println!(
+    crate::progress::outln!(
         "calls: {} rows in {root}/calls; {} batches open (run the same command again to collect them):",
         s.rows_total,
         s.open_batches.len()
     );
     for b in &s.open_batches {
-        println!(
+        crate::progress::outln!(
             "  {} (chunk {}): {} requests, {}",
             b.batch_id.as_deref().unwrap_or("-"),
             b.chunk,

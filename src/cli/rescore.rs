@@ -229,7 +229,7 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
     }
     manifest.complete(&stage, &id.dir(), rows, details);
     manifest.save(&store).await.map_err(internal)?;
-    println!(
+    crate::progress::outln!(
         "rescored {rows} rows with {} into {}/{}",
         id.tag(),
         store.display(),
@@ -241,12 +241,12 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
             .await
             .map_err(internal)?;
         if let Some(w) = coverage.warning(&id) {
-            eprintln!("{w}");
+            crate::progress::errln!("{w}");
         }
     }
 
     let Some(old) = against else {
-        println!(
+        crate::progress::outln!(
             "no earlier version of `{}` to compare with (--against NAME@VERSION diffs against another scorer)",
             id.name
         );
@@ -659,7 +659,7 @@ async fn print_diff(
     )
     .await?;
     let t = &totals[0];
-    println!(
+    crate::progress::outln!(
         "\ndiff {} -> {}: {} rows paired, {} changed label, {} changed pass/fail",
         old.tag(),
         new.tag(),
@@ -723,7 +723,7 @@ async fn print_diff(
     let paired = paired_pass(ctx, &metrics, &slices).await?;
     let p = &paired.overall[0];
     if p.n > 0 {
-        println!(
+        crate::progress::outln!(
             "{what}, new - old: {} over {} paired rows (95% interval clustered by template, {})",
             interval_cell(p, pct),
             p.n,
@@ -742,19 +742,19 @@ async fn print_diff(
     .await?;
     if !by_class.is_empty() {
         if by_class.len() > MAX_CLASSES {
-            println!("\nlabel changes by class (the {MAX_CLASSES} largest)");
+            crate::progress::outln!("\nlabel changes by class (the {MAX_CLASSES} largest)");
         } else {
-            println!("\nlabel changes by class");
+            crate::progress::outln!("\nlabel changes by class");
         }
         let by_class = &by_class[..by_class.len().min(MAX_CLASSES)];
         let rows: Vec<Vec<String>> = by_class.iter().map(|r| r.iter().map(c).collect()).collect();
-        println!(
+        crate::progress::outln!(
             "{}",
             render_table(&["old label", "new label", "rows"], &rows)
         );
     }
     if kind == MetricKind::Label && many > MAX_LABELS {
-        println!(
+        crate::progress::outln!(
             "\nrate of each label: not shown, about {many} distinct labels (more than {MAX_LABELS})"
         );
     }
@@ -773,8 +773,10 @@ async fn print_diff(
             ]);
         }
         if !rows.is_empty() {
-            println!("\nrate of each label, new - old (95% interval clustered by template)");
-            println!(
+            crate::progress::outln!(
+                "\nrate of each label, new - old (95% interval clustered by template)"
+            );
+            crate::progress::outln!(
                 "{}",
                 render_table(
                     &[
@@ -811,12 +813,12 @@ async fn print_diff(
                 .map(|(_, p)| interval_cell(p, true))
                 .unwrap_or_else(|| "-".into())
         };
-        println!("\npass/fail changes by test");
+        crate::progress::outln!("\npass/fail changes by test");
         let rows: Vec<Vec<String>> = by_test
             .iter()
             .map(|r| vec![c(&r[0]), c(&r[1]), c(&r[2]), c(&r[3]), diff_of(&r[0])])
             .collect();
-        println!(
+        crate::progress::outln!(
             "{}",
             render_table(
                 &[

@@ -249,7 +249,7 @@ impl Lease {
                 Ok(lease) => return Ok(lease),
                 Err(holder) if wait => {
                     if !said {
-                        eprintln!(
+                        crate::progress::errln!(
                             "{}: waiting for {} to release the root (--wait-lock)",
                             store.display(),
                             holder
@@ -495,7 +495,7 @@ async fn renew(store: RunStore, mut me: Holder, mut version: UpdateVersion, ttl:
                      this process stalled past its lease",
                     store.display()
                 );
-                eprintln!(
+                crate::progress::errln!(
                     "{}: warning: the root's lease expired and another writer took it over",
                     store.display()
                 );

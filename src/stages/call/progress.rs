@@ -55,7 +55,7 @@ impl Progress {
             && crate::progress::log_lines()
         {
             self.last_log = Instant::now();
-            eprintln!("{}", self.line(errors));
+            crate::progress::errln!("{}", self.line(errors));
         }
     }
 
@@ -84,7 +84,7 @@ impl Progress {
             && self.started.elapsed() >= LOG_EVERY
             && crate::progress::log_lines()
         {
-            eprintln!("{}", self.line(errors));
+            crate::progress::errln!("{}", self.line(errors));
         }
     }
 }

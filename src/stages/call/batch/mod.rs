@@ -121,7 +121,7 @@ pub const CHUNK_KEY: &str = "evalflow_chunk";
 /// Aborts the process when [`CRASH_ENV`] names `point`.
 pub fn crash_at(point: &str) {
     if std::env::var(CRASH_ENV).as_deref() == Ok(point) {
-        eprintln!("{CRASH_ENV}={point}: aborting");
+        crate::progress::errln!("{CRASH_ENV}={point}: aborting");
         std::process::abort();
     }
 }
@@ -345,7 +345,7 @@ impl Ctx<'_> {
                     .iter_mut()
                     .find(|c| c.key == key && c.batch_id.is_none())
                 {
-                    eprintln!("batch {}: found by its metadata (chunk {key})", b.id);
+                    crate::progress::errln!("batch {}: found by its metadata (chunk {key})", b.id);
                     self.record(c, &Remote::OpenAi(b))?;
                 }
             }
@@ -353,7 +353,7 @@ impl Ctx<'_> {
         }
         for c in chunks.iter_mut().filter(|c| wanted.contains(&c.key)) {
             if let Some(b) = self.find_created(c).await? {
-                eprintln!(
+                crate::progress::errln!(
                     "batch {}: found by its creation time and size (chunk {})",
                     b.id(),
                     c.key
@@ -447,7 +447,7 @@ impl Ctx<'_> {
                         return Err(e.into());
                     }
                     tries += 1;
-                    eprintln!(
+                    crate::progress::errln!(
                         "batch create (chunk {}): {e}; looking for it, then again",
                         c.key
                     );
@@ -462,7 +462,7 @@ impl Ctx<'_> {
             }
         };
         crash_at("after_create");
-        eprintln!(
+        crate::progress::errln!(
             "batch {} (chunk {}): {} requests, {}",
             b.id(),
             c.key,
@@ -558,7 +558,7 @@ impl Ctx<'_> {
                     }
                 };
                 if chunks[i].status.as_deref() != Some(b.status()) {
-                    eprintln!(
+                    crate::progress::errln!(
                         "batch {id} (chunk {}): {} {}/{}",
                         chunks[i].key,
                         b.status(),
@@ -627,7 +627,7 @@ impl Ctx<'_> {
             if complete {
                 break;
             }
-            eprintln!(
+            crate::progress::errln!(
                 "batch {batch_id}: results hold {} of {expected} lines; downloading them again",
                 best.as_ref().map_or(0, |b| b.1)
             );
@@ -692,7 +692,7 @@ impl Ctx<'_> {
                 if ab.total() != c.requests
                     || index.lines.keys().any(|k| !ours.contains(k.as_str()))
                 {
-                    eprintln!(
+                    crate::progress::errln!(
                         "batch {batch_id}: holds calls of no chunk of this run; chunk {} is \
                          created again",
                         c.key
@@ -794,7 +794,7 @@ impl Ctx<'_> {
         self.taken.lock().expect("not poisoned").remove(&batch_id);
         stats.batches_collected += 1;
         stats.batch_retries += retry_ids.len() as u64;
-        eprintln!(
+        crate::progress::errln!(
             "batch {batch_id} (chunk {}): {} rows committed, {} to send again",
             c.key,
             written,
