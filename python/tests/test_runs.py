@@ -215,12 +215,28 @@ def test_compare_gives_the_cli_table_and_verdict(sentiment_run, tmp_path):
                 assert g[k] == w[k], (k, g, w)
     overall = [r for r in want if str(r.get("level")).lower() == "overall"]
     assert len(overall) == 1 and c.verdict == overall[0]["verdict"] != ""
-    assert c.passed
-    # The gate: exit 1 on the CLI is passed=False here, with the same verdict.
+    # The gate: exit 1 on the CLI is passed=False here, with the same verdict, with or
+    # without require_improvement=True.
     gated = evalflow.compare(sentiment_run, b, require_improvement=True)
     p = cli("compare", sentiment_run, b, "--require-improvement", check=False)
-    assert gated.passed == (p.returncode == 0)
+    assert gated.passed == (p.returncode == 0) == c.passed == (c.verdict == "B better")
     assert gated.verdict == c.verdict
+
+
+def test_compare_passed_is_the_gates_exit_code_with_or_without_require_improvement(sentiment_run):
+    """Issue 61, item 6: `passed` is `compare --require-improvement`'s exit code (0 only when
+    B is significantly better), not `compare`'s, which is 0 whatever the verdict: a run
+    compared with itself is no improvement, so it must not pass."""
+    plain = cli("compare", sentiment_run, sentiment_run, check=False)
+    gate = cli("compare", sentiment_run, sentiment_run, "--require-improvement", check=False)
+    assert (plain.returncode, gate.returncode) == (0, 1)
+    assert "overall: no difference (identical on every paired case)" in plain.stdout
+    same = evalflow.compare(sentiment_run, sentiment_run)
+    assert same.verdict == "no difference (identical on every paired case)"
+    assert same.passed is False
+    assert "--require-improvement: B is not significantly better than A (no difference" in same.message
+    gated = evalflow.compare(sentiment_run, sentiment_run, require_improvement=True)
+    assert (gated.passed, gated.verdict, gated.message) == (False, same.verdict, same.message)
 
 
 def test_the_command_is_installed():

@@ -280,9 +280,10 @@ class Comparison:
         self.table = table
         #: the overall verdict, as the CLI prints it
         self.verdict = verdict
-        #: False when ``require_improvement`` was asked and the gate failed (exit code 1)
+        #: whether B may ship: True exactly when ``evalflow compare A B --require-improvement``
+        #: exits 0 (B significantly better than A overall), whether or not the gate was asked
         self.passed = passed
-        #: the gate's message when it failed, else ""
+        #: the gate's message when it failed (the CLI's exit code 1 message), else ""
         self.message = message
 
     def to_pandas(self):
@@ -435,8 +436,11 @@ def compare(
     """The paired, template-clustered difference B - A per test, capability and overall
     (``evalflow compare``), as a :class:`Comparison` (a pyarrow table and the verdict).
 
-    With ``require_improvement=True`` a comparison that must not ship gives
-    ``passed=False`` (the CLI's exit code 1) instead of raising. Two models of one run:
+    ``passed`` is the gate of ``evalflow compare --require-improvement``: True exactly when
+    that command exits 0 (B significantly better than A overall, the verdict ``B better``),
+    False where it exits 1 (A better, no difference, could not tell), with its message in
+    ``message``. It is the same with or without ``require_improvement=True``: a failed gate
+    is ``passed=False``, never an exception. Two models of one run:
     ``compare(run, model_a="a", model_b="b")``.
     """
     import pyarrow as pa
@@ -452,7 +456,9 @@ def compare(
         argv += _flags(
             {
                 "scorer": scorer,
-                "require_improvement": require_improvement,
+                # Always asked: `passed` is the gate's exit code (a `compare` without it
+                # exits 0 whatever the verdict, so its code says nothing about B).
+                "require_improvement": True,
                 "format": "json",
                 "output": out,
                 **options,

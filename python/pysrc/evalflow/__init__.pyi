@@ -135,8 +135,9 @@ def compare(
     **options: Any,
 ) -> Comparison:
     """The paired, template-clustered difference B - A per test, capability and overall,
-    as a :class:`Comparison` (a pyarrow table and the verdict); with
-    ``require_improvement=True`` a failed gate is ``passed=False``."""
+    as a :class:`Comparison` (a pyarrow table and the verdict); ``passed`` is True exactly
+    when ``evalflow compare --require-improvement`` exits 0 (B significantly better), with
+    or without ``require_improvement=True``; a failed gate is ``passed=False``, not raised."""
 
 def report(run: _Path | Run, *, html: _Path | None = None, **options: Any) -> Run:
     """Prints the run's results and writes its HTML page (default ``<run>/report.html``);
