@@ -59,7 +59,7 @@ every table in [intervals.md](intervals.md))
 |---|---|---|---|---|
 | `auto` | the default: `cr2_score` for 0/1 scores, `cr2_ri` for graded scores (means and paired) | 94.0-95.8% | 94.2-96.3% | 1.16, 1.19 |
 | `cr2_score` | pass/fail rates and paired pass/fail pairs (a clustered score interval; Tango's for pairs) | 94.0-95.8% | 94.2-96.3% | 1.16, 1.19 |
-| `cr2_ri` | graded scores (judge scores, averaged samples): `cr2` floored at the random-intercept and iid variances | 90.5-95.7% | 93.5-96.2% | 1.11, 1.16 |
+| `cr2_ri` | graded scores: `cr2` floored at the random-intercept and iid variances | 90.5-95.7% | 93.5-96.2% | 1.11, 1.16 |
 | `cr2` | plain CR2, to match clubSandwich; 0 when the templates' means agree | 88.0-95.5% | 93.5-95.8% | 1.08, 1.11 |
 | `cr2_wilson` | an earlier default: Wilson at the CR2 effective size | 92.8-95.8% | | 1.08 |
 | `wild_bootstrap` | a cross-check of `cr2`; costs `reps` x G work per group | 87.5-95.3% | 93.2-95.9% | 1.12, 1.13 |
