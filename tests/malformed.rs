@@ -914,10 +914,11 @@ fn object_store_credentials_fail_fast_and_clearly() {
     .args(["run", g, "--out", "s3://bucket/runs/r1"])
     .output()
     .unwrap();
+    // The first object a writer touches is the root's lease.
     let e = assert_bad(
         &o,
         "refused credentials",
-        "runs/r1/manifest.json",
+        "runs/r1/_lease.json",
         "access denied",
     );
     assert!(e.contains("InvalidAccessKeyId") || e.contains("403"), "{e}");

@@ -11,7 +11,10 @@
 //! - **Local roots**: an advisory `flock` on `_lease.json` (`File::try_lock`). The kernel
 //!   drops it when its holder exits however it exits (SIGKILL, a panic, a reboot), so a dead
 //!   holder never blocks anyone; the file's text names the live holder for the message. The
-//!   file is never deleted (unlinking a locked file lets two processes lock two inodes).
+//!   holder deletes the file before it unlocks, so a root is left as it was; a contender
+//!   that locked a file someone deleted meanwhile sees that the path no longer names the file
+//!   it locked, and tries again (the classic lock-file protocol: two processes never hold
+//!   two files).
 //! - **Object stores** (`s3://`, `memory://`): a conditional put (`PutMode::Create`, S3's
 //!   `If-None-Match: *`) creates the lease object with an expiry that a background task
 //!   renews every third of its time to live with a conditional update (`If-Match` on its
@@ -214,12 +217,27 @@ pub struct Lease {
 
 #[derive(Debug)]
 enum Inner {
-    /// The locked file; closing it unlocks.
-    Local(#[allow(dead_code)] std::fs::File),
+    /// The locked file: deleted, then unlocked, when dropped.
+    Local(#[allow(dead_code)] LocalLease),
     /// A store without conditional puts (S3 with `AWS_CONDITIONAL_PUT=disabled`): nothing
     /// can guard the root; said on stderr.
     Unguarded,
     Object(Box<ObjectLease>),
+}
+
+#[derive(Debug)]
+struct LocalLease {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+}
+
+impl Drop for LocalLease {
+    fn drop(&mut self) {
+        // Deleted while still locked: a contender that opened it before gets the lock only
+        // once this file is gone from the path, and then tries again.
+        let _ = std::fs::remove_file(&self.path);
+        let _ = self.file.unlock();
+    }
 }
 
 #[derive(Debug)]
@@ -321,12 +339,19 @@ fn try_local(
         .map_err(io)?;
     match file.try_lock() {
         Ok(()) => {
+            if !names(path, &file) {
+                // Deleted by its last holder after we opened it: not the root's lease.
+                return try_local(path, verb);
+            }
             let me = serde_json::to_vec_pretty(&Holder::ours(verb, None)).unwrap_or_default();
             file.set_len(0).map_err(io)?;
             file.rewind().map_err(io)?;
             file.write_all(&me).map_err(io)?;
             Ok(Ok(Lease {
-                inner: Inner::Local(file),
+                inner: Inner::Local(LocalLease {
+                    file,
+                    path: path.to_path_buf(),
+                }),
             }))
         }
         Err(std::fs::TryLockError::WouldBlock) => {
@@ -339,18 +364,28 @@ fn try_local(
     }
 }
 
+/// Whether `path` still names the open `file` (the same inode on the same device).
+#[cfg(unix)]
+fn names(path: &std::path::Path, file: &std::fs::File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(path), file.metadata()) {
+        (Ok(p), Ok(f)) => p.ino() == f.ino() && p.dev() == f.dev(),
+        _ => false,
+    }
+}
+
+#[cfg(not(unix))]
+fn names(path: &std::path::Path, _file: &std::fs::File) -> bool {
+    path.exists()
+}
+
 /// The lease object and its version, if there is one.
 async fn read_object(store: &RunStore) -> Result<Option<(Holder, UpdateVersion)>, StorageError> {
     let p = store.path(LEASE_FILE);
     let got = match store.object_store().get(&p).await {
         Ok(g) => g,
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
-        Err(source) => {
-            return Err(StorageError::Store {
-                location: store.location(&p),
-                source,
-            });
-        }
+        Err(source) => return Err(store.store_err(&p, source)),
     };
     let version = UpdateVersion {
         e_tag: got.meta.e_tag.clone(),
@@ -399,10 +434,7 @@ async fn try_object(
             .await
         }
     };
-    let store_err = |source| StorageError::Store {
-        location: location.clone(),
-        source,
-    };
+    let store_err = |source| store.store_err(&p, source);
     let result = match put(PutMode::Create).await {
         Ok(r) => r,
         Err(object_store::Error::NotImplemented { .. }) => {
@@ -525,8 +557,15 @@ mod tests {
             "{msg}"
         );
         drop(first);
+        // Released: the root is left as it was.
+        assert!(!d.path().join(LEASE_FILE).exists());
+        // A lease file a killed holder left (its lock went with it) is taken over.
+        std::fs::write(d.path().join(LEASE_FILE), b"{\"verb\": \"call\"}").unwrap();
         let again = Lease::acquire(&store, "import").await.unwrap();
+        let text = std::fs::read_to_string(d.path().join(LEASE_FILE)).unwrap();
+        assert!(text.contains("\"import\""), "{text}");
         again.release().await;
+        assert!(!d.path().join(LEASE_FILE).exists());
     }
 
     #[tokio::test]
