@@ -144,9 +144,12 @@ def report(run: _Path | Run, *, html: _Path | None = None, **options: Any) -> Ru
     options ``compare=RUN_B``, ``holdout=LABELS_CSV``, ``baseline=FILE``."""
 
 class Viewer:
+    """A running ``evalflow view`` server in this process: ``url`` to open, ``stop()`` to end."""
+
     url: str
     root: str
-    def stop(self) -> bool: ...
+    def stop(self) -> bool:
+        """Stops serving; True when it was running."""
 
 def view(root: _Path | Run, *, addr: str = "127.0.0.1:0", token: str | None = None) -> Viewer:
     """Serves the read-only viewer of ``root`` in the background of this process; ``.url``."""
