@@ -352,7 +352,9 @@ pub struct AggregateArgs {
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     cli.apply_resources();
     cli.apply_cluster()?;
-    let result = dispatch(cli).await;
+    // On the heap: the verbs' futures together are large, and a host (the Python package)
+    // runs a command on a thread with a small stack.
+    let result = Box::pin(dispatch(cli)).await;
     // The command's object-store leases were dropped with it: give them back now, so the
     // next writer need not wait for them to expire.
     crate::storage::lease::release_dropped().await;
