@@ -101,6 +101,12 @@ struct Spans {
 #[derive(Debug, Default, Deserialize)]
 struct ModelSpans {
     provider: Option<Spanned<IgnoredAny>>,
+    base_url: Option<Spanned<IgnoredAny>>,
+    name: Option<Spanned<IgnoredAny>>,
+    api_key_env: Option<Spanned<IgnoredAny>>,
+    max_tokens: Option<Spanned<IgnoredAny>>,
+    temperature: Option<Spanned<IgnoredAny>>,
+    timeout_secs: Option<Spanned<IgnoredAny>>,
     samples: Option<Spanned<IgnoredAny>>,
     concurrency: Option<Spanned<IgnoredAny>>,
     batch: Option<Spanned<IgnoredAny>>,
@@ -136,6 +142,12 @@ impl Spans {
         ] {
             if let Some(m) = m {
                 put(format!("{key}.provider"), &m.provider);
+                put(format!("{key}.base_url"), &m.base_url);
+                put(format!("{key}.name"), &m.name);
+                put(format!("{key}.api_key_env"), &m.api_key_env);
+                put(format!("{key}.max_tokens"), &m.max_tokens);
+                put(format!("{key}.temperature"), &m.temperature);
+                put(format!("{key}.timeout_secs"), &m.timeout_secs);
                 put(format!("{key}.samples"), &m.samples);
                 put(format!("{key}.concurrency"), &m.concurrency);
                 put(format!("{key}.batch"), &m.batch);
@@ -626,6 +638,64 @@ impl Pipeline {
         if m.concurrency == 0 {
             return Err(self.at(&format!("{key}.concurrency"), "must be at least 1"));
         }
+        if let Some((field, msg)) = m.problem() {
+            return Err(self.model_at(key, field, msg));
+        }
+        Ok(())
+    }
+
+    /// An error at `key.field`, or at `key.provider` when the field is not written (an
+    /// Anthropic model without `max_tokens`).
+    fn model_at(&self, key: &str, field: &str, msg: String) -> PipelineError {
+        let mut e = self.at(&format!("{key}.{field}"), msg);
+        if let PipelineError::Invalid { line: line @ 0, .. } = &mut e {
+            *line = self.field_line(&format!("{key}.provider"));
+        }
+        e
+    }
+
+    /// Checks the model table of each judge scorer written as data (`[[scorer]] model`).
+    fn check_scorer_models(&self) -> Result<(), PipelineError> {
+        for d in self.user_scorers.iter() {
+            // An unknown provider is the scorer compiler's error (`scorer.model`).
+            let Some(m) = d
+                .model
+                .as_ref()
+                .filter(|m| KNOWN_PROVIDERS.contains(&m.provider.as_str()))
+            else {
+                continue;
+            };
+            if let Some((field, msg)) = m.problem() {
+                return Err(scorer_model_error(d, field, msg));
+            }
+        }
+        Ok(())
+    }
+
+    /// Before a command sends a request: the key variable (`api_key_env`) of each model
+    /// table in `tables` (`model`, `judge`, `rephrase`), and of the judge scorers' own models
+    /// when `scorers`, is set. Only providers that send a key are checked, and an omitted
+    /// `api_key_env` sends none; the message names the variable, never its value.
+    ///
+    /// # Errors
+    /// [`PipelineError::Invalid`] at the table's `api_key_env` line.
+    pub fn check_keys(&self, tables: &[&str], scorers: bool) -> Result<(), PipelineError> {
+        for &key in tables {
+            let m = match key {
+                "model" => Some(&self.model),
+                "judge" => self.judge.as_ref(),
+                "rephrase" => self.rephrase.as_ref(),
+                _ => None,
+            };
+            if let Some(msg) = m.and_then(ModelConfig::key_problem) {
+                return Err(self.model_at(key, "api_key_env", msg));
+            }
+        }
+        for d in self.user_scorers.iter().filter(|_| scorers) {
+            if let Some(msg) = d.model.as_ref().and_then(ModelConfig::key_problem) {
+                return Err(scorer_model_error(d, "api_key_env", msg));
+            }
+        }
         Ok(())
     }
 
@@ -714,6 +784,7 @@ impl Pipeline {
             self.check_model("rephrase", m)?;
         }
         self.check_score()?;
+        self.check_scorer_models()?;
         crate::stages::score::user::check_all(&self.user_scorers).map_err(def_error)?;
         crate::stages::score::sql_check::check_defs(&self.user_scorers).map_err(def_error)?;
         let mut seen = std::collections::HashSet::new();
@@ -827,6 +898,21 @@ fn def_error(e: crate::config::scorer::DefError) -> PipelineError {
         } else {
             format!("scorer `{}`: {}", e.scorer, e.msg)
         },
+    }
+}
+
+/// A bad field of a judge scorer's `model` table: the scorer's file, the line of its
+/// `model` key, and `scorer.model.<field>`.
+fn scorer_model_error(
+    d: &crate::config::scorer::ScorerDef,
+    field: &str,
+    msg: String,
+) -> PipelineError {
+    PipelineError::Invalid {
+        file: d.origin.file.clone(),
+        line: d.line("model"),
+        field: format!("scorer.model.{field}"),
+        msg: format!("scorer `{}`: {msg}", d.name),
     }
 }
 

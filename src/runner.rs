@@ -87,10 +87,40 @@ pub fn default_run_id(p: &Pipeline) -> String {
     format!("{}-{}", name, chrono::Utc::now().format("%Y%m%d-%H%M%S"))
 }
 
+/// The model tables `verb` sends requests to, and whether it runs the judge scorers with
+/// models of their own: generate asks the rephrase models, call the model under test, score
+/// the judges; `run` does all three.
+fn key_tables(p: &Pipeline, verb: &str) -> (Vec<&'static str>, bool) {
+    let mut tables = Vec::new();
+    if matches!(verb, "run" | "generate") {
+        tables.extend(generate::rephrase_models(p).into_iter().map(|(t, _)| t));
+    }
+    if matches!(verb, "run" | "call") {
+        tables.push("model");
+    }
+    let scores = matches!(verb, "run" | "score");
+    let judge_scorer = p
+        .score
+        .scorers
+        .iter()
+        .any(|n| n == "judge" || n.starts_with("judge@"))
+        || p.user_scorers
+            .iter()
+            .any(|d| d.model.is_none() && d.kind.as_str() == "judge");
+    if scores && judge_scorer {
+        tables.push("judge");
+    }
+    (tables, scores)
+}
+
 impl Runner {
     /// Loads the pipeline and opens (or creates) the run at `out`, default `runs/<run_id>`.
     pub async fn open(pipeline_path: &Path, out: Option<&str>) -> Result<Self, RunError> {
         let pipeline = Pipeline::load(pipeline_path)?;
+        // Before the root is opened: a command that sends requests fails on an unset key
+        // variable now, not after generate has written the run.
+        let (tables, scorers) = key_tables(&pipeline, crate::storage::lease::verb());
+        pipeline.check_keys(&tables, scorers)?;
         if let Ok(Some(limit)) = pipeline.run.memory_limit_bytes()
             && !crate::query::MEMORY_LIMIT_GIVEN.load(std::sync::atomic::Ordering::Relaxed)
         {

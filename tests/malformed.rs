@@ -1029,3 +1029,151 @@ fn invalid_utf8_inside_a_part_names_the_part() {
     let o = run_in(dir, &["score", good.to_str().unwrap(), "--out", r]);
     assert_bad(&o, "score", file, "rows from 1");
 }
+
+/// `text` (a pipeline written as `bad.toml`) is refused by `run` when it is read: exit 2,
+/// `bad.toml:<line of needle>: field `<field>``, a completed root byte-identical and a
+/// new root (given or default) never created. Returns the message.
+fn refused_at_load(text: &str, needle: &str, field: &str) -> String {
+    let d = tempfile::tempdir().unwrap();
+    let (_, root) = good_run(d.path());
+    let before = tree(&root);
+    let p = write(d.path(), "bad.toml", text);
+    let want = format!("bad.toml:{}: field `{field}`", line_of(text, needle));
+    let fresh = d.path().join("fresh");
+    let mut e = String::new();
+    for r in [&root, &fresh] {
+        let o = run_in(
+            d.path(),
+            &["run", p.to_str().unwrap(), "--out", r.to_str().unwrap()],
+        );
+        e = assert_bad(&o, field, "bad.toml", &want);
+    }
+    let o = run_in(d.path(), &["run", p.to_str().unwrap()]);
+    assert_bad(&o, field, "bad.toml", &want);
+    assert_eq!(tree(&root), before, "{field}: the run root changed");
+    assert!(!fresh.exists(), "{field}: a new root was created");
+    assert!(
+        !d.path().join("runs").exists(),
+        "{field}: a default root was created"
+    );
+    e
+}
+
+/// [`MINIMAL`] with an HTTP `[model]` (lines `extra` added to it) in place of vader.
+fn http_model(extra: &str) -> String {
+    MINIMAL.replace(
+        "provider = \"builtin:vader\"\nname = \"vader\"\n",
+        &format!(
+            "provider = \"openai\"\nname = \"gpt\"\nbase_url = \"http://127.0.0.1:9/v1\"\n{extra}"
+        ),
+    )
+}
+
+/// A judge scorer written as data, whose own `model` table holds `model`.
+fn judge_scorer(model: &str) -> String {
+    format!(
+        "{MINIMAL}\n[[scorer]]\nname = \"polite\"\nkind = \"judge\"\nmetric = \"numeric\"\nquestions = [{{ id = \"p\", text = \"Polite?\" }}]\n\
+         model = {{ provider = \"openai\", name = \"j\", {model} }}\n"
+    )
+}
+
+/// Issue 61, item 13: a `base_url` that is not an http(s) URL was found by the call stage,
+/// after generate had written the run; now at load, in `[model]`, `[judge]`, `[rephrase]`
+/// and a judge scorer's model.
+#[test]
+fn a_base_url_that_is_not_a_url_is_refused_when_the_pipeline_is_read() {
+    let text = http_model("").replace("http://127.0.0.1:9/v1", "localhost:8089/v1");
+    let e = refused_at_load(&text, "base_url", "model.base_url");
+    assert!(e.contains("localhost:8089/v1"), "{e}");
+    let text = http_model("").replace("http://127.0.0.1:9/v1", "not a url");
+    refused_at_load(&text, "base_url", "model.base_url");
+    let text = format!(
+        "{MINIMAL}\n[judge]\nprovider = \"openai\"\nname = \"j\"\nbase_url = \"127.0.0.1\"\n"
+    );
+    refused_at_load(&text, "base_url", "judge.base_url");
+    let text =
+        format!("{MINIMAL}\n[rephrase]\nprovider = \"openai\"\nname = \"r\"\nbase_url = \"::\"\n");
+    refused_at_load(&text, "base_url", "rephrase.base_url");
+    let e = refused_at_load(
+        &judge_scorer("base_url = \"nope\""),
+        "model = {",
+        "scorer.model.base_url",
+    );
+    assert!(e.contains("scorer `polite`"), "{e}");
+}
+
+/// Issue 61, item 13: an Anthropic model without `max_tokens` was refused by the call stage
+/// after generate; now at load, at the table's `provider` line (the field is not written).
+#[test]
+fn an_anthropic_model_without_max_tokens_is_refused_when_the_pipeline_is_read() {
+    let text = http_model("").replace("\"openai\"", "\"anthropic\"");
+    let e = refused_at_load(&text, "\"anthropic\"", "model.max_tokens");
+    assert!(e.contains("requires max_tokens"), "{e}");
+    let text = format!("{MINIMAL}\n[judge]\nprovider = \"anthropic\"\nname = \"j\"\n");
+    refused_at_load(&text, "\"anthropic\"", "judge.max_tokens");
+    let text =
+        judge_scorer("").replace("\"openai\", name = \"j\", ", "\"anthropic\", name = \"j\"");
+    refused_at_load(&text, "model = {", "scorer.model.max_tokens");
+}
+
+/// Issue 61, item 13: an unset `api_key_env` variable was found by the call stage after
+/// generate wrote the run; now before the root is opened, naming the variable (never a
+/// value). `builtin:vader` sends no key, and an omitted `api_key_env` sends none.
+#[test]
+fn an_unset_api_key_variable_is_refused_before_the_run_is_written() {
+    const VAR: &str = "EVALFLOW_TEST_ITEM13_UNSET_KEY";
+    let e = refused_at_load(
+        &http_model(&format!("api_key_env = \"{VAR}\"\n")),
+        VAR,
+        "model.api_key_env",
+    );
+    assert!(
+        e.contains(&format!("environment variable {VAR} is not set")),
+        "{e}"
+    );
+    let judge = format!(
+        "{MINIMAL}\n[score]\nscorers = [\"judge\"]\n\n[score.judge]\nquestions = [{{ id = \"q\", text = \"Q?\" }}]\n\n\
+         [judge]\nprovider = \"openai\"\nname = \"j\"\napi_key_env = \"{VAR}\"\n"
+    );
+    refused_at_load(&judge, VAR, "judge.api_key_env");
+    refused_at_load(
+        &judge_scorer(&format!("api_key_env = \"{VAR}\"")),
+        "model = {",
+        "scorer.model.api_key_env",
+    );
+    // An empty value is no key either; the message names the variable only.
+    let d = tempfile::tempdir().unwrap();
+    let p = write(
+        d.path(),
+        "bad.toml",
+        http_model(&format!("api_key_env = \"{VAR}\"\n")),
+    );
+    let o = bin()
+        .args([
+            "run",
+            p.to_str().unwrap(),
+            "--out",
+            d.path().join("r").to_str().unwrap(),
+        ])
+        .env(VAR, "")
+        .output()
+        .unwrap();
+    assert_bad(&o, "empty key", "bad.toml", "field `model.api_key_env`");
+    assert!(!d.path().join("r").exists());
+    // A provider that sends no key runs with the variable unset.
+    let vader = MINIMAL.replace(
+        "name = \"vader\"\n",
+        &format!("name = \"vader\"\napi_key_env = \"{VAR}\"\n"),
+    );
+    let p = write(d.path(), "vader.toml", vader);
+    let o = run_in(
+        d.path(),
+        &[
+            "run",
+            p.to_str().unwrap(),
+            "--out",
+            d.path().join("v").to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "vader needs no key: {}", stderr(&o));
+}

@@ -81,6 +81,51 @@ pub struct ModelConfig {
     pub retry_errors: bool,
 }
 
+impl ModelConfig {
+    /// Whether this provider sends requests over HTTP (and a key, when `api_key_env` names one).
+    pub fn is_http(&self) -> bool {
+        self.provider != "builtin:vader"
+    }
+
+    /// The first value a real API would refuse, as `(field, message)`: checked when the
+    /// pipeline is read, so nothing is generated or paid for before it fails. The key's
+    /// variable is checked apart ([`ModelConfig::key_problem`]): it depends on the shell.
+    pub fn problem(&self) -> Option<(&'static str, String)> {
+        if !self.is_http() {
+            return None;
+        }
+        if let Some(url) = &self.base_url {
+            match url::Url::parse(url) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+                Ok(u) => {
+                    let msg = format!("`{url}` is not an http(s) URL (scheme `{}`)", u.scheme());
+                    return Some(("base_url", msg));
+                }
+                Err(e) => return Some(("base_url", format!("`{url}` is not a URL: {e}"))),
+            }
+        }
+        if self.provider == "anthropic" && self.max_tokens.is_none() {
+            return Some((
+                "max_tokens",
+                "the Anthropic Messages API requires max_tokens".into(),
+            ));
+        }
+        None
+    }
+
+    /// The key's variable, when this provider sends a key and the variable is unset or empty:
+    /// the message names the variable, never a value. An omitted `api_key_env` sends no key.
+    pub fn key_problem(&self) -> Option<String> {
+        let var = self.api_key_env.as_deref().filter(|_| self.is_http())?;
+        match std::env::var(var) {
+            Ok(v) if !v.is_empty() => None,
+            _ => Some(format!(
+                "environment variable {var} is not set (it holds the API key)"
+            )),
+        }
+    }
+}
+
 /// `[model] price = { input_per_mtok = 0.15, output_per_mtok = 0.60 }`.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
