@@ -1177,3 +1177,70 @@ fn an_unset_api_key_variable_is_refused_before_the_run_is_written() {
     );
     assert!(o.status.success(), "vader needs no key: {}", stderr(&o));
 }
+
+/// Issue 61, item 14: `temperature = -3` was accepted and sent; OpenAI takes 0..=2,
+/// Anthropic 0..=1.
+#[test]
+fn a_temperature_the_api_refuses_is_refused_when_the_pipeline_is_read() {
+    let e = refused_at_load(
+        &http_model("temperature = -3\n"),
+        "temperature",
+        "model.temperature",
+    );
+    assert!(e.contains("0..=2"), "{e}");
+    let text =
+        http_model("temperature = 1.5\nmax_tokens = 8\n").replace("\"openai\"", "\"anthropic\"");
+    let e = refused_at_load(&text, "temperature", "model.temperature");
+    assert!(e.contains("0..=1"), "{e}");
+    let text =
+        format!("{MINIMAL}\n[rephrase]\nprovider = \"openai\"\nname = \"r\"\ntemperature = nan\n");
+    refused_at_load(&text, "temperature", "rephrase.temperature");
+}
+
+/// Issue 61, item 14: `timeout_secs = 0` was accepted (every request a timeout).
+#[test]
+fn a_zero_timeout_is_refused_when_the_pipeline_is_read() {
+    refused_at_load(
+        &http_model("timeout_secs = 0\n"),
+        "timeout_secs",
+        "model.timeout_secs",
+    );
+    let text =
+        format!("{MINIMAL}\n[judge]\nprovider = \"openai\"\nname = \"j\"\ntimeout_secs = -1.0\n");
+    refused_at_load(&text, "timeout_secs", "judge.timeout_secs");
+}
+
+/// Issue 61, item 14: `name = ""` was accepted and sent as the model name.
+#[test]
+fn an_empty_model_name_is_refused_when_the_pipeline_is_read() {
+    let text = http_model("").replace("name = \"gpt\"", "name = \"\"");
+    refused_at_load(&text, "name = \"\"", "model.name");
+    let text = format!("{MINIMAL}\n[rephrase]\nprovider = \"openai\"\nname = \" \"\n");
+    refused_at_load(&text, "name = \" \"", "rephrase.name");
+}
+
+/// Issue 61, item 14: `max_tokens = 0` was accepted (no answer can be written).
+#[test]
+fn zero_max_tokens_is_refused_when_the_pipeline_is_read() {
+    refused_at_load(
+        &http_model("max_tokens = 0\n"),
+        "max_tokens",
+        "model.max_tokens",
+    );
+    refused_at_load(
+        &judge_scorer("max_tokens = 0"),
+        "model = {",
+        "scorer.model.max_tokens",
+    );
+}
+
+/// Issue 61, item 14: `concurrency = 0` and `samples = 0` are refused at their own line.
+#[test]
+fn zero_concurrency_or_samples_is_refused_when_the_pipeline_is_read() {
+    refused_at_load(
+        &http_model("concurrency = 0\n"),
+        "concurrency",
+        "model.concurrency",
+    );
+    refused_at_load(&http_model("samples = 0\n"), "samples", "model.samples");
+}

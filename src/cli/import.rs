@@ -620,7 +620,12 @@ async fn import_into(
          {}\n\n[suite]\nname = \"imported\"\n\n[validate]\nlanguages = {}\n",
         sources.join(" "),
         model_note,
-        json!(models.join(", ")),
+        // `name = ""` is refused when a pipeline is read: records whose model is empty text.
+        json!(
+            Some(models.join(", "))
+                .filter(|n| !n.trim().is_empty())
+                .unwrap_or_else(|| "unnamed".into())
+        ),
         json!(languages)
     );
     let ppath = Path::new(store.display()).join("import.toml");

@@ -91,6 +91,21 @@ impl ModelConfig {
     /// pipeline is read, so nothing is generated or paid for before it fails. The key's
     /// variable is checked apart ([`ModelConfig::key_problem`]): it depends on the shell.
     pub fn problem(&self) -> Option<(&'static str, String)> {
+        if self.name.trim().is_empty() {
+            return Some((
+                "name",
+                "must not be empty (the model name sent to the server)".into(),
+            ));
+        }
+        if !(self.timeout_secs.is_finite() && self.timeout_secs > 0.0) {
+            return Some((
+                "timeout_secs",
+                format!("must be more than 0 seconds, not {}", self.timeout_secs),
+            ));
+        }
+        if self.max_tokens == Some(0) {
+            return Some(("max_tokens", "must be at least 1".into()));
+        }
         if !self.is_http() {
             return None;
         }
@@ -109,6 +124,20 @@ impl ModelConfig {
                 "max_tokens",
                 "the Anthropic Messages API requires max_tokens".into(),
             ));
+        }
+        let top = if self.provider == "anthropic" {
+            1.0
+        } else {
+            2.0
+        };
+        if let Some(t) = self.temperature
+            && !(0.0..=top).contains(&t)
+        {
+            let msg = format!(
+                "{t} is outside 0..={top}, the range the {} API accepts",
+                self.provider
+            );
+            return Some(("temperature", msg));
         }
         None
     }
