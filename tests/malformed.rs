@@ -1244,3 +1244,51 @@ fn zero_concurrency_or_samples_is_refused_when_the_pipeline_is_read() {
     );
     refused_at_load(&http_model("samples = 0\n"), "samples", "model.samples");
 }
+
+/// Issue 61, item 14: a mistyped token count of a pairs record (`"prompt_tokens": "ten"`)
+/// was imported as a silent NULL; now the file, its line and the field, and no root.
+#[test]
+fn a_mistyped_token_count_of_a_pairs_record_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let line = |i: usize, usage: &str| {
+        format!(
+            r#"{{"request": {{"model": "m", "messages": [{{"role": "user", "content": "q{i}"}}]}}, "response": {{"choices": [{{"message": {{"content": "a"}}}}]{usage}}}}}"#
+        )
+    };
+    let cases = [
+        (
+            r#", "usage": {"prompt_tokens": "ten", "completion_tokens": 2}"#,
+            "response.usage.prompt_tokens",
+        ),
+        (
+            r#", "usage": {"prompt_tokens": 1, "completion_tokens": 2.5}"#,
+            "response.usage.completion_tokens",
+        ),
+        (
+            r#", "usage": {"completion_tokens_details": {"reasoning_tokens": true}}"#,
+            "response.usage.completion_tokens_details.reasoning_tokens",
+        ),
+        (r#", "usage": "lots""#, "response.usage"),
+    ];
+    for (usage, field) in cases {
+        let text = format!("{}\n{}\n{}\n", line(1, ""), line(2, ""), line(3, usage));
+        let f = write(d.path(), "corpus.jsonl", text);
+        let fresh = d.path().join("fresh");
+        let o = run_in(
+            d.path(),
+            &[
+                "import",
+                f.to_str().unwrap(),
+                "--out",
+                fresh.to_str().unwrap(),
+            ],
+        );
+        assert_bad(
+            &o,
+            field,
+            "corpus.jsonl",
+            &format!("corpus.jsonl:3: field `{field}`"),
+        );
+        assert!(!fresh.exists(), "{field}: a root was created");
+    }
+}

@@ -469,7 +469,9 @@ fn record(
         None if error.is_some() => None,
         Some(Response::Raw(raw)) if raw.get() == "null" && error.is_some() => None,
         Some(Response::Raw(raw)) if raw.get().starts_with('{') => {
-            Some(openai::parse(raw.get().as_bytes()).map_err(|e| bad(file, n, "response", e))?)
+            let p = openai::parse(raw.get().as_bytes()).map_err(|e| bad(file, n, "response", e))?;
+            check_usage(file, n, raw.get())?;
+            Some(p)
         }
         _ => return Err(bad(file, n, "response", "missing or not an object")),
     };
@@ -601,6 +603,47 @@ fn check_request_fields(file: &Path, n: usize, req: &Value) -> Result<(), Import
         Value::is_number,
         "a number",
     )
+}
+
+/// A response's optional token counts must be integers when present: `"prompt_tokens":
+/// "ten"` is an error naming `response.usage.prompt_tokens`, never a silent NULL. Only a
+/// response the one-pass read declined gets here (that read takes integers only).
+fn check_usage(file: &Path, n: usize, raw: &str) -> Result<(), ImportError> {
+    let v: Value = serde_json::from_str(raw).map_err(|e| bad(file, n, "response", e))?;
+    let usage = match v.get("usage") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(u @ Value::Object(_)) => u,
+        Some(u) => {
+            return Err(bad(
+                file,
+                n,
+                "response.usage",
+                format!("`{u}` is not an object"),
+            ));
+        }
+    };
+    let details = usage.get("completion_tokens_details");
+    check_typed(
+        file,
+        n,
+        details,
+        "response.usage.completion_tokens_details",
+        Value::is_object,
+        "an object",
+    )?;
+    let fields = [
+        ("prompt_tokens", usage.get("prompt_tokens")),
+        ("completion_tokens", usage.get("completion_tokens")),
+        (
+            "completion_tokens_details.reasoning_tokens",
+            details.and_then(|d| d.get("reasoning_tokens")),
+        ),
+    ];
+    for (name, x) in fields {
+        let field = format!("response.usage.{name}");
+        check_typed(file, n, x, &field, |x| x.as_i64().is_some(), "an integer")?;
+    }
+    Ok(())
 }
 
 /// The line's optional fields must have their type when present.

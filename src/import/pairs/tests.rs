@@ -222,7 +222,7 @@ fn a_cache_that_rarely_hits_goes_cold_and_warms_up_again() {
 }
 
 /// A response the one-pass read refuses is read again as raw text with the same result
-/// the `Value` path gives: a fractional token count (NULL, not an error), a key named
+/// the `Value` path gives, but a fractional token count is an error: a key named
 /// twice (the last wins), no choice (the error naming `response`), a content that is
 /// not text (its error); a well-formed one is read in the first pass.
 #[test]
@@ -243,14 +243,16 @@ fn responses_the_one_pass_read_refuses_are_read_as_raw_text() {
         (Some("a"), Some("stop"))
     );
     assert_eq!((ok.prompt_tokens, ok.completion_tokens), (Some(3), Some(1)));
+    // A token count that is not an integer is refused with its field, never a NULL.
     let fractional = read(
         r#"{"choices": [{"message": {"content": "b"}}], "usage": {"prompt_tokens": 3.5, "completion_tokens": 2}}"#,
     )
-    .unwrap();
-    assert_eq!(fractional.response.as_deref(), Some("b"));
-    assert_eq!(
-        (fractional.prompt_tokens, fractional.completion_tokens),
-        (None, Some(2))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        fractional
+            .ends_with("c.jsonl:1: field `response.usage.prompt_tokens`: `3.5` is not an integer"),
+        "{fractional}"
     );
     let twice = read(
         r#"{"choices": [{"message": {"content": "first"}}], "choices": [{"message": {"content": "last"}}]}"#,
