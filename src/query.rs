@@ -237,6 +237,19 @@ pub fn local_context() -> SessionContext {
     context_with(resources().threads.max(1), true, false)
 }
 
+/// Turns on Parquet filter pushdown for `ctx`: a filter (or a join's dynamic filter) is
+/// evaluated while a part is decoded, so the other columns are decoded for its rows only.
+pub fn with_pushdown(ctx: SessionContext) -> SessionContext {
+    ctx.state_ref()
+        .write()
+        .config_mut()
+        .options_mut()
+        .execution
+        .parquet
+        .pushdown_filters = true;
+    ctx
+}
+
 /// A local context whose plans run in one partition in the order written (no
 /// statistics-driven join swaps): for a stream whose order matters, such as the call
 /// stage's requests (the call stage never runs on a cluster).

@@ -84,14 +84,7 @@ impl RunView {
     pub async fn page_ctx(&self) -> Result<&SessionContext, ViewError> {
         self.page
             .get_or_try_init(|| async {
-                let ctx = crate::query::ordered_context();
-                ctx.state_ref()
-                    .write()
-                    .config_mut()
-                    .options_mut()
-                    .execution
-                    .parquet
-                    .pushdown_filters = true;
+                let ctx = crate::query::with_pushdown(crate::query::ordered_context());
                 crate::query::register_run_read_only(&ctx, &self.store).await?;
                 Ok::<_, ViewError>(ctx)
             })
@@ -521,16 +514,12 @@ async fn models_of(r: &RunView) -> Vec<String> {
 /// The run's validity mix: the primary scorer's test rows of `results`, summed.
 async fn validity_mix(r: &RunView) -> Option<Value> {
     let primary = r.scorer(None).await.ok().flatten()?;
-    let cols = [
-        "valid_answer",
-        "empty_due_to_budget",
-        "empty_unexplained",
-        "truncated",
-        "provider_error",
-        "unscorable_language",
-        "judge_unparseable",
-        "judge_error",
-    ];
+    // The call verdicts, then a judge's own.
+    let cols: Vec<&str> = crate::validity::VERDICTS
+        .iter()
+        .copied()
+        .chain(["judge_unparseable", "judge_error"])
+        .collect();
     let sums: Vec<String> = cols.iter().map(|c| format!("sum({c})")).collect();
     let rows = crate::query::text_rows(
         &r.ctx,

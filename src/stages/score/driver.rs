@@ -135,17 +135,10 @@ pub(super) async fn stream(
 /// (score pays for no model call, so an interrupted attempt is simply redone). Returns
 /// rows written.
 pub async fn run(store: &RunStore, scorer: &dyn Scorer) -> Result<u64, QueryError> {
-    let ctx = new_context();
     // Each part's join probes the parts of `cases` that may hold its cases (`CaseParts`),
     // and the join's dynamic filter is evaluated while Parquet is decoded, so a case the
     // part does not name costs its `case_id` only, not its input text.
-    ctx.state_ref()
-        .write()
-        .config_mut()
-        .options_mut()
-        .execution
-        .parquet
-        .pushdown_filters = true;
+    let ctx = crate::query::with_pushdown(new_context());
     // Calls and validity are read part by part (each checked as it is read): of the run's
     // tables only `cases` is queried whole.
     crate::query::register_tables(&ctx, store, "", &[Table::Cases]).await?;
