@@ -245,7 +245,7 @@ impl RunStore {
     }
 
     /// An object-store error at `p`: a refused credential is its own, bad-input, error.
-    pub(super) fn store_err(&self, p: &Path, source: object_store::Error) -> StorageError {
+    pub fn store_err(&self, p: &Path, source: object_store::Error) -> StorageError {
         let location = self.location(p);
         match source {
             object_store::Error::PermissionDenied { .. }

@@ -94,20 +94,9 @@ impl RunView {
     /// Scorer versions with a folder under `scores/`, in the manifest's order, then any
     /// others found (one listing, no footer).
     pub async fn scorer_tags(&self) -> Result<Vec<ScorerId>, ViewError> {
-        let prefix = self.store.path("scores");
-        let listed = self
-            .store
-            .object_store()
-            .list_with_delimiter(Some(&prefix))
-            .await
-            .map_err(|source| crate::storage::StorageError::Store {
-                location: self.store.location(&prefix),
-                source,
-            })?;
-        let mut tags: Vec<String> = listed
-            .common_prefixes
-            .iter()
-            .filter_map(|p| p.filename().map(str::to_string))
+        let mut tags: Vec<String> = folders(&self.store, "scores")
+            .await?
+            .into_iter()
             .filter(|t| t.contains('@'))
             .collect();
         let order = |t: &str| {
@@ -272,21 +261,7 @@ impl Catalog {
     }
 
     async fn children(&self, rel: &str) -> Result<Vec<String>, ViewError> {
-        let prefix: Path = self.root.path(rel);
-        let listed = self
-            .root
-            .object_store()
-            .list_with_delimiter(Some(&prefix))
-            .await
-            .map_err(|source| crate::storage::StorageError::Store {
-                location: self.root.location(&prefix),
-                source,
-            })?;
-        Ok(listed
-            .common_prefixes
-            .iter()
-            .filter_map(|p| p.filename().map(str::to_string))
-            .collect())
+        folders(&self.root, rel).await
     }
 
     /// `GET /api/runs`: every run with its summary; a run that cannot be read is listed
@@ -495,6 +470,21 @@ impl Catalog {
         }
         Ok(v)
     }
+}
+
+/// The names of the folders directly under `rel` of `store` (one listing, no recursion).
+async fn folders(store: &RunStore, rel: &str) -> Result<Vec<String>, ViewError> {
+    let prefix: Path = store.path(rel);
+    let listed = store
+        .object_store()
+        .list_with_delimiter(Some(&prefix))
+        .await
+        .map_err(|source| store.store_err(&prefix, source))?;
+    Ok(listed
+        .common_prefixes
+        .iter()
+        .filter_map(|p| p.filename().map(str::to_string))
+        .collect())
 }
 
 /// The models of a run: from its results (a small table) when aggregated, else its pipeline.
