@@ -12,6 +12,7 @@ pub mod lease;
 mod manifest;
 mod part_file;
 mod parts;
+pub mod point;
 mod root;
 mod store;
 

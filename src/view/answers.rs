@@ -9,7 +9,6 @@
 //! plan stops at the page's last row: a page never sorts or skips over the whole table. The
 //! page's texts come from point lookups by `call_id` and `case_id` (parts' bloom filters).
 
-use datafusion::prelude::SessionContext;
 use serde_json::{Value, json};
 
 use super::ViewError;
@@ -22,9 +21,6 @@ const SNIPPET: usize = 200;
 /// Rows of a page by default, and at most.
 const DEFAULT_LIMIT: usize = 50;
 const MAX_LIMIT: usize = 500;
-/// Values in one `IN (...)` lookup: DataFusion prunes row groups by bloom filter for lists
-/// this short.
-const LOOKUP_CHUNK: usize = 20;
 
 /// The filters of `GET /api/runs/{run}/answers`.
 #[derive(Debug, Default)]
@@ -237,41 +233,39 @@ pub async fn page(r: &RunView, f: &Filter) -> Result<Value, ViewError> {
 /// Adds the texts (and, for a page of calls, the case's fields and the verdict) to a page's
 /// rows by point lookups.
 async fn fill_page(r: &RunView, rows: &mut [Value], on_scores: bool) -> Result<(), ViewError> {
-    let ids = |key: &str| -> Vec<String> {
-        let mut v: Vec<String> = rows
-            .iter()
-            .filter_map(|r| r[key].as_str().map(str::to_string))
-            .collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-    let call_cols = format!("call_id, substr(response, 1, {SNIPPET}) AS response, finish_reason");
-    let case_cols = if on_scores {
-        format!("case_id, substr(input, 1, {SNIPPET}) AS input, expected")
+    let (call_ids, case_ids) = (ids(rows, "call_id"), ids(rows, "case_id"));
+    let case_cols: &[&str] = if on_scores {
+        &["case_id", "input", "expected"]
     } else {
-        format!(
-            "case_id, substr(input, 1, {SNIPPET}) AS input, expected, test, capability, \
-             test_type, role"
-        )
+        &[
+            "case_id",
+            "input",
+            "expected",
+            "test",
+            "capability",
+            "test_type",
+            "role",
+        ]
     };
-    let (call_ids, case_ids) = (ids("call_id"), ids("case_id"));
-    let verdict_ids = if on_scores {
-        Vec::new()
-    } else {
-        call_ids.clone()
-    };
-    let (calls, cases, verdicts) = futures::try_join!(
-        lookup(&r.ctx, "calls", "call_id", &call_cols, &call_ids),
-        lookup(&r.ctx, "cases", "case_id", &case_cols, &case_ids),
-        lookup(
-            &r.ctx,
+    let verdict_ids = if on_scores { &[][..] } else { &call_ids[..] };
+    let k = &r.keys;
+    let (mut calls, mut cases, verdicts) = futures::try_join!(
+        k.rows(
+            "calls",
+            "call_id",
+            &call_ids,
+            Some(&["call_id", "response", "finish_reason"])
+        ),
+        k.rows("cases", "case_id", &case_ids, Some(case_cols)),
+        k.rows(
             "validity",
             "call_id",
-            "call_id, validity",
-            &verdict_ids
+            verdict_ids,
+            Some(&["call_id", "validity"])
         ),
     )?;
+    snip(&mut calls, "response");
+    snip(&mut cases, "input");
     for row in rows.iter_mut() {
         for (src, key) in [
             (&calls, "call_id"),
@@ -290,65 +284,78 @@ async fn fill_page(r: &RunView, rows: &mut [Value], on_scores: bool) -> Result<(
     Ok(())
 }
 
-/// Rows of `table` whose `key` is one of `values`, a few values per query.
-async fn lookup(
-    ctx: &SessionContext,
-    table: &str,
-    key: &str,
-    cols: &str,
-    values: &[String],
-) -> Result<Vec<Value>, ViewError> {
-    lookup_where(ctx, &format!("{cols} FROM {table} WHERE {key}"), values).await
+/// The distinct values of `key` in `rows`.
+fn ids(rows: &[Value], key: &str) -> Vec<String> {
+    let mut v: Vec<String> = rows
+        .iter()
+        .filter_map(|r| r[key].as_str().map(str::to_string))
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// Cuts each row's `key` text to [`SNIPPET`] characters.
+fn snip(rows: &mut [Value], key: &str) {
+    for row in rows {
+        if let Some(s) = row[key].as_str()
+            && let Some((at, _)) = s.char_indices().nth(SNIPPET)
+        {
+            row[key] = json!(s[..at]);
+        }
+    }
 }
 
 /// `GET /api/runs/{run}/answers/{call_id}`.
 pub async fn one(r: &RunView, call_id: &str) -> Result<Value, ViewError> {
-    let call = lookup(&r.ctx, "calls", "call_id", "*", &[call_id.to_string()])
+    let id = [call_id.to_string()];
+    let k = &r.keys;
+    let call = k
+        .rows("calls", "call_id", &id, None)
         .await?
         .into_iter()
         .next()
         .ok_or_else(|| ViewError::NotFound(format!("answer `{call_id}`: no such call_id")))?;
     let case_id = call["case_id"].as_str().unwrap_or_default().to_string();
     let model = call["model"].as_str().unwrap_or_default().to_string();
-    let case = lookup(
-        &r.ctx,
-        "cases",
-        "case_id",
-        "*",
-        std::slice::from_ref(&case_id),
-    )
-    .await?
-    .into_iter()
-    .next()
-    .unwrap_or(Value::Null);
-    let validity = lookup(&r.ctx, "validity", "call_id", "*", &[call_id.to_string()])
-        .await?
-        .into_iter()
-        .next()
-        .unwrap_or(Value::Null);
-    let scores = json_rows(
-        &r.ctx,
-        &format!(
-            "SELECT scorer, scoring_version, score, passed, label, prob, validity, detail, \
-             answers FROM scores WHERE call_id = {} ORDER BY scorer, scoring_version",
-            lit(call_id)
-        ),
-    )
-    .await?;
-    let primary = r.scorer(None).await?;
+    let tags = r.scorer_tags().await?;
+    let score_cols: &[&str] = &[
+        "scorer",
+        "scoring_version",
+        "score",
+        "passed",
+        "label",
+        "prob",
+        "validity",
+        "detail",
+        "answers",
+    ];
+    let each_version = tags.iter().map(|t| {
+        let id = &id;
+        async move { k.rows(&t.dir(), "call_id", id, Some(score_cols)).await }
+    });
+    let (case, validity, scores) = futures::try_join!(
+        k.rows("cases", "case_id", std::slice::from_ref(&case_id), None),
+        k.rows("validity", "call_id", &id, None),
+        futures::future::try_join_all(each_version),
+    )?;
+    let case = case.into_iter().next().unwrap_or(Value::Null);
+    let validity = validity.into_iter().next().unwrap_or(Value::Null);
+    let mut scores: Vec<Value> = scores.into_iter().flatten().collect();
+    scores.sort_by(|a, b| {
+        let key = |v: &Value| (v["scorer"].to_string(), v["scoring_version"].to_string());
+        key(a).cmp(&key(b))
+    });
+    let primary = tags.into_iter().next();
     let samples = answers_of(r, &case_id, &model, primary.as_ref()).await?;
     let base = match (case["role"].as_str(), case["group_id"].as_str()) {
         (Some("perturbed"), Some(group)) => {
-            let base_case = json_rows(
-                &r.ctx,
-                &format!(
-                    "SELECT * FROM cases WHERE group_id = {} AND role = 'base' LIMIT 1",
-                    lit(group)
-                ),
-            )
-            .await?
-            .as_array()
-            .and_then(|a| a.first().cloned());
+            let base_case = k
+                .rows("cases", "group_id", &[group.to_string()], None)
+                .await?
+                .into_iter()
+                .filter(|c| c["role"] == "base")
+                .min_by(|a, b| a["case_id"].as_str().cmp(&b["case_id"].as_str()));
             match base_case {
                 Some(bc) => {
                     let id = bc["case_id"].as_str().unwrap_or_default().to_string();
@@ -374,37 +381,47 @@ async fn answers_of(
     model: &str,
     primary: Option<&ScorerId>,
 ) -> Result<Value, ViewError> {
-    let mut calls = json_rows(
-        &r.ctx,
-        &format!(
-            "SELECT call_id, sample_idx, response, finish_reason FROM calls WHERE case_id = {} \
-             AND model = {} ORDER BY sample_idx",
-            lit(case_id),
-            lit(model)
-        ),
-    )
-    .await?
-    .as_array()
-    .cloned()
-    .unwrap_or_default();
-    let ids: Vec<String> = calls
-        .iter()
-        .filter_map(|c| c["call_id"].as_str().map(str::to_string))
+    let k = &r.keys;
+    let mut calls: Vec<Value> = k
+        .rows(
+            "calls",
+            "case_id",
+            &[case_id.to_string()],
+            Some(&[
+                "call_id",
+                "model",
+                "sample_idx",
+                "response",
+                "finish_reason",
+            ]),
+        )
+        .await?
+        .into_iter()
+        .filter(|c| c["model"] == model)
         .collect();
-    let verdicts = lookup(&r.ctx, "validity", "call_id", "call_id, validity", &ids).await?;
-    let scores = match primary {
-        Some(s) => {
-            let cols = format!(
-                "call_id, score, passed FROM scores WHERE scorer = {} AND scoring_version = {} \
-                 AND call_id",
-                lit(&s.name),
-                lit(&s.version)
-            );
-            lookup_where(&r.ctx, &cols, &ids).await?
+    calls.sort_by_key(|c| c["sample_idx"].as_i64());
+    let ids = ids(&calls, "call_id");
+    let (verdicts, scores) = futures::try_join!(
+        k.rows("validity", "call_id", &ids, Some(&["call_id", "validity"])),
+        async {
+            match primary {
+                Some(s) => {
+                    k.rows(
+                        &s.dir(),
+                        "call_id",
+                        &ids,
+                        Some(&["call_id", "score", "passed"]),
+                    )
+                    .await
+                }
+                None => Ok(Vec::new()),
+            }
         }
-        None => Vec::new(),
-    };
+    )?;
     for c in calls.iter_mut() {
+        if let Some(o) = c.as_object_mut() {
+            o.remove("model");
+        }
         for k in ["validity", "score", "passed"] {
             c[k] = Value::Null;
         }
@@ -417,28 +434,6 @@ async fn answers_of(
         }
     }
     Ok(Value::Array(calls))
-}
-
-/// `SELECT {select_where} IN (values)`, a few values per query (for lookups with more
-/// conditions than the key).
-async fn lookup_where(
-    ctx: &SessionContext,
-    select_where: &str,
-    values: &[String],
-) -> Result<Vec<Value>, ViewError> {
-    // The chunks' plans run at once: each prunes to the few parts its ids may be in.
-    let queries = values.chunks(LOOKUP_CHUNK).map(|chunk| {
-        let list: Vec<String> = chunk.iter().map(|v| lit(v)).collect();
-        let sql = format!("SELECT {select_where} IN ({})", list.join(", "));
-        async move { json_rows(ctx, &sql).await }
-    });
-    let mut out = Vec::new();
-    for rows in futures::future::try_join_all(queries).await? {
-        if let Value::Array(rows) = rows {
-            out.extend(rows);
-        }
-    }
-    Ok(out)
 }
 
 /// How a scorer's row is classed in the disagreement matrix: pass/fail, the label, or the
@@ -579,18 +574,17 @@ pub async fn scorer_diff(r: &RunView, q: &[(String, String)]) -> Result<Value, V
         None
     };
     // The page's texts and tests.
-    let ids: Vec<String> = rows
-        .iter()
-        .filter_map(|r| r["call_id"].as_str().map(str::to_string))
-        .collect();
-    let calls = lookup(
-        &r.ctx,
-        "calls",
-        "call_id",
-        &format!("call_id, case_id, model, substr(response, 1, {SNIPPET}) AS response"),
-        &ids,
-    )
-    .await?;
+    let call_ids = ids(&rows, "call_id");
+    let mut calls = r
+        .keys
+        .rows(
+            "calls",
+            "call_id",
+            &call_ids,
+            Some(&["call_id", "case_id", "model", "response"]),
+        )
+        .await?;
+    snip(&mut calls, "response");
     for row in rows.iter_mut() {
         if let Some(hit) = calls.iter().find(|c| c["call_id"] == row["call_id"]) {
             for k in ["case_id", "model", "response"] {
@@ -598,20 +592,16 @@ pub async fn scorer_diff(r: &RunView, q: &[(String, String)]) -> Result<Value, V
             }
         }
     }
-    let mut case_ids: Vec<String> = rows
-        .iter()
-        .filter_map(|r| r["case_id"].as_str().map(str::to_string))
-        .collect();
-    case_ids.sort();
-    case_ids.dedup();
-    let cases = lookup(
-        &r.ctx,
-        "cases",
-        "case_id",
-        &format!("case_id, test, substr(input, 1, {SNIPPET}) AS input"),
-        &case_ids,
-    )
-    .await?;
+    let mut cases = r
+        .keys
+        .rows(
+            "cases",
+            "case_id",
+            &ids(&rows, "case_id"),
+            Some(&["case_id", "test", "input"]),
+        )
+        .await?;
+    snip(&mut cases, "input");
     for row in rows.iter_mut() {
         if let Some(hit) = cases.iter().find(|c| c["case_id"] == row["case_id"]) {
             row["test"] = hit["test"].clone();

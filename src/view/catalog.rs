@@ -24,6 +24,8 @@ pub struct RunView {
     pub store: RunStore,
     pub manifest: Manifest,
     pub ctx: SessionContext,
+    /// Point lookups by key (kept across the run's views).
+    pub keys: Arc<super::keys::Keys>,
     /// A one-partition session over the same tables, for pages: its plans keep a part's
     /// row order, so a page's cursor is a count of rows.
     page: tokio::sync::OnceCell<SessionContext>,
@@ -190,6 +192,8 @@ type Headline = (Vec<u8>, Option<Value>);
 pub struct Catalog {
     root: RunStore,
     views: Mutex<HashMap<String, Arc<RunView>>>,
+    /// Each run's point-lookup indexes, by path.
+    keys: Mutex<HashMap<String, Arc<super::keys::Keys>>>,
     /// Rows of each committed part seen (by location and size): a footer is read once.
     part_rows: Mutex<HashMap<(String, u64), u64>>,
     /// Each run's overall headline, by path, with the manifest it was computed from; `None`
@@ -217,6 +221,7 @@ impl Catalog {
         Ok(Catalog {
             root: RunStore::open(root)?,
             views: Mutex::new(HashMap::new()),
+            keys: Mutex::new(HashMap::new()),
             part_rows: Mutex::new(HashMap::new()),
             headlines: Arc::default(),
         })
@@ -356,12 +361,20 @@ impl Catalog {
             })?;
         let ctx = crate::query::sql_context();
         crate::query::register_run_read_only(&ctx, &store).await?;
+        let keys = self
+            .keys
+            .lock()
+            .await
+            .entry(path.to_string())
+            .or_insert_with(|| Arc::new(super::keys::Keys::new(store.clone())))
+            .clone();
         let view = Arc::new(RunView {
             run_id: manifest.run_id.clone(),
             path: path.to_string(),
             store,
             manifest,
             ctx,
+            keys,
             page: tokio::sync::OnceCell::new(),
             facets: tokio::sync::OnceCell::new(),
             stamp,

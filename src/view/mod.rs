@@ -12,6 +12,7 @@
 
 mod answers;
 mod catalog;
+mod keys;
 mod rows;
 mod sql_box;
 
