@@ -989,6 +989,26 @@ fn answer_page_filters_walk_exactly_the_sql_sets() {
     // q is case-insensitive, and a quote or a LIKE wildcard in it is a plain character.
     assert_walk(b, "small", &[("q", &word.to_uppercase())], &set("q"));
     assert_walk(b, "small", &[("q", "'")], &set("q'"));
+    // A search walks `calls`, so filters on the scores are checked on each row's lookups.
+    let both =
+        |x: &str, y: &str| -> BTreeSet<String> { set(x).intersection(&set(y)).cloned().collect() };
+    assert!(!both("q", "passed=false").is_empty());
+    assert!(both("q", "passed=false").len() < set("q").len());
+    assert_walk(
+        b,
+        "small",
+        &[("q", word), ("passed", "false")],
+        &both("q", "passed=false"),
+    );
+    assert_walk(
+        b,
+        "small",
+        &[("q", word), ("test", &test), ("score_max", "0.5")],
+        &set("q")
+            .intersection(&both("test", "score_max"))
+            .cloned()
+            .collect(),
+    );
     assert_walk(b, "small", &[("q", "_")], &set("q_"));
     assert_walk(b, "small", &[("model", "vader")], &all);
     assert_walk(b, "small", &[("model", "no-such-model")], &BTreeSet::new());
@@ -1431,35 +1451,53 @@ fn scorer_diff_pages_walk_exactly_the_disagreeing_answers() {
     let f = fixture();
     let (a, b) = ("checklist@1", f.label_norm.as_str());
     let (_, disagreeing) = diff_by_sql(&f.run("a"), a, b);
-    let (mut seen, mut after, mut pages) = (Vec::new(), None::<String>, 0);
-    loop {
-        let path = diff_path(a, b, after.as_deref());
-        let r = get(f.base(), &path);
-        // Every page after the first was a 500 when the keyset was appended to `x.k IS
-        // DISTINCT FROM y.k` without parentheses (it parsed as `y.k AND ...`).
-        assert_eq!(
-            r.status,
-            200,
-            "GET {path}: {}",
-            String::from_utf8_lossy(&r.body)
-        );
-        let page = r.json();
-        for row in page["rows"].as_array().unwrap() {
-            let id = s(row, "call_id");
-            let (pa, pb) = disagreeing
-                .get(&id)
-                .unwrap_or_else(|| panic!("{id} is not a disagreement"));
-            assert_eq!((&row["passed_a"], &row["passed_b"]), (pa, pb), "{id}");
-            seen.push(id);
+    let walk = |base: &str| {
+        let (mut rows, mut after, mut pages) = (Vec::new(), None::<String>, 0);
+        loop {
+            let path = diff_path(a, b, after.as_deref());
+            let r = get(base, &path);
+            // Every page after the first was a 500 when the keyset was appended to `x.k IS
+            // DISTINCT FROM y.k` without parentheses (it parsed as `y.k AND ...`).
+            assert_eq!(
+                r.status,
+                200,
+                "GET {path}: {}",
+                String::from_utf8_lossy(&r.body)
+            );
+            let page = r.json();
+            rows.extend(page["rows"].as_array().unwrap().iter().cloned());
+            pages += 1;
+            match page["next"].as_str() {
+                Some(c) => after = Some(c.to_string()),
+                None => break,
+            }
+            assert!(pages < 1000, "the walk does not end");
         }
-        pages += 1;
-        match page["next"].as_str() {
-            Some(c) => after = Some(c.to_string()),
-            None => break,
-        }
-        assert!(pages < 1000, "the walk does not end");
+        assert!(pages > 1, "{} disagreements on pages of 200", rows.len());
+        rows
+    };
+    // Pages from the disagreeing ids kept with the matrix, and (a viewer that keeps none)
+    // by joining the slices from the cursor on: the same rows.
+    let kept = walk(f.base());
+    let joining = Served::start_with(
+        &["view", f.root.to_str().unwrap(), "--addr", "127.0.0.1:0"],
+        &[
+            ("EVALFLOW_VIEW_DIFF_ROWS", "1500"),
+            ("EVALFLOW_VIEW_DIFF_IDS", "0"),
+        ],
+        &f.dir.join("viewer-joining.log"),
+    );
+    let joined = walk(&joining.base);
+    assert_eq!(kept, joined);
+    let mut seen = Vec::new();
+    for row in &kept {
+        let id = s(row, "call_id");
+        let (pa, pb) = disagreeing
+            .get(&id)
+            .unwrap_or_else(|| panic!("{id} is not a disagreement"));
+        assert_eq!((&row["passed_a"], &row["passed_b"]), (pa, pb), "{id}");
+        seen.push(id);
     }
-    assert!(pages > 1, "{} disagreements on pages of 200", seen.len());
     let set: BTreeSet<String> = seen.iter().cloned().collect();
     assert_eq!(set.len(), seen.len(), "a disagreement shown twice");
     assert_eq!(set, disagreeing.keys().cloned().collect::<BTreeSet<_>>());

@@ -19,8 +19,8 @@ use crate::config::ScorerId;
 /// Characters of an input or a response shown in a page's row.
 const SNIPPET: usize = 200;
 /// Rows of a page by default, and at most.
-const DEFAULT_LIMIT: usize = 50;
-const MAX_LIMIT: usize = 500;
+pub(super) const DEFAULT_LIMIT: usize = 50;
+pub(super) const MAX_LIMIT: usize = 500;
 
 /// The filters of `GET /api/runs/{run}/answers`.
 #[derive(Debug, Default)]
@@ -103,51 +103,69 @@ fn parse_cursor(s: &str) -> Option<(String, usize)> {
 const SCORE_COLS: &str = "call_id, case_id, model, sample_idx, validity, score, passed, label, \
                           test, capability, test_type, role";
 const CALL_COLS: &str = "call_id, case_id, model, sample_idx, finish_reason";
+/// The filters a walk answers in its own scan; the others are checked on the rows' lookups.
+const SCORE_NATIVE: &[&str] = &[
+    "model",
+    "validity",
+    "test",
+    "capability",
+    "test_type",
+    "role",
+];
+const CALL_NATIVE: &[&str] = &["model", "finish_reason"];
+/// Parts whose page queries run at once (a full-scan search uses both cores).
+const LOOKAHEAD: usize = 2;
+
+/// What a page walks: one scorer version's `scores` parts, or `calls` (a run without
+/// scores, or a text search: the responses are in `calls`, so a search reads each part
+/// once, with the `ILIKE` in the part's own scan).
+struct Walk<'a> {
+    scorer: Option<&'a ScorerId>,
+    on_calls: bool,
+}
 
 /// `GET /api/runs/{run}/answers`.
 pub async fn page(r: &RunView, f: &Filter) -> Result<Value, ViewError> {
     let scorer = r.scorer(f.scorer.as_deref()).await?;
-    let (dir, cols) = match &scorer {
-        Some(s) => (s.dir(), SCORE_COLS),
-        None => ("calls".to_string(), CALL_COLS),
+    let has_score_filter = f.passed.is_some() || f.score_min.is_some() || f.score_max.is_some();
+    if scorer.is_none() && has_score_filter {
+        return Err(ViewError::BadRequest(
+            "passed, score_min, score_max: the run has no scores to filter on".into(),
+        ));
+    }
+    let walk = Walk {
+        scorer: scorer.as_ref(),
+        on_calls: scorer.is_none() || f.q.is_some(),
     };
-    let on_scores = scorer.is_some();
+    let (dir, cols, native) = match (walk.on_calls, walk.scorer) {
+        (false, Some(s)) => (s.dir(), SCORE_COLS.to_string(), SCORE_NATIVE),
+        _ => (
+            "calls".to_string(),
+            format!("{CALL_COLS}, substr(response, 1, {SNIPPET}) AS response"),
+            CALL_NATIVE,
+        ),
+    };
     let mut conds: Vec<String> = Vec::new();
+    let mut after: Vec<(&'static str, String)> = Vec::new();
     for (col, v) in &f.eq {
-        let cond = format!("{col} = {}", lit(v));
-        conds.push(match (*col, on_scores) {
-            ("finish_reason", true) => {
-                format!("call_id IN (SELECT call_id FROM calls WHERE {cond})")
-            }
-            ("validity", false) => {
-                format!("call_id IN (SELECT call_id FROM validity WHERE {cond})")
-            }
-            ("test" | "capability" | "test_type" | "role", false) => {
-                format!("case_id IN (SELECT case_id FROM cases WHERE {cond})")
-            }
-            _ => cond,
-        });
-    }
-    if let Some(p) = f.passed {
-        if !on_scores {
-            return Err(ViewError::BadRequest(
-                "passed: the run has no scores to filter on".into(),
-            ));
+        if native.contains(col) {
+            conds.push(format!("{col} = {}", lit(v)));
+        } else {
+            after.push((col, v.clone()));
         }
-        conds.push(match p {
-            Some(true) => "passed".into(),
-            Some(false) => "NOT passed".into(),
-            None => "passed IS NULL".into(),
-        });
     }
-    for (v, op) in [(f.score_min, ">="), (f.score_max, "<=")] {
-        if let Some(v) = v {
-            if !on_scores {
-                return Err(ViewError::BadRequest(
-                    "score: the run has no scores to filter on".into(),
-                ));
+    if !walk.on_calls {
+        if let Some(p) = f.passed {
+            conds.push(match p {
+                Some(true) => "passed".into(),
+                Some(false) => "NOT passed".into(),
+                None => "passed IS NULL".into(),
+            });
+        }
+        for (v, op) in [(f.score_min, ">="), (f.score_max, "<=")] {
+            if let Some(v) = v {
+                conds.push(format!("score {op} {v}"));
             }
-            conds.push(format!("score {op} {v}"));
         }
     }
     if let Some(q) = &f.q {
@@ -157,11 +175,38 @@ pub async fn page(r: &RunView, f: &Filter) -> Result<Value, ViewError> {
                 .replace('%', "\\%")
                 .replace('_', "\\_")
         ));
-        conds.push(format!(
-            "(call_id IN (SELECT call_id FROM calls WHERE response ILIKE {pat}) OR case_id IN \
-             (SELECT case_id FROM cases WHERE input ILIKE {pat}))"
-        ));
+        conds.push(match r.input_matches(&pat).await? {
+            Some(t) => format!("(response ILIKE {pat} OR case_id IN (SELECT case_id FROM {t}))"),
+            None => format!("response ILIKE {pat}"),
+        });
     }
+    // Rows checked after their lookups: a chunk of candidates at a time.
+    let checked = !after.is_empty() || (walk.on_calls && walk.scorer.is_some());
+    let keep = |row: &Value| -> bool {
+        if walk.on_calls && walk.scorer.is_some() {
+            // Only answers the scorer version scored, as on its own walk.
+            if !row["scorer"].is_string() {
+                return false;
+            }
+            let passed_ok = match f.passed {
+                None => true,
+                Some(p) => row["passed"].as_bool() == p,
+            };
+            let score = row["score"].as_f64();
+            let in_range = |b: Option<f64>, above: bool| {
+                b.is_none_or(|b| score.is_some_and(|s| if above { s >= b } else { s <= b }))
+            };
+            if !passed_ok || !in_range(f.score_min, true) || !in_range(f.score_max, false) {
+                return false;
+            }
+        }
+        after.iter().all(|(col, v)| row[*col].as_str() == Some(v))
+    };
+    let chunk = if checked {
+        (f.limit * 4).max(200)
+    } else {
+        f.limit + 1
+    };
     let cond = if conds.is_empty() {
         "TRUE".to_string()
     } else {
@@ -181,42 +226,61 @@ pub async fn page(r: &RunView, f: &Filter) -> Result<Value, ViewError> {
         },
     };
     let ctx = r.page_ctx().await?;
+    let query = |i: usize, skip: usize| {
+        let (cols, cond) = (&cols, &cond);
+        let url = r.store.table_url(&format!("{dir}/{}", names[i]));
+        async move {
+            let url = url.trim_end_matches('/');
+            let table = format!("part_{}", uuid::Uuid::new_v4().simple());
+            ctx.register_parquet(&table, url, Default::default())
+                .await
+                .map_err(crate::query::QueryError::df(url.to_string()))?;
+            let sql =
+                format!("SELECT {cols} FROM {table} WHERE {cond} LIMIT {chunk} OFFSET {skip}");
+            let got = json_rows(ctx, &sql).await;
+            let _ = ctx.deregister_table(&table);
+            Ok::<_, ViewError>(match got? {
+                Value::Array(a) => a,
+                _ => Vec::new(),
+            })
+        }
+    };
     let mut rows: Vec<Value> = Vec::new();
     let mut next = None;
-    while i < parts.len() {
-        let want = f.limit - rows.len();
-        let url = r.store.table_url(&format!("{dir}/{}", names[i]));
-        let url = url.trim_end_matches('/');
-        let table = format!("part_{}", uuid::Uuid::new_v4().simple());
-        ctx.register_parquet(&table, url, Default::default())
-            .await
-            .map_err(crate::query::QueryError::df(url.to_string()))?;
-        // One more than wanted tells whether this part has more.
-        let sql = format!(
-            "SELECT {cols} FROM {table} WHERE {cond} LIMIT {} OFFSET {skip}",
-            want + 1
-        );
-        let got = json_rows(ctx, &sql).await;
-        let _ = ctx.deregister_table(&table);
-        let got = got?;
-        let mut got = got.as_array().cloned().unwrap_or_default();
-        if got.len() > want {
-            got.truncate(want);
-            rows.extend(got);
-            next = Some(format!("{}~{}", names[i], skip + want));
-            break;
-        }
-        rows.extend(got);
-        i += 1;
-        skip = 0;
-        if rows.len() == f.limit {
-            if i < parts.len() {
-                next = Some(format!("{}~0", names[i]));
+    'walk: while i < parts.len() {
+        // This part from the cursor, and the next parts from their start, at once.
+        let ahead = if skip == 0 { LOOKAHEAD } else { 1 };
+        let batch: Vec<(usize, usize)> = (i..parts.len().min(i + ahead))
+            .map(|j| (j, if j == i { skip } else { 0 }))
+            .collect();
+        let results =
+            futures::future::try_join_all(batch.iter().map(|&(j, skip)| query(j, skip))).await?;
+        for ((j, from), mut got) in batch.into_iter().zip(results) {
+            let n = got.len();
+            if checked {
+                fill_page(r, &mut got, &walk).await?;
             }
-            break;
+            for (k, row) in got.into_iter().enumerate() {
+                if checked && !keep(&row) {
+                    continue;
+                }
+                if rows.len() == f.limit {
+                    next = Some(format!("{}~{}", names[j], from + k));
+                    break 'walk;
+                }
+                rows.push(row);
+            }
+            if n == chunk {
+                // The part has more: read on from here.
+                (i, skip) = (j, from + n);
+                continue 'walk;
+            }
+            (i, skip) = (j + 1, 0);
         }
     }
-    fill_page(r, &mut rows, on_scores).await?;
+    if !checked {
+        fill_page(r, &mut rows, &walk).await?;
+    }
     if let Some(s) = &scorer {
         for row in &mut rows {
             row["scorer"] = json!(s.name);
@@ -230,40 +294,58 @@ pub async fn page(r: &RunView, f: &Filter) -> Result<Value, ViewError> {
     }))
 }
 
-/// Adds the texts (and, for a page of calls, the case's fields and the verdict) to a page's
-/// rows by point lookups.
-async fn fill_page(r: &RunView, rows: &mut [Value], on_scores: bool) -> Result<(), ViewError> {
+/// Adds to a page's rows, by point lookups, what their walk did not read: the texts, the
+/// case's fields, and the verdict (from `validity`, or the scorer version's row when a
+/// page of calls has one).
+async fn fill_page(r: &RunView, rows: &mut [Value], walk: &Walk<'_>) -> Result<(), ViewError> {
     let (call_ids, case_ids) = (ids(rows, "call_id"), ids(rows, "case_id"));
-    let case_cols: &[&str] = if on_scores {
-        &["case_id", "input", "expected"]
-    } else {
-        &[
-            "case_id",
-            "input",
-            "expected",
-            "test",
-            "capability",
-            "test_type",
-            "role",
-        ]
-    };
-    let verdict_ids = if on_scores { &[][..] } else { &call_ids[..] };
+    let mut case_cols = vec!["case_id", "input", "expected"];
+    let on_own_scores = walk.on_calls && walk.scorer.is_some();
+    if walk.on_calls && !on_own_scores {
+        case_cols.extend(["test", "capability", "test_type", "role"]);
+    }
+    let none: &[String] = &[];
     let k = &r.keys;
-    let (mut calls, mut cases, verdicts) = futures::try_join!(
+    let (calls, cases, verdicts, scores) = futures::try_join!(
         k.rows(
             "calls",
             "call_id",
-            &call_ids,
+            if walk.on_calls { none } else { &call_ids },
             Some(&["call_id", "response", "finish_reason"])
         ),
-        k.rows("cases", "case_id", &case_ids, Some(case_cols)),
+        k.rows("cases", "case_id", &case_ids, Some(&case_cols)),
         k.rows(
             "validity",
             "call_id",
-            verdict_ids,
+            if walk.on_calls && !on_own_scores {
+                &call_ids
+            } else {
+                none
+            },
             Some(&["call_id", "validity"])
         ),
+        async {
+            match (on_own_scores, walk.scorer) {
+                (true, Some(s)) => {
+                    let cols = [
+                        "call_id",
+                        "scorer",
+                        "validity",
+                        "score",
+                        "passed",
+                        "label",
+                        "test",
+                        "capability",
+                        "test_type",
+                        "role",
+                    ];
+                    k.rows(&s.dir(), "call_id", &call_ids, Some(&cols)).await
+                }
+                _ => Ok(Vec::new()),
+            }
+        }
     )?;
+    let (mut calls, mut cases) = (calls, cases);
     snip(&mut calls, "response");
     snip(&mut cases, "input");
     for row in rows.iter_mut() {
@@ -271,6 +353,7 @@ async fn fill_page(r: &RunView, rows: &mut [Value], on_scores: bool) -> Result<(
             (&calls, "call_id"),
             (&cases, "case_id"),
             (&verdicts, "call_id"),
+            (&scores, "call_id"),
         ] {
             if let Some(hit) = src.iter().find(|x| x[key] == row[key])
                 && let (Some(dst), Some(from)) = (row.as_object_mut(), hit.as_object())
@@ -285,7 +368,7 @@ async fn fill_page(r: &RunView, rows: &mut [Value], on_scores: bool) -> Result<(
 }
 
 /// The distinct values of `key` in `rows`.
-fn ids(rows: &[Value], key: &str) -> Vec<String> {
+pub(super) fn ids(rows: &[Value], key: &str) -> Vec<String> {
     let mut v: Vec<String> = rows
         .iter()
         .filter_map(|r| r[key].as_str().map(str::to_string))
@@ -296,7 +379,7 @@ fn ids(rows: &[Value], key: &str) -> Vec<String> {
 }
 
 /// Cuts each row's `key` text to [`SNIPPET`] characters.
-fn snip(rows: &mut [Value], key: &str) {
+pub(super) fn snip(rows: &mut [Value], key: &str) {
     for row in rows {
         if let Some(s) = row[key].as_str()
             && let Some((at, _)) = s.char_indices().nth(SNIPPET)
@@ -438,7 +521,7 @@ async fn answers_of(
 
 /// How a scorer's row is classed in the disagreement matrix: pass/fail, the label, or the
 /// score.
-fn class_expr(kind: crate::stages::score::MetricKind) -> &'static str {
+pub(super) fn class_expr(kind: crate::stages::score::MetricKind) -> &'static str {
     use crate::stages::score::MetricKind;
     match kind {
         MetricKind::PassFail => {
@@ -447,172 +530,6 @@ fn class_expr(kind: crate::stages::score::MetricKind) -> &'static str {
         MetricKind::Label => "coalesce(label, 'unscored')",
         MetricKind::Numeric => "coalesce(CAST(score AS VARCHAR), 'unscored')",
     }
-}
-
-/// `GET /api/runs/{run}/scorer-diff?a=&b=`: the disagreement matrix of two scorer versions
-/// and a page of the answers they disagree on (keyset on `call_id`).
-pub async fn scorer_diff(r: &RunView, q: &[(String, String)]) -> Result<Value, ViewError> {
-    let get = |k: &str| q.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-    let a = r
-        .scorer(Some(get("a").ok_or_else(|| {
-            ViewError::BadRequest("scorer-diff needs ?a=NAME@VERSION&b=NAME@VERSION".into())
-        })?))
-        .await?
-        .ok_or_else(|| ViewError::BadRequest("the run has no scores".into()))?;
-    let b = r
-        .scorer(Some(get("b").ok_or_else(|| {
-            ViewError::BadRequest("scorer-diff needs ?a=NAME@VERSION&b=NAME@VERSION".into())
-        })?))
-        .await?
-        .ok_or_else(|| ViewError::BadRequest("the run has no scores".into()))?;
-    let limit: usize = match get("limit") {
-        Some(v) => v
-            .parse()
-            .ok()
-            .filter(|n| (1..=MAX_LIMIT).contains(n))
-            .ok_or_else(|| ViewError::BadRequest(format!("limit={v}: from 1 to {MAX_LIMIT}")))?,
-        None => DEFAULT_LIMIT,
-    };
-    let kind_a = crate::stages::score::metric_kind(&r.store, &a).await?;
-    let kind_b = crate::stages::score::metric_kind(&r.store, &b).await?;
-    // The two versions are joined slice by slice of call ids (a hash join holds one side
-    // and does not spill): about 2M rows a slice (`EVALFLOW_VIEW_DIFF_ROWS`), counted from
-    // the parts listed (each at most PART_ROWS rows).
-    let parts =
-        r.store.list_parts(&a.dir()).await?.len() + r.store.list_parts(&b.dir()).await?.len();
-    let per_pass = std::env::var("EVALFLOW_VIEW_DIFF_ROWS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(2_000_000);
-    let passes = (parts * crate::storage::PART_ROWS)
-        .div_ceil(2 * per_pass)
-        .max(1);
-    let slices = crate::query::id_slices("call_id", passes);
-    let side = |id: &ScorerId, kind, slice: &str| {
-        format!(
-            "(SELECT call_id, {} AS k, score, passed, label FROM scores WHERE scorer = {} AND \
-             scoring_version = {} AND {slice})",
-            class_expr(kind),
-            lit(&id.name),
-            lit(&id.version)
-        )
-    };
-    let joined = |slice: &str| {
-        format!(
-            "{} x FULL JOIN {} y ON x.call_id = y.call_id",
-            side(&a, kind_a, slice),
-            side(&b, kind_b, slice)
-        )
-    };
-    let mut cells: std::collections::BTreeMap<(String, String), i64> = Default::default();
-    for slice in &slices {
-        let m = json_rows(
-            &r.ctx,
-            &format!(
-                "SELECT coalesce(x.k, 'absent') AS a, coalesce(y.k, 'absent') AS b, count(*) \
-                 AS n FROM {} GROUP BY 1, 2",
-                joined(slice)
-            ),
-        )
-        .await?;
-        for c in m.as_array().into_iter().flatten() {
-            let key = (
-                c["a"].as_str().unwrap_or_default().to_string(),
-                c["b"].as_str().unwrap_or_default().to_string(),
-            );
-            *cells.entry(key).or_default() += c["n"].as_i64().unwrap_or(0);
-        }
-    }
-    let (mut total, mut disagree) = (0i64, 0i64);
-    let matrix: Vec<Value> = cells
-        .iter()
-        .map(|((ca, cb), n)| {
-            total += n;
-            if ca != cb {
-                disagree += n;
-            }
-            json!({"a": ca, "b": cb, "n": n})
-        })
-        .collect();
-    let after = get("after").filter(|s| !s.is_empty());
-    let keyset = after
-        .map(|c| format!(" AND coalesce(x.call_id, y.call_id) > {}", lit(c)))
-        .unwrap_or_default();
-    // The slices are in id order: start at the cursor's, read on until the page is full.
-    let first = after
-        .and_then(|c| u8::from_str_radix(c.get(..2)?, 16).ok())
-        .map_or(0, |v| {
-            (0..slices.len())
-                .find(|p| (v as usize) < (p + 1) * 256 / slices.len())
-                .unwrap_or(0)
-        });
-    let mut rows: Vec<Value> = Vec::new();
-    for slice in &slices[first..] {
-        let got = json_rows(
-            &r.ctx,
-            &format!(
-                "SELECT coalesce(x.call_id, y.call_id) AS call_id, x.score AS score_a, y.score AS \
-                 score_b, x.passed AS passed_a, y.passed AS passed_b, x.label AS label_a, \
-                 y.label AS label_b, x.k AS class_a, y.k AS class_b FROM {} WHERE (x.k IS \
-                 DISTINCT FROM y.k){keyset} ORDER BY 1 LIMIT {}",
-                joined(slice),
-                limit + 1 - rows.len()
-            ),
-        )
-        .await?;
-        rows.extend(got.as_array().cloned().unwrap_or_default());
-        if rows.len() > limit {
-            break;
-        }
-    }
-    let next = if rows.len() > limit {
-        rows.truncate(limit);
-        rows.last()
-            .and_then(|r| r["call_id"].as_str().map(str::to_string))
-    } else {
-        None
-    };
-    // The page's texts and tests.
-    let call_ids = ids(&rows, "call_id");
-    let mut calls = r
-        .keys
-        .rows(
-            "calls",
-            "call_id",
-            &call_ids,
-            Some(&["call_id", "case_id", "model", "response"]),
-        )
-        .await?;
-    snip(&mut calls, "response");
-    for row in rows.iter_mut() {
-        if let Some(hit) = calls.iter().find(|c| c["call_id"] == row["call_id"]) {
-            for k in ["case_id", "model", "response"] {
-                row[k] = hit[k].clone();
-            }
-        }
-    }
-    let mut cases = r
-        .keys
-        .rows(
-            "cases",
-            "case_id",
-            &ids(&rows, "case_id"),
-            Some(&["case_id", "test", "input"]),
-        )
-        .await?;
-    snip(&mut cases, "input");
-    for row in rows.iter_mut() {
-        if let Some(hit) = cases.iter().find(|c| c["case_id"] == row["case_id"]) {
-            row["test"] = hit["test"].clone();
-            row["input"] = hit["input"].clone();
-        }
-    }
-    Ok(json!({
-        "a": a.tag(), "b": b.tag(), "kind_a": format!("{kind_a:?}"),
-        "kind_b": format!("{kind_b:?}"), "matrix": matrix, "disagree": disagree,
-        "total": total, "rows": rows, "next": next,
-    }))
 }
 
 /// `GET /api/compare?a=&b=`: the rows `evalflow compare A B` prints (the same SQL), and the

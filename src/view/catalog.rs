@@ -31,6 +31,10 @@ pub struct RunView {
     page: tokio::sync::OnceCell<SessionContext>,
     /// The run page's filter values and token totals ([`RunView::facets`]).
     facets: tokio::sync::OnceCell<Value>,
+    /// The last searches' input matches ([`RunView::input_matches`]).
+    searches: Mutex<std::collections::VecDeque<(String, Option<String>)>>,
+    /// Scorer-version diffs computed for this manifest, by the pair's tags.
+    pub diffs: Mutex<HashMap<(String, String), Arc<super::diff::Diff>>>,
     /// The manifest's bytes this view was built from.
     stamp: Vec<u8>,
 }
@@ -91,6 +95,40 @@ impl RunView {
                 Ok::<_, ViewError>(ctx)
             })
             .await
+    }
+
+    /// The cases whose input matches `pat` (an `ILIKE` pattern, as a SQL literal): a table
+    /// of their `case_id`s registered in the page session, `None` when there are none. One
+    /// scan of `cases` per search, kept for the last few (a search's next pages ask again).
+    pub async fn input_matches(&self, pat: &str) -> Result<Option<String>, ViewError> {
+        const KEPT: usize = 8;
+        let mut kept = self.searches.lock().await;
+        if let Some((_, t)) = kept.iter().find(|(p, _)| p == pat) {
+            return Ok(t.clone());
+        }
+        let sql = format!("SELECT DISTINCT case_id FROM cases WHERE input ILIKE {pat}");
+        let batches = super::rows::collect(&self.ctx, &sql).await?;
+        let df = || crate::query::QueryError::df(sql.clone());
+        let table = match batches.first() {
+            Some(b) if batches.iter().any(|b| b.num_rows() > 0) => {
+                let name = format!("input_hits_{}", uuid::Uuid::new_v4().simple());
+                let mem = datafusion::datasource::MemTable::try_new(b.schema(), vec![batches])
+                    .map_err(df())?;
+                self.page_ctx()
+                    .await?
+                    .register_table(&name, Arc::new(mem))
+                    .map_err(df())?;
+                Some(name)
+            }
+            _ => None,
+        };
+        kept.push_back((pat.to_string(), table.clone()));
+        if kept.len() > KEPT
+            && let Some((_, Some(old))) = kept.pop_front()
+        {
+            let _ = self.page_ctx().await?.deregister_table(&old);
+        }
+        Ok(table)
     }
 
     /// Scorer versions with a folder under `scores/`, in the manifest's order, then any
@@ -377,6 +415,8 @@ impl Catalog {
             keys,
             page: tokio::sync::OnceCell::new(),
             facets: tokio::sync::OnceCell::new(),
+            searches: Mutex::default(),
+            diffs: Mutex::default(),
             stamp,
         });
         self.views

@@ -12,6 +12,7 @@
 
 mod answers;
 mod catalog;
+mod diff;
 mod keys;
 mod rows;
 mod sql_box;
@@ -274,7 +275,7 @@ async fn scorer_diff(
     RawQuery(q): RawQuery,
 ) -> ApiResult {
     let r = c.run(&run).await?;
-    Ok(axum::Json(answers::scorer_diff(&r, &pairs(q)).await?))
+    Ok(axum::Json(diff::scorer_diff(&r, &pairs(q)).await?))
 }
 
 async fn compare(State(c): State<Arc<Catalog>>, RawQuery(q): RawQuery) -> ApiResult {

@@ -14,15 +14,19 @@ pub fn lit(s: &str) -> String {
 /// Runs `sql` and returns its rows as JSON objects (for small results only: a page, an
 /// answer, a table of results).
 pub async fn json_rows(ctx: &SessionContext, sql: &str) -> Result<Value, ViewError> {
-    let df = ctx
+    batches_json(&collect(ctx, sql).await?)
+}
+
+/// Runs `sql` and collects its batches (for bounded results only).
+pub async fn collect(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>, ViewError> {
+    let df = || crate::query::QueryError::df(sql.to_string());
+    Ok(ctx
         .sql(sql)
         .await
-        .map_err(crate::query::QueryError::df(sql.to_string()))?;
-    let batches = df
+        .map_err(df())?
         .collect()
         .await
-        .map_err(crate::query::QueryError::df(sql.to_string()))?;
-    batches_json(&batches)
+        .map_err(df())?)
 }
 
 /// Record batches as one JSON array of row objects, NULL as `null`.
