@@ -33,8 +33,8 @@ pub struct RunView {
     facets: tokio::sync::OnceCell<Value>,
     /// The last searches' input matches ([`RunView::input_matches`]).
     searches: Mutex<std::collections::VecDeque<(String, Option<String>)>>,
-    /// Scorer-version diffs computed for this manifest, by the pair's tags.
-    pub diffs: Mutex<HashMap<(String, String), Arc<super::diff::Diff>>>,
+    /// Results computed once per manifest (the scorer diffs), by a key their view names.
+    pub memo: Mutex<HashMap<String, Arc<dyn std::any::Any + Send + Sync>>>,
     /// The manifest's bytes this view was built from.
     stamp: Vec<u8>,
 }
@@ -416,7 +416,7 @@ impl Catalog {
             page: tokio::sync::OnceCell::new(),
             facets: tokio::sync::OnceCell::new(),
             searches: Mutex::default(),
-            diffs: Mutex::default(),
+            memo: Mutex::default(),
             stamp,
         });
         self.views

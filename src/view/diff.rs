@@ -116,13 +116,17 @@ pub async fn scorer_diff(r: &RunView, q: &[(String, String)]) -> Result<Value, V
         kind_b,
     };
     let diff = {
-        let key = (pair.a.tag(), pair.b.tag());
-        let mut kept = r.diffs.lock().await;
-        match kept.get(&key) {
-            Some(d) => d.clone(),
+        let key = format!("scorer-diff {} {}", pair.a.tag(), pair.b.tag());
+        let mut memo = r.memo.lock().await;
+        match memo
+            .get(&key)
+            .cloned()
+            .and_then(|d| d.downcast::<Diff>().ok())
+        {
+            Some(d) => d,
             None => {
                 let d = Arc::new(matrix(r, &pair).await?);
-                kept.insert(key, d.clone());
+                memo.insert(key, d.clone());
                 d
             }
         }
