@@ -41,6 +41,24 @@ impl Bloom {
         Bloom { blocks }
     }
 
+    /// An empty filter for about `n` values at 16 bits a value (about 0.1% false
+    /// positives). Any number of blocks works: the block is chosen by a multiply-shift.
+    pub fn for_values(n: usize) -> Self {
+        Bloom {
+            blocks: vec![[0; 8]; n.div_ceil(16).max(1)],
+        }
+    }
+
+    /// Adds the value whose [`hash`] this is.
+    #[inline]
+    pub fn insert_hash(&mut self, h: u64) {
+        let i = (((h >> 32) * self.blocks.len() as u64) >> 32) as usize;
+        let x = h as u32;
+        for (w, salt) in self.blocks[i].iter_mut().zip(SALT) {
+            *w |= 1u32 << (x.wrapping_mul(salt) >> 27);
+        }
+    }
+
     /// Whether the filter may hold the value whose [`hash`] this is (never a false "no").
     #[inline]
     pub fn check_hash(&self, h: u64) -> bool {
@@ -144,5 +162,32 @@ mod tests {
             if want { yes += 1 } else { no += 1 }
         }
         assert!(yes >= 500 && no > 1000, "{yes} maybe, {no} no");
+    }
+
+    /// A filter built here holds every value inserted, and at 16 bits a value answers
+    /// "maybe" for about 0.1% of the others (Parquet's split-block filter at that size:
+    /// 0.05% to 0.2%); an odd number of blocks works as well as a power of two.
+    #[test]
+    fn built_filters_hold_their_values_at_about_a_tenth_of_a_percent() {
+        for n in [1usize, 100, 4096, 5000] {
+            let mut f = Bloom::for_values(n);
+            for i in 0..n {
+                f.insert_hash(hash(format!("in-{i}").as_bytes()));
+            }
+            for i in 0..n {
+                assert!(
+                    f.check_hash(hash(format!("in-{i}").as_bytes())),
+                    "{n}: in-{i}"
+                );
+            }
+            let probes = 200_000;
+            let fp = (0..probes)
+                .filter(|i| f.check_hash(hash(format!("out-{i}").as_bytes())))
+                .count();
+            let rate = fp as f64 / probes as f64;
+            if n >= 100 {
+                assert!(rate > 0.0001 && rate < 0.003, "{n} values: {rate}");
+            }
+        }
     }
 }

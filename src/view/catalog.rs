@@ -399,13 +399,33 @@ impl Catalog {
             })?;
         let ctx = crate::query::sql_context();
         crate::query::register_run_read_only(&ctx, &store).await?;
-        let keys = self
-            .keys
-            .lock()
-            .await
-            .entry(path.to_string())
-            .or_insert_with(|| Arc::new(super::keys::Keys::new(store.clone())))
-            .clone();
+        let keys = {
+            let mut all = self.keys.lock().await;
+            match all.get(path) {
+                Some(k) => k.clone(),
+                None => {
+                    let k = Arc::new(super::keys::Keys::new(store.clone()));
+                    all.insert(path.to_string(), k.clone());
+                    // The first page and answer then find the indexes they need learnt.
+                    let (warm, primary) = (k.clone(), manifest.scorer_versions.first().cloned());
+                    tokio::spawn(async move {
+                        let mut on = vec![
+                            ("calls".to_string(), "call_id"),
+                            ("cases".to_string(), "case_id"),
+                            ("validity".to_string(), "call_id"),
+                            ("calls".to_string(), "case_id"),
+                        ];
+                        if let Some(s) = primary.as_deref().and_then(ScorerId::parse) {
+                            on.push((s.dir(), "call_id"));
+                        }
+                        for (dir, col) in on {
+                            let _ = warm.on(&dir, col).warm().await;
+                        }
+                    });
+                    k
+                }
+            }
+        };
         let view = Arc::new(RunView {
             run_id: manifest.run_id.clone(),
             path: path.to_string(),
