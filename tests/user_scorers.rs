@@ -619,6 +619,58 @@ fn bad_definitions_are_refused_with_file_line_and_field() {
     }
 }
 
+/// A numeric scorer's diff by test is its mean score's difference, labelled so and shown as
+/// a score (`+0.600`), not as a failure rate in points (it was "failure rate new - old" with
+/// `+60.0 pts`: the opposite sign of the failure rate it named).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_numeric_scorers_diff_by_test_is_its_mean_score() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("run");
+    recorded_run(&root, PIPELINE).await;
+    let file = |v: &str, score: &str, passed: &str| {
+        let p = dir.path().join(format!("{v}.toml"));
+        std::fs::write(
+            &p,
+            format!(
+                "[[scorer]]\nname = \"graded\"\nkind = \"sql\"\nmetric = \"numeric\"\n\
+                 score = \"{score}\"\npassed = \"{passed}\"\n"
+            ),
+        )
+        .unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let v1 = file(
+        "v1",
+        "CASE WHEN test = 'refunds' THEN 0.2 ELSE 0.5 END",
+        "TRUE",
+    );
+    let v2 = file(
+        "v2",
+        "CASE WHEN test = 'refunds' THEN 0.8 ELSE 0.5 END",
+        "test <> 'refunds'",
+    );
+    let r = root.to_str().unwrap().to_string();
+    let (first, second) = tokio::task::spawn_blocking(move || {
+        (
+            bin(&["rescore", &r, "--scorer-file", &v1]),
+            bin(&["rescore", &r, "--scorer-file", &v2]),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(first.status.success(), "{}", text(&first));
+    assert!(second.status.success(), "{}", text(&second));
+    let t = text(&second);
+    assert!(t.contains("mean score new - old [95% CI]"), "{t}");
+    assert!(!t.contains("failure rate new - old"), "{t}");
+    let row = t
+        .lines()
+        .find(|l| l.trim_start().starts_with("refunds"))
+        .unwrap_or_else(|| panic!("no refunds row: {t}"));
+    assert!(row.contains("+0.600 ["), "{row}");
+    assert!(!row.contains("pts"), "{row}");
+}
+
 /// `rescore --scorer-file`: a new version beside the old with a diff against it; an
 /// unchanged definition is refused (exit 2); `evalflow scorers` lists every version with its
 /// definition; a bad file changes nothing and exits 2 naming file, line and field.

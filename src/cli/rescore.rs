@@ -460,6 +460,21 @@ fn interval_cell(p: &ClusterInterval, pct: bool) -> String {
     diff_cell(&s(p.mean), &s(p.lo), &s(p.hi), pct)
 }
 
+/// A test's difference and its interval: the clustered one, or, for a test whose clustered
+/// interval cannot be computed (one template), the normal interval of independent pairs as
+/// `aggregate` shows it (`false`: not clustered). `None` when there is neither.
+fn test_interval(p: &ClusterInterval, d: &Moments) -> Option<(f64, f64, f64, bool)> {
+    if let (Some(mean), Some(lo), Some(hi)) = (p.mean, p.lo, p.hi) {
+        return Some((mean, lo, hi, true));
+    }
+    if d.n < 2 {
+        return None;
+    }
+    let se = (d.m2 / (d.n - 1) as f64 / d.n as f64).sqrt();
+    let z = crate::stages::aggregate::Z95;
+    Some((d.mean, d.mean - z * se, d.mean + z * se, false))
+}
+
 /// The most labels whose rates the diff tabulates.
 const MAX_LABELS: u64 = 50;
 
@@ -473,8 +488,10 @@ struct Paired {
     overall: Vec<ClusterInterval>,
     /// Per metric: pairs with both values, and the sums of the old and the new values.
     rates: Vec<(u64, f64, f64)>,
-    /// The first metric per test, tests with a pair only.
-    by_test: Vec<(Option<String>, ClusterInterval)>,
+    /// The first metric per test, tests with a pair only: its clustered interval, and the
+    /// moments of its differences (for a test of one template, whose clustered interval
+    /// cannot be computed: `aggregate` then shows the interval of independent cases).
+    by_test: Vec<(Option<String>, ClusterInterval, Moments)>,
 }
 
 /// One metric's cell of a template: moments of `new - old` and whether every pair was 0/1.
@@ -527,7 +544,7 @@ async fn paired_pass(
     let mut rates = vec![(0u64, 0.0, 0.0); k];
     // Per test (first metric): looked up by the test (NULL as "\u{2}") without a key per row.
     let mut index: HashMap<String, usize> = HashMap::new();
-    let mut tests: Vec<(Option<String>, ClusterSummary, bool)> = Vec::new();
+    let mut tests: Vec<(Option<String>, ClusterSummary, bool, Moments)> = Vec::new();
     for slice in slices {
         let sql = format!(
             "SELECT {} FROM (SELECT {} FROM rescore_pairs WHERE {slice}) GROUP BY g, t",
@@ -593,6 +610,7 @@ async fn paired_pass(
                                 g.is_valid(r).then(|| key.to_string()),
                                 ClusterSummary::default(),
                                 true,
+                                Moments::default(),
                             ));
                             index.insert(key.to_string(), tests.len() - 1);
                             tests.len() - 1
@@ -600,6 +618,7 @@ async fn paired_pass(
                     };
                     tests[i].1.add(&cells[0].d);
                     tests[i].2 &= cells[0].binary;
+                    tests[i].3.merge(&cells[0].d);
                 }
                 match merged.get_mut(template) {
                     Some(acc) => {
@@ -624,9 +643,9 @@ async fn paired_pass(
         }
     }
     let spec = IntervalSpec::default();
-    let mut by_test: Vec<(Option<String>, ClusterInterval)> = tests
+    let mut by_test: Vec<(Option<String>, ClusterInterval, Moments)> = tests
         .into_iter()
-        .map(|(g, s, binary)| (g, paired_summary_interval(&s, &spec, binary)))
+        .map(|(g, s, binary, d)| (g, paired_summary_interval(&s, &spec, binary), d))
         .collect();
     by_test.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(Paired {
@@ -791,13 +810,15 @@ async fn print_diff(
             );
         }
     }
+    // The counts over the population of the difference: base rows of INV/DIR tests are
+    // left out (their perturbed rows carry the comparison).
     let by_test = text_rows(
         ctx,
         &format!(
             "SELECT n.test, sum(CASE WHEN o.passed AND NOT n.passed THEN 1 ELSE 0 END), \
              sum(CASE WHEN NOT o.passed AND n.passed THEN 1 ELSE 0 END), \
              sum(CASE WHEN (o.passed IS NULL) <> (n.passed IS NULL) THEN 1 ELSE 0 END) \
-             {pair} GROUP BY 1 \
+             {pair} AND n.role <> 'base' GROUP BY 1 \
              HAVING sum(CASE WHEN o.passed IS DISTINCT FROM n.passed THEN 1 ELSE 0 END) > 0 ORDER BY 1"
         ),
     )
@@ -805,19 +826,31 @@ async fn print_diff(
     // (`(a IS NULL) <> (b IS NULL)`, not `a IS DISTINCT FROM b AND (a IS NULL OR b IS NULL)`:
     // DataFusion 55.2 simplifies the latter to `a IS DISTINCT FROM false`, true for two trues.)
     if !by_test.is_empty() {
-        let diffs = &paired.by_test;
-        let diff_of = |test: &Option<String>| {
-            diffs
-                .iter()
-                .find(|(t, _)| t == test)
-                .map(|(_, p)| interval_cell(p, true))
-                .unwrap_or_else(|| "-".into())
+        let mut unclustered = false;
+        let mut diff_of = |test: &Option<String>| {
+            let Some((_, p, d)) = paired.by_test.iter().find(|(t, _, _)| t == test) else {
+                return "-".to_string();
+            };
+            match test_interval(p, d) {
+                Some((mean, lo, hi, clustered)) => {
+                    let s = |x: f64| Some(x.to_string());
+                    let cell = diff_cell(&s(mean), &s(lo), &s(hi), pct);
+                    if clustered {
+                        cell
+                    } else {
+                        unclustered = true;
+                        format!("{cell} *")
+                    }
+                }
+                None => interval_cell(p, pct),
+            }
         };
         crate::progress::outln!("\npass/fail changes by test");
         let rows: Vec<Vec<String>> = by_test
             .iter()
             .map(|r| vec![c(&r[0]), c(&r[1]), c(&r[2]), c(&r[3]), diff_of(&r[0])])
             .collect();
+        let header = format!("{what} new - old [95% CI]");
         crate::progress::outln!(
             "{}",
             render_table(
@@ -826,11 +859,59 @@ async fn print_diff(
                     "pass -> fail",
                     "fail -> pass",
                     "to/from unscored",
-                    "failure rate new - old [95% CI]",
+                    &header,
                 ],
                 &rows
             )
         );
+        if unclustered {
+            crate::progress::outln!("* {}", crate::stages::aggregate::UNCLUSTERED_NOTE);
+        }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::udaf::cluster_interval::Method;
+
+    fn interval(lo: Option<f64>, hi: Option<f64>) -> ClusterInterval {
+        ClusterInterval {
+            n: 4,
+            n_clusters: 1,
+            mean: Some(0.5),
+            se: None,
+            lo,
+            hi,
+            df: None,
+            method: Method::Cr2Ri,
+            stat: None,
+            p_value: None,
+        }
+    }
+
+    /// A test of one template has no clustered interval: its cell is the normal interval of
+    /// independent pairs, as `aggregate` shows such a test (differences 1, 0, 1, 0: mean
+    /// 0.5, sample variance 1/3, se sqrt(1/12)), marked as not clustered.
+    #[test]
+    fn one_template_gets_the_interval_of_independent_pairs() {
+        let mut d = Moments::default();
+        for x in [1.0, 0.0, 1.0, 0.0] {
+            d.push(x);
+        }
+        let none = interval(None, None);
+        let (mean, lo, hi, clustered) = test_interval(&none, &d).unwrap();
+        let se = (1.0f64 / 12.0).sqrt();
+        assert!(!clustered);
+        assert!((mean - 0.5).abs() < 1e-12);
+        assert!((lo - (0.5 - 1.959963984540054 * se)).abs() < 1e-12, "{lo}");
+        assert!((hi - (0.5 + 1.959963984540054 * se)).abs() < 1e-12, "{hi}");
+        // A clustered interval is kept as it is; one pair has no interval at all.
+        let some = interval(Some(0.1), Some(0.9));
+        assert_eq!(test_interval(&some, &d), Some((0.5, 0.1, 0.9, true)));
+        let mut one = Moments::default();
+        one.push(1.0);
+        assert_eq!(test_interval(&none, &one), None);
+    }
 }

@@ -48,7 +48,7 @@ pub const ALL_VERDICTS: [&str; 8] = [
 /// The note stored and printed beside an interval that could not be clustered.
 pub const UNCLUSTERED_NOTE: &str = "1 template: interval assumes independent cases";
 
-const Z95: f64 = 1.959963984540054;
+pub const Z95: f64 = 1.959963984540054;
 
 /// One result row.
 #[derive(Debug, Clone, Default)]

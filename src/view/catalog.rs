@@ -237,6 +237,9 @@ pub struct Catalog {
     /// Each run's overall headline, by path, with the manifest it was computed from; `None`
     /// while a task computes it.
     headlines: Arc<Mutex<HashMap<String, Headline>>>,
+    /// Work done ahead of requests (headlines, indexes, scorer diffs) runs one task at a
+    /// time: their peaks of memory do not add up, and requests keep a core.
+    pub background: Arc<tokio::sync::Semaphore>,
 }
 
 impl Catalog {
@@ -262,6 +265,7 @@ impl Catalog {
             keys: Mutex::new(HashMap::new()),
             part_rows: Mutex::new(HashMap::new()),
             headlines: Arc::default(),
+            background: Arc::new(tokio::sync::Semaphore::new(1)),
         })
     }
 
@@ -408,7 +412,9 @@ impl Catalog {
                     all.insert(path.to_string(), k.clone());
                     // The first page and answer then find the indexes they need learnt.
                     let (warm, primary) = (k.clone(), manifest.scorer_versions.first().cloned());
+                    let turn = self.background.clone();
                     tokio::spawn(async move {
+                        let _turn = turn.acquire_owned().await;
                         let mut on = vec![
                             ("calls".to_string(), "call_id"),
                             ("cases".to_string(), "case_id"),
@@ -478,8 +484,9 @@ impl Catalog {
             };
         }
         h.insert(r.path.clone(), (r.stamp.clone(), None));
-        let (all, r) = (self.headlines.clone(), r.clone());
+        let (all, r, turn) = (self.headlines.clone(), r.clone(), self.background.clone());
         tokio::spawn(async move {
+            let _turn = turn.acquire_owned().await;
             let v = overall_headline(&r).await.unwrap_or(Value::Null);
             all.lock()
                 .await

@@ -94,6 +94,102 @@ pub async fn scorer_diff(r: &RunView, q: &[(String, String)]) -> Result<Value, V
             .ok_or_else(|| ViewError::BadRequest(format!("limit={v}: from 1 to {MAX_LIMIT}")))?,
         None => DEFAULT_LIMIT,
     };
+    let (pair, diff) = diff_of(r, a, b).await?;
+    let (kind_a, kind_b) = (pair.kind_a, pair.kind_b);
+    let (mut total, mut disagree) = (0i64, 0i64);
+    let matrix: Vec<Value> = diff
+        .cells
+        .iter()
+        .map(|((ca, cb), n)| {
+            total += n;
+            if ca != cb {
+                disagree += n;
+            }
+            json!({"a": ca, "b": cb, "n": n})
+        })
+        .collect();
+    let after = get("after").filter(|s| !s.is_empty());
+    // The page, and its answers' texts (at once when the page's ids are known first).
+    let (mut rows, next, calls) = match &diff.ids {
+        Some(list) => {
+            let (start, end) = window(list, after, limit);
+            let want: Vec<String> = list[start..end].iter().map(|(id, _)| id.clone()).collect();
+            let (rows, calls) = futures::try_join!(
+                page_of_kept(r, &pair, &diff, &list[start..end]),
+                texts(r, &want)
+            )?;
+            let next = (end < list.len()).then(|| list[end - 1].0.clone());
+            (rows, next, calls)
+        }
+        None => {
+            let (rows, next) = page_by_join(r, &pair, after, limit).await?;
+            let calls = texts(r, &ids(&rows, "call_id")).await?;
+            (rows, next, calls)
+        }
+    };
+    for row in rows.iter_mut() {
+        if let Some(hit) = calls.iter().find(|c| c["call_id"] == row["call_id"]) {
+            for k in ["case_id", "model", "response"] {
+                row[k] = hit[k].clone();
+            }
+        }
+    }
+    let mut cases = r
+        .keys
+        .rows(
+            "cases",
+            "case_id",
+            &ids(&rows, "case_id"),
+            Some(&["case_id", "test", "input"]),
+        )
+        .await?;
+    snip(&mut cases, "input");
+    for row in rows.iter_mut() {
+        if let Some(hit) = cases.iter().find(|c| c["case_id"] == row["case_id"]) {
+            row["test"] = hit["test"].clone();
+            row["input"] = hit["input"].clone();
+        }
+    }
+    Ok(json!({
+        "a": pair.a.tag(), "b": pair.b.tag(), "kind_a": format!("{kind_a:?}"),
+        "kind_b": format!("{kind_b:?}"), "matrix": matrix, "disagree": disagree,
+        "total": total, "rows": rows, "next": next,
+    }))
+}
+
+/// The page's answers: their model, case and the start of the response.
+async fn texts(r: &RunView, ids: &[String]) -> Result<Vec<Value>, ViewError> {
+    let mut calls = r
+        .keys
+        .rows(
+            "calls",
+            "call_id",
+            ids,
+            Some(&["call_id", "case_id", "model", "response"]),
+        )
+        .await?;
+    snip(&mut calls, "response");
+    Ok(calls)
+}
+
+/// Computes ahead the diff of each scorer's two newest versions (the diff a user opens
+/// after a rescore); a failure is left for the request to report.
+pub async fn warm(r: &RunView) {
+    let Ok(tags) = r.scorer_tags().await else {
+        return;
+    };
+    let mut names: Vec<&str> = tags.iter().map(|t| t.name.as_str()).collect();
+    names.dedup();
+    for name in names {
+        let of: Vec<&ScorerId> = tags.iter().filter(|t| t.name == name).collect();
+        if let [.., a, b] = of[..] {
+            let _ = diff_of(r, a.clone(), b.clone()).await;
+        }
+    }
+}
+
+/// The pair of versions and its diff: kept for this manifest, or computed now.
+async fn diff_of(r: &RunView, a: ScorerId, b: ScorerId) -> Result<(Pair, Arc<Diff>), ViewError> {
     let kind_a = crate::stages::score::metric_kind(&r.store, &a).await?;
     let kind_b = crate::stages::score::metric_kind(&r.store, &b).await?;
     // About 2M rows a slice (`EVALFLOW_VIEW_DIFF_ROWS`), counted from the parts listed
@@ -131,62 +227,7 @@ pub async fn scorer_diff(r: &RunView, q: &[(String, String)]) -> Result<Value, V
             }
         }
     };
-    let (mut total, mut disagree) = (0i64, 0i64);
-    let matrix: Vec<Value> = diff
-        .cells
-        .iter()
-        .map(|((ca, cb), n)| {
-            total += n;
-            if ca != cb {
-                disagree += n;
-            }
-            json!({"a": ca, "b": cb, "n": n})
-        })
-        .collect();
-    let after = get("after").filter(|s| !s.is_empty());
-    let (mut rows, next) = match &diff.ids {
-        Some(list) => page_of_kept(r, &pair, &diff, list, after, limit).await?,
-        None => page_by_join(r, &pair, after, limit).await?,
-    };
-    // The page's texts and tests.
-    let mut calls = r
-        .keys
-        .rows(
-            "calls",
-            "call_id",
-            &ids(&rows, "call_id"),
-            Some(&["call_id", "case_id", "model", "response"]),
-        )
-        .await?;
-    snip(&mut calls, "response");
-    for row in rows.iter_mut() {
-        if let Some(hit) = calls.iter().find(|c| c["call_id"] == row["call_id"]) {
-            for k in ["case_id", "model", "response"] {
-                row[k] = hit[k].clone();
-            }
-        }
-    }
-    let mut cases = r
-        .keys
-        .rows(
-            "cases",
-            "case_id",
-            &ids(&rows, "case_id"),
-            Some(&["case_id", "test", "input"]),
-        )
-        .await?;
-    snip(&mut cases, "input");
-    for row in rows.iter_mut() {
-        if let Some(hit) = cases.iter().find(|c| c["case_id"] == row["case_id"]) {
-            row["test"] = hit["test"].clone();
-            row["input"] = hit["input"].clone();
-        }
-    }
-    Ok(json!({
-        "a": pair.a.tag(), "b": pair.b.tag(), "kind_a": format!("{kind_a:?}"),
-        "kind_b": format!("{kind_b:?}"), "matrix": matrix, "disagree": disagree,
-        "total": total, "rows": rows, "next": next,
-    }))
+    Ok((pair, diff))
 }
 
 /// The matrix, slice by slice, with the disagreeing ids of each cell while they fit.
@@ -250,18 +291,19 @@ async fn matrix(r: &RunView, pair: &Pair) -> Result<Diff, ViewError> {
     Ok(diff)
 }
 
-/// A page from the kept ids: the next `limit` after the cursor, their scores looked up.
+/// The first and last-plus-one positions of a page of `limit` kept ids after the cursor.
+fn window(list: &[(String, u32)], after: Option<&str>, limit: usize) -> (usize, usize) {
+    let start = after.map_or(0, |c| list.partition_point(|(id, _)| id.as_str() <= c));
+    (start, (start + limit).min(list.len()))
+}
+
+/// The rows of a page of kept ids: both versions' scores looked up.
 async fn page_of_kept(
     r: &RunView,
     pair: &Pair,
     diff: &Diff,
-    list: &[(String, u32)],
-    after: Option<&str>,
-    limit: usize,
-) -> Result<(Vec<Value>, Option<String>), ViewError> {
-    let start = after.map_or(0, |c| list.partition_point(|(id, _)| id.as_str() <= c));
-    let end = (start + limit).min(list.len());
-    let page = &list[start..end];
+    page: &[(String, u32)],
+) -> Result<Vec<Value>, ViewError> {
     let want: Vec<String> = page.iter().map(|(id, _)| id.clone()).collect();
     let cols: &[&str] = &["call_id", "score", "passed", "label"];
     let (dir_a, dir_b) = (pair.a.dir(), pair.b.dir());
@@ -272,7 +314,7 @@ async fn page_of_kept(
     let class = |c: &str| {
         if c == "absent" { Value::Null } else { json!(c) }
     };
-    let rows = page
+    Ok(page
         .iter()
         .map(|(id, cell)| {
             let x = xs.iter().find(|v| v["call_id"] == id.as_str());
@@ -286,9 +328,7 @@ async fn page_of_kept(
                 "class_a": class(ca), "class_b": class(cb),
             })
         })
-        .collect();
-    let next = (end < list.len()).then(|| list[end - 1].0.clone());
-    Ok((rows, next))
+        .collect())
 }
 
 /// A page by joining the slices from the cursor's on (when the ids were too many to keep).

@@ -238,7 +238,14 @@ async fn runs(State(c): State<Arc<Catalog>>) -> ApiResult {
 }
 
 async fn run(State(c): State<Arc<Catalog>>, Path(run): Path<String>) -> ApiResult {
-    Ok(axum::Json(c.detail(&run).await?))
+    let detail = c.detail(&run).await?;
+    // The run page links to its scorer diffs: computed ahead, in turn with other such work.
+    let (r, turn) = (c.run(&run).await?, c.background.clone());
+    tokio::spawn(async move {
+        let _turn = turn.acquire_owned().await;
+        diff::warm(&r).await;
+    });
+    Ok(axum::Json(detail))
 }
 
 async fn results(State(c): State<Arc<Catalog>>, Path(run): Path<String>) -> ApiResult {
