@@ -187,7 +187,7 @@ fn stages_run_one_at_a_time() {
         let o = run(&[stage, "pipelines/sentiment.toml", "--out", r]);
         assert!(o.status.success(), "{stage}: {}", stderr(&o));
     }
-    assert!(root.join("scores/checklist@1").is_dir());
+    assert!(root.join("scores/checklist@2").is_dir());
     // Twelve capability x test type cells in the sentiment suite (the CheckList paper's
     // sentiment capabilities: vocabulary, negation, NER, robustness, temporal, fairness,
     // coreference, SRL, logic).
@@ -778,7 +778,7 @@ fn aggregate_and_report_pick_any_scorer_of_the_run() {
         let o = run(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
         assert!(
-            stderr(&o).contains("checklist@1") && stderr(&o).contains("mine@"),
+            stderr(&o).contains("checklist@2") && stderr(&o).contains("mine@"),
             "{args:?}: {}",
             stderr(&o)
         );
@@ -872,7 +872,7 @@ async fn scorers_delete_removes_one_version_and_its_judge_run() {
     assert!(!root.join("judge").join(&judge_version).exists());
     assert_eq!(
         versions(),
-        vec!["checklist@1".to_string(), mine_tag.clone()]
+        vec!["checklist@2".to_string(), mine_tag.clone()]
     );
     assert!(
         manifest()["stages"]
@@ -886,13 +886,13 @@ async fn scorers_delete_removes_one_version_and_its_judge_run() {
     assert!(scalar(&root, "SELECT count(*) FROM results WHERE scorer = 'mine'") > 0);
     let o = run(&["scorers", &r, "--delete", &mine_tag]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(versions(), vec!["checklist@1".to_string()]);
+    assert_eq!(versions(), vec!["checklist@2".to_string()]);
     assert_eq!(scalar(&root, "SELECT count(*) FROM results"), 0);
     assert!(manifest()["stages"].get("aggregate").is_none());
     let listed = run(&["scorers", &r, "--json"]);
     let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
-    assert_eq!(listed[0]["tag"], "checklist@1");
+    assert_eq!(listed[0]["tag"], "checklist@2");
 }
 
 /// `evalflow runs ROOT` lists every run under a folder, at any depth, and not the folders
@@ -934,7 +934,7 @@ fn runs_lists_the_runs_under_a_folder() {
         assert_eq!(r["row_counts"]["cases"], 2, "{r}");
         assert_eq!(
             r["scorer_versions"],
-            serde_json::json!(["checklist@1"]),
+            serde_json::json!(["checklist@2"]),
             "{r}"
         );
         assert_eq!(r["stages"]["aggregate"], "complete", "{r}");

@@ -398,6 +398,85 @@ fn openai_batch_output_joined_with_its_input() {
     assert_eq!(v3[0]["len"], 0);
 }
 
+/// Issue 61, item 3: an OpenAI Batch import carries no expected answer, so the checklist
+/// leaves its answers unscored with a warning naming `--expected-field` (checklist@1 failed
+/// every one: 100% failures); `--expected-field` reads the gold label from the request's
+/// `metadata`, and the answers are judged. The option is refused for a format that carries
+/// its own expected answer.
+#[test]
+fn batch_imports_without_gold_are_unscored_and_expected_field_reads_it() {
+    let d = tempfile::tempdir().unwrap();
+    let input = std::fs::read_to_string(fixture("openai-batch/batch_input.jsonl")).unwrap();
+    let with_gold: Vec<String> = input
+        .lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            v["body"]["metadata"] = serde_json::json!({ "label": "positive" });
+            v.to_string()
+        })
+        .collect();
+    let gold = d.path().join("batch_input.jsonl");
+    std::fs::write(&gold, with_gold.join("\n") + "\n").unwrap();
+    let out = fixture("openai-batch/batch_output.jsonl");
+    for field in [None, Some("label")] {
+        let mut args = vec![
+            out.to_str().unwrap(),
+            "--batch-input",
+            gold.to_str().unwrap(),
+        ];
+        if let Some(f) = field {
+            args.extend(["--expected-field", f]);
+        }
+        let (_d, root, _) = import(&args);
+        let (toml, r) = (root.join("import.toml"), root.to_str().unwrap().to_string());
+        ok(&["validate", toml.to_str().unwrap(), "--out", &r]);
+        ok(&["score", toml.to_str().unwrap(), "--out", &r]);
+        let scored = ok(&["aggregate", toml.to_str().unwrap(), "--out", &r]);
+        let v = sql(
+            &root,
+            "SELECT count(*) FILTER (WHERE s.validity = 'valid_answer') AS valid, \
+             count(*) FILTER (WHERE s.passed IS NOT NULL) AS judged, \
+             count(*) FILTER (WHERE c.expected = 'positive') AS gold \
+             FROM scores s JOIN cases c ON s.case_id = c.case_id WHERE s.scorer = 'checklist'",
+        )[0]
+        .clone();
+        let valid = n(&v["valid"]);
+        assert!(valid > 10, "{v}");
+        match field {
+            None => {
+                assert_eq!(n(&v["judged"]), 0, "{v}");
+                assert_eq!(n(&v["gold"]), 0, "{v}");
+                assert!(
+                    scored.contains(&format!(
+                        "left {valid} of {valid} valid answers unscored: their cases have no \
+                         expected answer"
+                    )) && scored.contains("--expected-field"),
+                    "{scored}"
+                );
+            }
+            Some(_) => {
+                assert_eq!(n(&v["judged"]), valid, "{v}");
+                assert!(n(&v["gold"]) >= valid, "{v}");
+                assert!(!scored.contains("unscored"), "{scored}");
+            }
+        }
+    }
+    let (_, refused) = import_raw(
+        d.path(),
+        &[
+            fixture("inspect/sentiment.json").to_str().unwrap(),
+            "--expected-field",
+            "label",
+        ],
+    );
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(
+        text(&refused).contains("--expected-field"),
+        "{}",
+        text(&refused)
+    );
+}
+
 /// Issue 61, item 4: a `custom_id` is unique in batch output, so an output line that repeats
 /// one (a download appended twice) is a copy: one call per custom_id, tokens summed once, and
 /// the copies counted on stderr; a repeat with other content is a bad line naming both.

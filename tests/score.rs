@@ -625,7 +625,7 @@ fn a_label_match_that_cannot_match_free_text_is_warned() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         err.contains(
-            "warning: checklist@1 failed 4 of 4 valid answers (100.0%): 50.0% of them contain \
+            "warning: checklist@2 failed 4 of 4 valid answers (100.0%): 50.0% of them contain \
              none of their expected labels and 50.0% contain one inside longer text"
         ) && err.contains("user-written scorer"),
         "{err}"

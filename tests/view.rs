@@ -618,7 +618,7 @@ fn make_small(dir: &Path, out: &Path) {
         &[("EVALFLOW_PART_ROWS", "100")],
     );
     drop(mock);
-    let parts = std::fs::read_dir(out.join("scores/checklist@1"))
+    let parts = std::fs::read_dir(out.join("scores/checklist@2"))
         .unwrap()
         .filter(|e| {
             e.as_ref()
@@ -691,7 +691,7 @@ fn api_runs_answers_equal_the_sql_count_of_calls() {
         .unwrap();
     assert_eq!(
         a["scorers"],
-        json!(["checklist@1", f.label_norm, f.label_exact]),
+        json!(["checklist@2", f.label_norm, f.label_exact]),
         "run a's scorer versions, in the order they were written"
     );
     // The run object adds the filters' values, from the run's tables.
@@ -713,7 +713,7 @@ fn api_headline_is_the_clustered_failure_rate_of_the_checklist() {
         let h = &runs[id]["headline"];
         assert_eq!(h["metric"], "failure_rate", "{id}: {h}");
         assert_eq!(h["scorer"], "checklist", "{id}: {h}");
-        assert_eq!(h["scoring_version"], "1", "{id}: {h}");
+        assert_eq!(h["scoring_version"], "2", "{id}: {h}");
         let rows = sql(
             &f.run(id),
             "SELECT clustered_mean_ci(CASE WHEN passed THEN 0.0 ELSE 1.0 END, template_id) AS ci \
@@ -841,14 +841,14 @@ fn answer_pages_walk_every_checklist_answer_once_across_parts() {
     let run = f.run("small");
     let want: BTreeSet<String> = sql(
         &run,
-        "SELECT call_id FROM scores WHERE scorer = 'checklist' AND scoring_version = '1'",
+        "SELECT call_id FROM scores WHERE scorer = 'checklist' AND scoring_version = '2'",
     )
     .iter()
     .map(|r| s(r, "call_id"))
     .collect();
     let n = sql_i64(
         &run,
-        "SELECT count(*) FROM scores WHERE scorer = 'checklist' AND scoring_version = '1'",
+        "SELECT count(*) FROM scores WHERE scorer = 'checklist' AND scoring_version = '2'",
     );
     assert_eq!(want.len() as i64, n, "one checklist score per call");
     assert!(n > 400, "{n}");
@@ -901,7 +901,7 @@ fn answer_page_filters_walk_exactly_the_sql_sets() {
         "test",
     );
     let word = "flight";
-    let checklist = "FROM scores s WHERE s.scorer = 'checklist' AND s.scoring_version = '1'";
+    let checklist = "FROM scores s WHERE s.scorer = 'checklist' AND s.scoring_version = '2'";
     let q_cond = |w: &str| {
         format!(
             "(s.call_id IN (SELECT call_id FROM calls WHERE strpos(lower(response), {w}) > 0) \
@@ -1020,7 +1020,7 @@ fn answer_page_filters_walk_exactly_the_sql_sets() {
     for q in [
         "finish_reason=stop",
         "scorer=checklist",
-        "scorer=checklist%401",
+        "scorer=checklist%402",
         "token=ignored",
     ] {
         let page = get_json(b, &format!("/api/runs/small/answers?{q}"));
@@ -1046,7 +1046,7 @@ fn answer_page_filters_walk_exactly_the_sql_sets() {
         assert_eq!(r["scorer"], "checklist", "{r}");
         assert_eq!(r["model"], "vader", "{r}");
     }
-    assert_eq!(page["scorer"], "checklist@1");
+    assert_eq!(page["scorer"], "checklist@2");
 }
 
 #[test]
@@ -1166,7 +1166,7 @@ fn assert_answer_is_sql(f: &Fixture, call_id: &str) -> Value {
     assert_eq!(
         tags,
         [
-            "checklist@1".to_string(),
+            "checklist@2".to_string(),
             f.label_norm.clone(),
             f.label_exact.clone()
         ]
@@ -1263,7 +1263,7 @@ fn one_answer_samples_are_every_sample_of_its_case_with_verdict_and_score() {
         &format!(
             "SELECT k.call_id, k.sample_idx, k.response, v.validity, s.score, s.passed FROM \
              calls k JOIN validity v ON v.call_id = k.call_id LEFT JOIN (SELECT call_id, score, \
-             passed FROM scores WHERE scorer = 'checklist' AND scoring_version = '1') s ON \
+             passed FROM scores WHERE scorer = 'checklist' AND scoring_version = '2') s ON \
              s.call_id = k.call_id WHERE k.case_id = {} AND k.model = 'vader' ORDER BY \
              k.sample_idx",
             lit(&s(&row, "case_id"))
@@ -1381,7 +1381,7 @@ fn diff_cells(d: &Value) -> Matrix {
 fn scorer_diff_matrix_is_the_sql_full_join_of_the_two_versions() {
     let f = fixture();
     let run = f.run("a");
-    let (a, b) = ("checklist@1", f.label_norm.as_str());
+    let (a, b) = ("checklist@2", f.label_norm.as_str());
     let (want, disagreeing) = diff_by_sql(&run, a, b);
     let d = get_json(f.base(), &diff_path(a, b, None));
     assert_eq!(d["a"], a);
@@ -1436,9 +1436,9 @@ fn scorer_diff_matrix_is_the_sql_full_join_of_the_two_versions() {
     assert_eq!(d2["rows"].as_array().unwrap().len(), rows2.len().min(50));
 
     for q in [
-        "a=checklist@1",
-        "a=nope@1&b=checklist@1",
-        "a=checklist@1&b=checklist@1&limit=0",
+        "a=checklist@2",
+        "a=nope@1&b=checklist@2",
+        "a=checklist@2&b=checklist@2&limit=0",
     ] {
         let r = get(f.base(), &format!("/api/runs/a/scorer-diff?{q}"));
         assert_eq!(r.status, 400, "{q}");
@@ -1449,7 +1449,7 @@ fn scorer_diff_matrix_is_the_sql_full_join_of_the_two_versions() {
 #[test]
 fn scorer_diff_pages_walk_exactly_the_disagreeing_answers() {
     let f = fixture();
-    let (a, b) = ("checklist@1", f.label_norm.as_str());
+    let (a, b) = ("checklist@2", f.label_norm.as_str());
     let (_, disagreeing) = diff_by_sql(&f.run("a"), a, b);
     let walk = |base: &str| {
         let (mut rows, mut after, mut pages) = (Vec::new(), None::<String>, 0);
@@ -1588,6 +1588,46 @@ fn sql_box_answers_queries_and_refuses_every_write() {
          <> 'base'",
     );
     assert_eq!(v["rows"], json!([[n]]), "{v}");
+
+    // The Parquet download holds the rows the JSON answer has, in their types.
+    use datafusion::arrow::array::AsArray;
+    let q = "SELECT test, count(*) AS n, avg(score) AS mean FROM scores WHERE scorer = \
+             'checklist' GROUP BY test ORDER BY test";
+    let want = post_json(b, "/api/runs/a/sql", &json!({ "sql": q })).json();
+    let r = post_json(b, "/api/runs/a/sql.parquet", &json!({ "sql": q }));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.header("content-type"),
+        Some("application/vnd.apache.parquet")
+    );
+    assert_eq!(r.header("x-evalflow-truncated"), Some("false"));
+    let reader = datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(
+        bytes::Bytes::from(r.body.clone()),
+        1024,
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        let test = batch.column(0).as_string::<i32>();
+        let n = batch
+            .column(1)
+            .as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+        let mean = batch
+            .column(2)
+            .as_primitive::<datafusion::arrow::datatypes::Float64Type>();
+        for i in 0..batch.num_rows() {
+            got.push(json!([test.value(i), n.value(i), mean.value(i)]));
+        }
+    }
+    assert!(got.len() > 3, "{got:?}");
+    assert_eq!(Value::Array(got), want["rows"]);
+    let refused = post_json(
+        b,
+        "/api/runs/a/sql.parquet",
+        &json!({"sql": "DROP TABLE calls"}),
+    );
+    assert_eq!(refused.status, 400);
 
     let copy_to = f.dir.join("copied.csv");
     let external = f.dir.join("external.csv");
@@ -2197,10 +2237,10 @@ fn page_run_forest_rows_are_the_results_rows() {
     };
     let f = fixture();
     assert_eq!(elements(&dom, id_is("forest")).len(), 1);
-    // The page shows the headline's scorer version: checklist@1.
+    // The page shows the headline's scorer version: checklist@2.
     let want = sql(
         &f.run("a"),
-        "SELECT * FROM results WHERE scorer = 'checklist' AND scoring_version = '1'",
+        "SELECT * FROM results WHERE scorer = 'checklist' AND scoring_version = '2'",
     );
     let key = |level: &str, cap: &str, ty: &str, test: &str, label: &str| {
         [level, cap, ty, test, label].map(String::from)
@@ -2346,7 +2386,7 @@ fn page_one_answer_shows_the_call_its_case_and_its_base() {
     .map(|e| e.attr("data-scorer").to_string())
     .collect();
     let mut want = vec![
-        "checklist@1".to_string(),
+        "checklist@2".to_string(),
         f.label_norm.clone(),
         f.label_exact.clone(),
     ];
@@ -2380,12 +2420,12 @@ fn page_scorer_diff_cells_are_the_matrix() {
     let f = fixture();
     let path = with_query(
         "/runs/a/scorers",
-        &[("a", "checklist@1"), ("b", &f.label_norm)],
+        &[("a", "checklist@2"), ("b", &f.label_norm)],
     );
     let Some(dom) = dump_dom("page_scorer_diff_cells_are_the_matrix", &path) else {
         return;
     };
-    let (want, _) = diff_by_sql(&f.run("a"), "checklist@1", &f.label_norm);
+    let (want, _) = diff_by_sql(&f.run("a"), "checklist@2", &f.label_norm);
     let cells = elements(&dom, |n, a| {
         n == "td" && a.contains_key("data-a") && a.contains_key("data-b")
     });
@@ -2404,7 +2444,7 @@ fn page_scorer_diff_cells_are_the_matrix() {
         f.base(),
         &with_query(
             "/api/runs/a/scorer-diff",
-            &[("a", "checklist@1"), ("b", &f.label_norm)],
+            &[("a", "checklist@2"), ("b", &f.label_norm)],
         ),
     );
     let dis = elements(&dom, id_is("diff-disagree"));
@@ -2423,7 +2463,7 @@ fn page_scorer_diff_cells_are_the_matrix() {
         .map(|r| s(r, "call_id"))
         .collect();
     assert_eq!(rows, want_rows);
-    for (sel, v) in [("diff-a", "checklist@1"), ("diff-b", f.label_norm.as_str())] {
+    for (sel, v) in [("diff-a", "checklist@2"), ("diff-b", f.label_norm.as_str())] {
         let select = elements(&dom, |_, a| a.get("id").is_some_and(|i| i == sel));
         let chosen = elements(&by_id(&select, sel).inner, |n, a| {
             n == "option" && a.contains_key("selected")

@@ -60,8 +60,9 @@ def build_run(a, n):
         sh([sys.executable, os.path.join(REPO, "benches", "corpus", "gen_corpus.py"), str(n),
             corpus, "--shape", a.shape])
     root = os.path.join(a.work, "runs", f"run-{n}")
-    if os.path.exists(os.path.join(root, "results")) or os.path.exists(
-            os.path.join(root, "scores", "checklist@1")):
+    scores = os.path.join(root, "scores")
+    if os.path.exists(os.path.join(root, "results")) or (
+            os.path.isdir(scores) and any(d.startswith("checklist@") for d in os.listdir(scores))):
         return root
     os.makedirs(os.path.dirname(root), exist_ok=True)
     pipe = os.path.join(root, "import.toml")

@@ -90,6 +90,12 @@ pub struct ImportArgs {
     /// has it is refused (exit 2).
     #[arg(long, value_name = "FIELD")]
     pub cluster: Option<String>,
+    /// The field holding each case's expected answer (gold label) in an OpenAI Batch import:
+    /// the output line's, its input line's, or its request's `metadata` field. Batch output
+    /// carries none, and a case without one is left unscored by the checklist; the other
+    /// formats carry their own (refused for them, exit 2).
+    #[arg(long = "expected-field", value_name = "FIELD")]
+    pub expected_field: Option<String>,
     /// The model name for every row (default: what each source names). It renames one
     /// model; sources that name several are refused (exit 2) rather than merged.
     #[arg(long)]
@@ -412,9 +418,19 @@ async fn import_into(
             "--languages: empty language `{l}`"
         )));
     }
+    if a.expected_field.is_some()
+        && let Some((f, format)) = files.iter().find(|(_, f)| *f != Format::OpenaiBatch)
+    {
+        return Err(CliError::BadInput(format!(
+            "--expected-field: {} is a {format:?} file, which carries its own expected answer; \
+             --expected-field reads the gold labels of OpenAI Batch imports",
+            f.display()
+        )));
+    }
     let opts = Options {
         model: a.model.clone(),
         cluster: a.cluster.clone(),
+        expected_field: a.expected_field.clone(),
         batch_inputs: inputs.clone(),
         test: a.test.clone(),
     };

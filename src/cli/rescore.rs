@@ -703,7 +703,7 @@ async fn print_diff(
     .await?;
     // The rate of each label, new - old, over rows labelled by both versions.
     // A label scorer has a few labels; a version diffed against another kind of scorer
-    // (`--against checklist@1`, whose label is the normalised answer) can have millions,
+    // (`--against checklist@2`, whose label is the normalised answer) can have millions,
     // whose rates are no table (and whose `DISTINCT` would not fit): counted first, in
     // constant memory.
     let labelled = format!(

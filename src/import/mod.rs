@@ -303,6 +303,9 @@ pub struct Options {
     /// A sample metadata (Inspect), doc (lm-eval) or vars (promptfoo) field holding the
     /// cluster of each case (`--cluster`).
     pub cluster: Option<String>,
+    /// The field holding each case's expected answer in an OpenAI Batch import
+    /// (`--expected-field`).
+    pub expected_field: Option<String>,
     /// OpenAI Batch API input files, joined with output files by `custom_id`.
     pub batch_inputs: Vec<PathBuf>,
     /// The test of every record (`--test`), over the file's own: a reader that computes

@@ -14,8 +14,10 @@
 //!   bounded by the API's batch size (50,000 requests), not by the archive.
 //! - The case is the whole request (every message and the parameters, not the `seed` that
 //!   tells samples apart). `test`, `capability` and the `--cluster` field come from the
-//!   output line, its input line, or the request's `metadata`. A 200 whose body is an
-//!   `error` object is a provider error too.
+//!   output line, its input line, or the request's `metadata`, and so does the expected
+//!   answer when `--expected-field` names its field (Batch output carries none: without it
+//!   every case has no expected answer, which the checklist leaves unscored). A 200 whose
+//!   body is an `error` object is a provider error too.
 //! - Without an input line a record keeps an empty input and is its own case (keyed by
 //!   `custom_id`); the model then comes from the response body or `--model`.
 //! - `provider` is `openai`, `source_id` the `custom_id`.
@@ -214,6 +216,10 @@ fn record(
         test: field_of(v, input, "test"),
         capability: field_of(v, input, "capability"),
         cluster: opts.cluster.as_deref().and_then(|f| field_of(v, input, f)),
+        expected: opts
+            .expected_field
+            .as_deref()
+            .and_then(|f| field_of(v, input, f)),
         ..Record::default()
     };
     // What the call asked: its request line's body, else what the output line says.

@@ -641,19 +641,50 @@ async fn overall_headline(r: &RunView) -> Option<Value> {
         MetricKind::Numeric => ("mean_score", "score", "score IS NOT NULL"),
         MetricKind::Label => return None,
     };
-    let v = super::rows::json_rows(
-        &r.ctx,
-        &format!(
-            "SELECT ci['n'] AS n, ci['n_clusters'] AS n_templates, ci['mean'] AS value, \
-             ci['lo'] AS ci_lo, ci['hi'] AS ci_hi, ci['method'] AS ci_method FROM (SELECT \
-             clustered_mean_ci({x}, template_id) AS ci FROM scores WHERE scorer = {} AND \
-             scoring_version = {} AND {cond}{base})",
-            lit(&primary.name),
-            lit(&primary.version)
-        ),
-    )
+    // Each template's moments, folded into per-size sums as they stream (the interval of
+    // `clustered_mean_ci` from a `ClusterSummary`): the grouping holds the templates' sums,
+    // in one partition, and may spill; the aggregate function held 1.25M templates' states
+    // at 10M answers (550 MB).
+    let sql = format!(
+        "SELECT count(x), sum(x), var_pop(x) FROM (SELECT template_id, {x} AS x FROM scores \
+         WHERE scorer = {} AND scoring_version = {} AND {cond}{base}) GROUP BY template_id",
+        lit(&primary.name),
+        lit(&primary.version)
+    );
+    let mut summary = crate::udaf::cluster_summary::ClusterSummary::default();
+    let ctx = r.page_ctx().await.ok()?;
+    crate::query::for_each_batch(ctx, &sql, |b| {
+        use datafusion::arrow::array::AsArray;
+        use datafusion::arrow::datatypes::{DataType, Float64Type};
+        let col = |i: usize| datafusion::arrow::compute::cast(b.column(i), &DataType::Float64);
+        let (n, sum, var) = match (col(0), col(1), col(2)) {
+            (Ok(n), Ok(sum), Ok(var)) => (n, sum, var),
+            _ => return Ok(()),
+        };
+        let (n, sum, var) = (
+            n.as_primitive::<Float64Type>(),
+            sum.as_primitive::<Float64Type>(),
+            var.as_primitive::<Float64Type>(),
+        );
+        for i in 0..b.num_rows() {
+            let k = n.value(i);
+            if k > 0.0 {
+                summary.add(&crate::udaf::common::Moments {
+                    n: k as u64,
+                    mean: sum.value(i) / k,
+                    m2: var.value(i) * k,
+                });
+            }
+        }
+        Ok(())
+    })
     .await
     .ok()?;
+    let ci = crate::udaf::cluster_interval::summary_interval(&summary, &Default::default());
+    let v = json!([{
+        "n": ci.n, "n_templates": ci.n_clusters, "value": ci.mean, "ci_lo": ci.lo,
+        "ci_hi": ci.hi, "ci_method": ci.method.name(),
+    }]);
     let mut h = v.as_array()?.first()?.clone();
     h["metric"] = json!(metric);
     h["scorer"] = json!(primary.name);

@@ -128,6 +128,7 @@ fn router(catalog: Arc<Catalog>, token: Option<String>) -> Router {
         .route("/api/runs/{run}/answers/{call_id}", get(answer))
         .route("/api/runs/{run}/scorer-diff", get(scorer_diff))
         .route("/api/runs/{run}/sql", post(sql))
+        .route("/api/runs/{run}/sql.parquet", post(sql_parquet))
         .route("/api/compare", get(compare))
         .route("/api/{*rest}", get(api_unknown).post(api_unknown))
         .with_state(catalog);
@@ -303,13 +304,41 @@ async fn sql(
     body: axum::body::Bytes,
 ) -> ApiResult {
     let r = c.run(&run).await?;
-    let v: Value = serde_json::from_slice(&body).map_err(|e| {
+    Ok(axum::Json(sql_box::run(&r, &sql_text(&body)?).await?))
+}
+
+/// The SQL box's query as a Parquet download (`X-Evalflow-Truncated: true` when the
+/// download's row cap cut it).
+async fn sql_parquet(
+    State(c): State<Arc<Catalog>>,
+    Path(run): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, ViewError> {
+    let r = c.run(&run).await?;
+    let (bytes, truncated) = sql_box::parquet(&r, &sql_text(&body)?).await?;
+    let mut h = HeaderMap::new();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/vnd.apache.parquet"),
+    );
+    h.insert(
+        header::CONTENT_DISPOSITION,
+        HeaderValue::from_static("attachment; filename=\"query.parquet\""),
+    );
+    h.insert(
+        "x-evalflow-truncated",
+        HeaderValue::from_static(if truncated { "true" } else { "false" }),
+    );
+    Ok((h, bytes).into_response())
+}
+
+/// The `sql` of a `{"sql": "..."}` body.
+fn sql_text(body: &[u8]) -> Result<String, ViewError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
         ViewError::BadRequest(format!("the body must be {{\"sql\": \"...\"}}: {e}"))
     })?;
-    let Some(text) = v.get("sql").and_then(Value::as_str) else {
-        return Err(ViewError::BadRequest(
-            "the body must be {\"sql\": \"...\"}".into(),
-        ));
-    };
-    Ok(axum::Json(sql_box::run(&r, text).await?))
+    v.get("sql")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| ViewError::BadRequest("the body must be {\"sql\": \"...\"}".into()))
 }

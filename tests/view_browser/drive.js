@@ -1,6 +1,6 @@
 // A scripted browser session against a running `evalflow view` (tests/view.rs runs it):
 //   node --experimental-websocket tests/view_browser/drive.js BASE [RUN]
-// BASE is the viewer's http://127.0.0.1:PORT, RUN a run id under it with a checklist@1 scorer
+// BASE is the viewer's http://127.0.0.1:PORT, RUN a run id under it with a checklist@2 scorer
 // (default `a`). Raw Chrome DevTools Protocol over node 20's WebSocket: no npm package.
 //
 // It launches headless Chromium (CHROMIUM, else `chromium` / `chromium-browser` on PATH) with
@@ -191,8 +191,8 @@ async function main() {
 
   // ------------------------------------------------------------ 1. run page -> answers
   const results = await api(`/api/runs/${enc(RUN)}/results`);
-  // A test with failures and passes under checklist@1, so that filters change the rows.
-  const row = results.filter((r) => r.level === 'test' && r.scorer === 'checklist' && r.scoring_version === '1' && r.value > 0 && r.value < 1)
+  // A test with failures and passes under checklist@2, so that filters change the rows.
+  const row = results.filter((r) => r.level === 'test' && r.scorer === 'checklist' && r.scoring_version === '2' && r.value > 0 && r.value < 1)
     .sort((a, b) => b.n - a.n)[0];
   if (!row) throw new Error('the run has no test with both passes and failures');
   const test = row.test;

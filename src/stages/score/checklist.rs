@@ -1,5 +1,9 @@
 //! The CheckList scorer: MFT label match, INV invariance and DIR direction against the
 //! base case of each group, with a tolerance on the continuous score (CheckList's 0.1).
+//!
+//! Version 2: an MFT (or single) case without an expected answer is left unscored ("no
+//! expected answer"); version 1 matched the answer against "" and failed it, so an import
+//! without gold labels (an OpenAI Batch output) scored 100% failures.
 
 use super::{BaseAnswer, Outcome, ScoreInput, Scorer, ScorerId, source_logic};
 
@@ -11,7 +15,7 @@ impl Scorer for ChecklistScorer {
     fn id(&self) -> ScorerId {
         ScorerId {
             name: "checklist".into(),
-            version: "1".into(),
+            version: "2".into(),
         }
     }
 
@@ -38,7 +42,13 @@ impl Scorer for ChecklistScorer {
                 out.detail = serde_json::json!({ "role": "base" });
                 return out;
             }
-            ("MFT", _) | (_, "single") => Some(mft(&answer, row.expected.unwrap_or_default())),
+            ("MFT", _) | (_, "single") => match row.expected.filter(|e| !e.trim().is_empty()) {
+                Some(expected) => Some(mft(&answer, expected)),
+                None => {
+                    out.detail = serde_json::json!({ "unscored": NO_EXPECTED });
+                    return out;
+                }
+            },
             (tt, _) => match base {
                 Some(Ok(b)) if tt == "INV" => Some(inv(&answer, b, row.tolerance.unwrap_or(0.1))),
                 Some(Ok(b)) => dir(
@@ -69,6 +79,9 @@ impl Scorer for ChecklistScorer {
         out
     }
 }
+
+/// Why an MFT answer without an expected answer is unscored (its `detail`).
+pub const NO_EXPECTED: &str = "no expected answer";
 
 /// A model answer reduced to what the CheckList comparisons need.
 #[derive(Debug, Clone, PartialEq)]
@@ -165,6 +178,39 @@ mod tests {
         Answer {
             label: label.into(),
             score: Some(score),
+        }
+    }
+
+    /// An MFT or single case without an expected answer (or a blank one) is unscored, with
+    /// its reason; one with an expected answer is judged.
+    #[test]
+    fn mft_without_an_expected_answer_is_unscored() {
+        let row = |expected: Option<&'static str>, test_type: &'static str, role: &'static str| {
+            ScoreInput {
+                call_id: "c",
+                input: "i",
+                response: "positive",
+                response_score: None,
+                language: "en",
+                test_type,
+                role,
+                expected,
+                expectation: None,
+                tolerance: None,
+            }
+        };
+        for (test_type, role) in [("MFT", "single"), ("MFT", "perturbed"), ("INV", "single")] {
+            for expected in [None, Some(""), Some("  ")] {
+                let out = ChecklistScorer.score(&row(expected, test_type, role), None);
+                assert_eq!(out.passed, None, "{expected:?}");
+                assert_eq!(out.score, None);
+                assert_eq!(out.detail["unscored"], NO_EXPECTED);
+                assert_eq!(out.label.as_deref(), Some("positive"));
+            }
+            let out = ChecklistScorer.score(&row(Some("positive"), test_type, role), None);
+            assert_eq!(out.passed, Some(true));
+            let out = ChecklistScorer.score(&row(Some("negative"), test_type, role), None);
+            assert_eq!(out.passed, Some(false));
         }
     }
 

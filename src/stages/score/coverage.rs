@@ -31,6 +31,8 @@ pub struct LabelCoverage {
     pub none: u64,
     /// Answers that contain an expected label inside longer text (but are not one).
     pub inside: u64,
+    /// Valid answers the version left unscored: their case has no expected answer.
+    pub no_expected: u64,
 }
 
 impl LabelCoverage {
@@ -59,8 +61,32 @@ impl LabelCoverage {
         }
     }
 
-    /// The warning for a version that failed (nearly) every judged answer, `None` otherwise.
+    /// The warnings for a version: answers left unscored for want of an expected answer,
+    /// and a version that failed (nearly) every judged answer; `None` when neither.
     pub fn warning(&self, id: &ScorerId) -> Option<String> {
+        let lines: Vec<String> = [self.unscored_warning(id), self.failure_warning(id)]
+            .into_iter()
+            .flatten()
+            .collect();
+        (!lines.is_empty()).then(|| lines.join("\n"))
+    }
+
+    fn unscored_warning(&self, id: &ScorerId) -> Option<String> {
+        if self.no_expected == 0 {
+            return None;
+        }
+        Some(format!(
+            "warning: {} left {} of {} valid answers unscored: their cases have no expected \
+             answer (an import without gold labels). Give the gold labels (`evalflow import \
+             --expected-field FIELD` reads them from an OpenAI Batch input's field or its \
+             `metadata`), or score with a scorer that needs none (the cue scorer, a judge).",
+            id.tag(),
+            self.no_expected,
+            self.no_expected + self.judged,
+        ))
+    }
+
+    fn failure_warning(&self, id: &ScorerId) -> Option<String> {
         if self.judged == 0 || (self.failed as f64) < WARN_FAILURE_RATE * self.judged as f64 {
             return None;
         }
@@ -117,7 +143,22 @@ pub async fn label_coverage(store: &RunStore, id: &ScorerId) -> Result<LabelCove
         .execute_stream()
         .await
         .map_err(QueryError::df(what))?;
-    let mut out = LabelCoverage::default();
+    let no_expected = format!(
+        "SELECT count(*) FROM scores s WHERE s.scorer = {} AND s.scoring_version = {} AND \
+         s.validity = 'valid_answer' AND s.passed IS NULL AND s.detail LIKE {}",
+        lit(&id.name),
+        lit(&id.version),
+        lit(&format!("%{}%", super::checklist::NO_EXPECTED))
+    );
+    let n = crate::query::text_rows(&ctx, &no_expected).await?;
+    let mut out = LabelCoverage {
+        no_expected: n
+            .first()
+            .and_then(|r| r[0].as_deref())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+        ..LabelCoverage::default()
+    };
     while let Some(b) = rows.next().await {
         let b = crate::schema::plain_strings(b.map_err(QueryError::df(what))?);
         use datafusion::arrow::array::{Array, AsArray};
@@ -155,7 +196,8 @@ mod tests {
                 judged: 4,
                 failed: 4,
                 none: 2,
-                inside: 2
+                inside: 2,
+                no_expected: 0,
             }
         );
         let id = ScorerId {
@@ -175,5 +217,39 @@ mod tests {
         ok.add("positive", "positive", true);
         ok.add("negative", "positive", false);
         assert_eq!(ok.warning(&id), None);
+    }
+
+    /// Answers left unscored for want of an expected answer are warned of, with the way to
+    /// give the gold labels, beside the failure-rate warning when both apply.
+    #[test]
+    fn answers_without_an_expected_answer_are_warned_of() {
+        let id = ScorerId {
+            name: "checklist".into(),
+            version: "2".into(),
+        };
+        let mut c = LabelCoverage {
+            no_expected: 187,
+            ..LabelCoverage::default()
+        };
+        let w = c.warning(&id).unwrap();
+        assert!(
+            w.starts_with(
+                "warning: checklist@2 left 187 of 187 valid answers unscored: their cases have \
+                 no expected answer"
+            ) && w.contains("--expected-field"),
+            "{w}"
+        );
+        assert_eq!(w.lines().count(), 1);
+        c.add("x", "y", false);
+        c.add("z", "y", false);
+        let w = c.warning(&id).unwrap();
+        assert!(w.contains("left 187 of 189 valid answers unscored"), "{w}");
+        assert!(
+            w.lines()
+                .nth(1)
+                .unwrap()
+                .contains("failed 2 of 2 valid answers"),
+            "{w}"
+        );
     }
 }

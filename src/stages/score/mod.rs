@@ -529,7 +529,12 @@ mod tests {
 
     #[test]
     fn build_checks_names_and_versions() {
-        assert!(build("checklist@1", None).is_ok());
+        assert!(build("checklist@2", None).is_ok());
+        // An earlier version's logic is not kept: its scores stay, it cannot score anew.
+        assert!(matches!(
+            build("checklist@1", None),
+            Err(ScorerError::Version { .. })
+        ));
         assert!(matches!(
             build("checklist@0", None),
             Err(ScorerError::Version { .. })

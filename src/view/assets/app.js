@@ -825,7 +825,9 @@ async function viewSql(ctx, box, id) {
       result.replaceChildren(
         h('p', { class: 'status-line' }, h('span', { id: 'sql-count', 'data-rows': d.rows.length }, `${d.rows.length} row${d.rows.length === 1 ? '' : 's'} · ${ms} ms`),
           d.truncated ? h('span', { class: 'warn', id: 'sql-truncated' }, 'truncated: only the first rows are shown') : null,
-          h('a', { href: csvUrl, download: 'query.csv', id: 'sql-csv' }, 'Download CSV')),
+          h('a', { href: csvUrl, download: 'query.csv', id: 'sql-csv' }, 'Download CSV'), ' ',
+          h('button', { type: 'button', class: 'linkish', id: 'sql-parquet', title: `the query's rows as Parquet (at most 100,000)`,
+            onclick: () => downloadParquet(id, sql, err) }, 'Download Parquet')),
         table({ class: 'grid sql' }, d.columns, d.rows.map((r) => h('tr', null, (Array.isArray(r) ? r : d.columns.map((c) => r[c])).map((v) =>
           h('td', { class: typeof v === 'number' ? 'n' : v == null ? 'null' : null }, v == null ? 'null' : cellText(v)))))));
     } catch (e) {
@@ -850,6 +852,31 @@ async function viewSql(ctx, box, id) {
     input, h('div', { class: 'bar' }, runBtn, muted('Ctrl+Enter runs')), err, result);
   if (q) await run();
   else input.focus();
+}
+
+/** The query's rows as a Parquet file, built by the server (`POST .../sql.parquet`). */
+async function downloadParquet(id, sql, err) {
+  const headers = { 'Content-Type': 'application/json' };
+  const t = token();
+  if (t) headers.Authorization = 'Bearer ' + t;
+  try {
+    const res = await fetch(`/api/runs/${enc(id)}/sql.parquet`, { method: 'POST', headers, credentials: 'same-origin',
+      body: JSON.stringify({ sql }) });
+    if (!res.ok) {
+      let msg = res.statusText;
+      try { msg = (await res.json()).error || msg; } catch { /* not JSON */ }
+      throw new ApiError(res.status, msg);
+    }
+    const url = URL.createObjectURL(await res.blob());
+    const a = h('a', { href: url, download: 'query.parquet', hidden: true });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  } catch (e) {
+    err.replaceChildren(h('b', null, e.status ? `HTTP ${e.status}` : 'Error'), ': ', e.message);
+    err.hidden = false;
+  }
 }
 
 /** RFC 4180 CSV of a result. */
