@@ -788,6 +788,93 @@ fn no_wait_submits_and_the_next_call_collects() {
     assert_eq!(m["stages"]["call"]["status"], "complete");
 }
 
+/// Issue 61, item 8: `run --no-wait` without `--out` prints the command that collects its
+/// batches with the root it made, and the same command without `--out` finds that root (its
+/// batches are open) instead of making a new one and submitting a second batch.
+#[test]
+fn a_run_without_out_collects_its_open_batches_instead_of_paying_twice() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let server = rt
+        .block_on(MockServer::start_with(
+            loopback(),
+            mock_cfg(vec![], Some(log.clone())),
+            batch_cfg(1.5, vec![]),
+        ))
+        .unwrap();
+    let p = pipeline(dir.path(), "p", &server.base_url(), 2, "batch = true");
+    let p = p.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let mut c = child::command(args);
+        c.env_remove("EVALFLOW_CRASH_AT").current_dir(dir.path());
+        c.output().unwrap()
+    };
+    let sub = run(&["run", p, "--batch", "--no-wait"]);
+    let out = String::from_utf8_lossy(&sub.stdout).to_string();
+    assert!(
+        sub.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sub.stderr)
+    );
+    let root = out
+        .split(" --out ")
+        .nth(1)
+        .and_then(|r| r.split('`').next())
+        .unwrap_or_else(|| panic!("no --out in: {out}"))
+        .to_string();
+    assert!(
+        out.contains(&format!(
+            "(`evalflow run {p} --batch --out {root}` collects them)"
+        )),
+        "{out}"
+    );
+    let creates = |log: &Path| {
+        log_paths(log)
+            .iter()
+            .filter(|(k, _)| k.as_str() == "/v1/batches")
+            .map(|(_, n)| *n)
+            .sum::<usize>()
+    };
+    let sent = creates(&log);
+    assert!(sent > 0, "{:?}", log_paths(&log));
+    let col = run(&["run", p, "--batch"]);
+    let err = String::from_utf8_lossy(&col.stderr).to_string();
+    assert!(
+        col.status.success(),
+        "{err}{}",
+        String::from_utf8_lossy(&col.stdout)
+    );
+    let name = Path::new(&root)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "runs/{name}: this pipeline's run with batches still open"
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        creates(&log),
+        sent,
+        "no batch submitted twice: {:?}",
+        log_paths(&log)
+    );
+    let runs: Vec<_> = std::fs::read_dir(dir.path().join("runs"))
+        .unwrap()
+        .collect();
+    assert_eq!(runs.len(), 1, "one root");
+    let rows = rt.block_on(call_rows(&dir.path().join("runs").join(&name)));
+    assert_eq!(rows.len(), 20);
+    let (batches, answered) = batch_log(&log);
+    for r in &rows {
+        assert_eq!(batches[&r.0].len(), 1, "{} in one batch", r.0);
+        assert_eq!(answered[&r.0], 1, "{} answered once", r.0);
+    }
+}
+
 /// Lines of the mock's log by path, counted.
 fn log_paths(log: &Path) -> HashMap<String, usize> {
     let mut n = HashMap::new();

@@ -619,6 +619,80 @@ fn bad_definitions_are_refused_with_file_line_and_field() {
     }
 }
 
+/// Issue 61, item 16: a label scorer whose labels are free text gets a rate for each of its
+/// most frequent labels and one `(other)` for the rest (`EVALFLOW_MAX_LABELS`, 20 by
+/// default), not a row per distinct text in every group; the rates of a group still add up
+/// to its scored rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn free_text_labels_are_the_most_frequent_and_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = format!(
+        "{PIPELINE}\n[score]\nscorers = [\"said\"]\n\n\
+         [[scorer]]\nname = \"said\"\nkind = \"sql\"\nmetric = \"label\"\nlabel = \"lower(response)\"\n"
+    );
+    let root = dir.path().join("run");
+    recorded_run(&root, &pipeline).await;
+    let p = root.with_extension("toml");
+    let (r, pf) = (
+        root.to_str().unwrap().to_string(),
+        p.to_str().unwrap().to_string(),
+    );
+    let run = |args: Vec<String>| {
+        Command::new(env!("CARGO_BIN_EXE_evalflow"))
+            .args(args)
+            .env("EVALFLOW_CACHE_DIR", "off")
+            .env("EVALFLOW_MAX_LABELS", "3")
+            .output()
+            .unwrap()
+    };
+    let (scored, agg) = tokio::task::spawn_blocking(move || {
+        (
+            run(vec!["score".into(), pf.clone(), "--out".into(), r.clone()]),
+            run(vec!["aggregate".into(), pf, "--out".into(), r]),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(scored.status.success(), "{}", text(&scored));
+    assert!(agg.status.success(), "{}", text(&agg));
+    let store = RunStore::open(root.to_str().unwrap()).unwrap();
+    let ctx = new_context();
+    register_run(&ctx, &store, "").await.unwrap();
+    let q = |sql: &str| {
+        let ctx = ctx.clone();
+        let sql = sql.to_string();
+        async move { text_rows(&ctx, &sql).await.unwrap() }
+    };
+    let labels = q(
+        "SELECT label FROM results WHERE scorer = 'said' AND level = 'capability' ORDER BY label",
+    )
+    .await;
+    let distinct =
+        q("SELECT count(DISTINCT label) FROM scores WHERE scorer = 'said' AND score IS NOT NULL")
+            .await;
+    let distinct: usize = distinct[0][0].as_deref().unwrap().parse().unwrap();
+    assert!(distinct > 4, "{distinct} distinct answers");
+    let labels: Vec<String> = labels.into_iter().filter_map(|r| r[0].clone()).collect();
+    assert_eq!(labels.len(), 4, "{labels:?}");
+    assert!(labels.contains(&"(other)".to_string()), "{labels:?}");
+    // The three with a rate of their own are the most frequent ones.
+    let top = q(
+        "SELECT label FROM scores WHERE scorer = 'said' AND score IS NOT NULL GROUP BY label \
+         ORDER BY count(*) DESC, label LIMIT 3",
+    )
+    .await;
+    for t in top {
+        assert!(labels.contains(t[0].as_ref().unwrap()), "{labels:?}");
+    }
+    let sums =
+        q("SELECT sum(hits), max(n) FROM results WHERE scorer = 'said' AND level = 'capability'")
+            .await;
+    assert_eq!(
+        sums[0][0], sums[0][1],
+        "the rates add up to the scored rows: {sums:?}"
+    );
+}
+
 /// A numeric scorer's diff by test is its mean score's difference, labelled so and shown as
 /// a score (`+0.600`), not as a failure rate in points (it was "failure rate new - old" with
 /// `+60.0 pts`: the opposite sign of the failure rate it named).

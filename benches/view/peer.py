@@ -27,6 +27,11 @@ on a freshly started server) what a user's first look costs:
            polled every 50 ms) and the client's own peak (for Inspect that is where the
            decoding happens: in a real browser it is the tab's memory, inspect_ai #1375).
 
+  page     with --browser CHROMIUM only: a fresh server, the viewer's own page opened in
+           headless Chromium (driven over the DevTools protocol) on the log's sample list
+           (Inspect: /#/logs/LOG; evalflow: /runs/{id}/answers), timed from navigation until a
+           sample's input is on screen; `tab MB` is the renderer's peak RSS (VmHWM).
+
 evalflow's run is made from Inspect's log by `evalflow import LOG --out RUN` (timed) and
 `evalflow validate RUN/import.toml --out RUN` (so the viewer has validity verdicts); the
 scores are Inspect's own, imported as `inspect-includes@imported`.
@@ -36,7 +41,8 @@ which has the `zstandard` package that inspect_ai installs):
 
   python3 -m venv /tmp/peer-venv && /tmp/peer-venv/bin/pip install inspect_ai==0.3.285
   python3 benches/view/peer.py --inspect-venv /tmp/peer-venv --bin target/release/evalflow \
-      --sizes 10000,100000 --work /tmp/peer-work [--reps 1] [--eval-timeout 3600]
+      --sizes 10000,100000 --work /tmp/peer-work [--reps 1] [--eval-timeout 3600] \
+      [--browser /usr/bin/chromium]
 
 The commands it runs, per size N (WORK = --work):
 
@@ -53,6 +59,7 @@ function that gives the usage itself (and answers the word in two samples of thr
 scores are mixed). `--no-log-realtime` only turns off the live-view buffer; the log is the same.
 """
 import argparse
+import base64
 import concurrent.futures
 import http.client
 import json
@@ -383,6 +390,118 @@ def client_main(kind, port):
     print(json.dumps(r))
 
 
+# ---------------------------------------------------------------- a real browser (optional)
+
+class DevTools:
+    """A minimal client of Chromium's DevTools protocol (one WebSocket, text frames)."""
+
+    def __init__(self, ws_url):
+        host, path = ws_url[len("ws://"):].split("/", 1)
+        self.s = socket.create_connection((host.rsplit(":", 1)[0], int(host.rsplit(":", 1)[1])))
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.s.sendall((f"GET /{path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
+                        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                        "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += self.s.recv(4096)
+        self.buf, self.id = buf.split(b"\r\n\r\n", 1)[1], 0
+
+    def _take(self, n):
+        while len(self.buf) < n:
+            d = self.s.recv(1 << 20)
+            if not d:
+                raise EOFError("devtools closed")
+            self.buf += d
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def _frame(self):
+        payload = b""
+        while True:
+            b0, b1 = self._take(2)
+            n = b1 & 0x7F
+            if n == 126:
+                n = struct.unpack(">H", self._take(2))[0]
+            elif n == 127:
+                n = struct.unpack(">Q", self._take(8))[0]
+            payload += self._take(n)
+            if b0 & 0x80:
+                return json.loads(payload)
+
+    def call(self, method, **params):
+        self.id += 1
+        data = json.dumps({"id": self.id, "method": method, "params": params}).encode()
+        n, mask = len(data), os.urandom(4)
+        hdr = bytes([0x81]) + (bytes([0x80 | n]) if n < 126 else
+                               bytes([0xFE]) + struct.pack(">H", n) if n < 65536 else
+                               bytes([0xFF]) + struct.pack(">Q", n))
+        self.s.sendall(hdr + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+        while True:
+            msg = self._frame()
+            if msg.get("id") == self.id:
+                return msg.get("result", msg)
+
+
+def browser_look(chromium, url, text, work, timeout=300):
+    """Open url in headless Chromium; seconds until text is on the page, renderer peak RSS."""
+    port = free_port()
+    prof = os.path.join(work, f"chromium-profile-{port}")
+    proc = subprocess.Popen([chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
+                             "--window-size=1400,1000", f"--remote-debugging-port={port}",
+                             f"--user-data-dir={prof}", "about:blank"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pages, deadline = [], time.time() + 60
+        while not pages and time.time() < deadline:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/json/list")
+                pages = [x for x in json.loads(c.getresponse().read()) if x["type"] == "page"]
+            except OSError:
+                time.sleep(0.05)
+        dt = DevTools(pages[0]["webSocketDebuggerUrl"])
+        dt.call("Performance.enable")
+        t0, seen = time.perf_counter(), None
+        dt.call("Page.navigate", url=url)
+        probe = f"!!document.body && document.body.innerText.includes({json.dumps(text)})"
+        while time.perf_counter() - t0 < timeout:
+            if dt.call("Runtime.evaluate", expression=probe,
+                       returnByValue=True).get("result", {}).get("value"):
+                seen = time.perf_counter() - t0
+                break
+            time.sleep(0.05)
+        time.sleep(1)  # let the page settle before reading its memory
+        heap = {m["name"]: m["value"] for m in dt.call("Performance.getMetrics")["metrics"]}
+        tab = 0
+        for p in tree(proc.pid):
+            try:
+                with open(f"/proc/{p}/cmdline") as fh:
+                    if "--type=renderer" in fh.read():
+                        tab = max(tab, hwm_kb(p))
+            except OSError:
+                pass
+        return {"page": seen, "tab_mb": tab / 1024,
+                "js_heap_mb": heap.get("JSHeapUsedSize", 0) / 1e6}
+    finally:
+        stop(proc)
+        shutil.rmtree(prof, ignore_errors=True)
+
+
+def serve_and_browse(a, cmd, port, url_path):
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        if port is None:
+            port = int(proc.stdout.readline().strip().rsplit(":", 1)[1])
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
+        if not wait_port(port, time.time() + 120):
+            raise RuntimeError(f"{cmd}: not listening")
+        return browser_look(a.browser, f"http://127.0.0.1:{port}{url_path}", "repeat the word",
+                            a.work)
+    finally:
+        stop(proc)
+
+
 # ---------------------------------------------------------------- one first look
 
 def first_look(kind, cmd, port, python, env=None):
@@ -491,6 +610,7 @@ def main():
     p.add_argument("--reps", type=int, default=1, help="fresh servers per tool; medians shown")
     p.add_argument("--eval-timeout", type=float, default=3600,
                    help="seconds `inspect eval` may take to write one log")
+    p.add_argument("--browser", help="a Chromium binary: also time the viewer's own page")
     p.add_argument("--client", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -530,6 +650,16 @@ def main():
             r = dict(reps[-1])
             for k in ["listen", "list", "open", "one", "server_rss_mb", "client_rss_mb"]:
                 r[k] = statistics.median(x[k] for x in reps)
+            if a.browser:
+                if kind == "inspect":
+                    port = free_port()
+                    cmd = [os.path.join(a.inspect_venv, "bin", "inspect"), "view",
+                           "--log-dir", os.path.dirname(log), "--port", str(port)]
+                    path = "/#/logs/" + urllib.parse.quote(os.path.basename(log))
+                else:
+                    port, path = None, f"/runs/inspect-{n}/answers"
+                    cmd = [a.bin, "view", parent, "--addr", "127.0.0.1:0"]
+                r.update(serve_and_browse(a, cmd, port, path))
             r["data"] = (f"{gen['log_mb']:.1f} MB .eval" if kind == "inspect"
                          else f"{run['run_mb']:.1f} MB run")
             r["prep"] = (f"eval {gen['eval_s']:.0f}s" if kind == "inspect" else
@@ -541,16 +671,21 @@ def main():
                          f"{r['open_bytes'] / 1e6:.1f} MB for {r['samples']} samples; one: "
                          f"{r['one_detail']}; search: {r['search_detail']}")
     hdr = ("size", "tool", "data", "prepare", "listen s", "list s", "open s", "one s",
-           "search s hit/miss", "server RSS MB", "client RSS MB")
+           "search s hit/miss", "server RSS MB", "client RSS MB") + (
+               ("page s", "tab MB", "JS heap MB") if a.browser else ())
     table = [hdr] + [(f"{n:,}", k, r["data"], r["prep"], f"{r['listen']:.2f}",
                       f"{r['list']:.3f}", f"{r['open']:.3f}", f"{r['one']:.3f}", r["search"],
-                      f"{r['server_rss_mb']:.0f}", f"{r['client_rss_mb']:.0f}")
+                      f"{r['server_rss_mb']:.0f}", f"{r['client_rss_mb']:.0f}") + (
+                         (f"{r['page']:.2f}" if r["page"] is not None else "never",
+                          f"{r['tab_mb']:.0f}", f"{r['js_heap_mb']:.0f}") if a.browser else ())
                      for n, k, r in rows]
     w = [max(len(row[i]) for row in table) for i in range(len(hdr))]
     print()
     for row in table:
         print("  ".join(c.rjust(w[i]) if i > 3 else c.ljust(w[i]) for i, c in enumerate(row)))
     print("(search 'c' = in the client, over loaded summaries; Inspect has no server search)")
+    if a.browser:
+        print("(page: headless Chromium, navigation -> a sample's input on screen, fresh server)")
     for line in notes:
         print("- " + line)
 

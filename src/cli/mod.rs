@@ -370,7 +370,16 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
         Command::Run(a) => {
             let out = match &a.out {
                 Some(o) => o.clone(),
-                None => runs::fresh_root(&a.pipeline)?,
+                None => match runs::unfinished_batch_root(&a.pipeline) {
+                    Some(root) => {
+                        crate::progress::errln!(
+                            "{root}: this pipeline's run with batches still open: collecting \
+                             them there (--out chooses another root)"
+                        );
+                        root
+                    }
+                    None => runs::fresh_root(&a.pipeline)?,
+                },
             };
             let mut r = Runner::open(&a.pipeline, Some(&out)).await?;
             r.languages = a.languages.clone();
@@ -383,7 +392,12 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
                 r.generate().await?;
                 let s = r.call().await?;
                 if !s.open_batches.is_empty() {
-                    print_open_batches(&s, r.store.display());
+                    let again = format!(
+                        "evalflow run {} --batch --out {}",
+                        a.pipeline.display(),
+                        r.store.display()
+                    );
+                    print_open_batches(&s, r.store.display(), &again);
                     return Ok(());
                 }
             }
@@ -424,7 +438,12 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
             r.no_wait = no_wait;
             let s = r.call().await?;
             if !s.open_batches.is_empty() {
-                print_open_batches(&s, r.store.display());
+                let again = format!(
+                    "evalflow call {} --batch --out {}",
+                    a.pipeline.display(),
+                    r.store.display()
+                );
+                print_open_batches(&s, r.store.display(), &again);
                 return Ok(());
             }
             crate::progress::outln!(
@@ -626,10 +645,11 @@ pub fn interrupt_requested() -> impl std::future::Future<Output = ()> + Send {
     }
 }
 
-/// What a batch-mode call that did not wait left open.
-fn print_open_batches(s: &crate::stages::call::CallStats, root: &str) {
+/// What a batch-mode call that did not wait left open, and the command that collects it
+/// (with `--out`: a `run` without it would otherwise make a new root).
+fn print_open_batches(s: &crate::stages::call::CallStats, root: &str, again: &str) {
     crate::progress::outln!(
-        "calls: {} rows in {root}/calls; {} batches open (run the same command again to collect them):",
+        "calls: {} rows in {root}/calls; {} batches open (`{again}` collects them):",
         s.rows_total,
         s.open_batches.len()
     );

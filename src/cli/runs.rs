@@ -156,6 +156,41 @@ pub async fn run(a: RunsArgs) -> Result<(), CliError> {
 ///
 /// # Errors
 /// The pipeline's own error when it cannot be loaded.
+/// The run under `runs/` of this pipeline (the same content hash) whose batch-mode call left
+/// batches open (chunk states in `_journal/batches/`): a `run --batch` without `--out` that
+/// was killed, or stopped with `--no-wait`, is collected by the same command instead of
+/// submitting a second batch to a new root. The newest such run, if any.
+pub(crate) fn unfinished_batch_root(pipeline: &Path) -> Option<String> {
+    let hash = crate::pipeline::Pipeline::load(pipeline).ok()?.hash();
+    let mut found: Vec<(String, String)> = Vec::new();
+    for e in std::fs::read_dir("runs").ok()?.flatten() {
+        let dir = e.path();
+        let open = std::fs::read_dir(dir.join("_journal").join("batches"))
+            .map(|d| {
+                d.flatten()
+                    .any(|f| f.file_name().to_string_lossy().ends_with(".state.json"))
+            })
+            .unwrap_or(false);
+        if !open {
+            continue;
+        }
+        let Ok(bytes) = std::fs::read(dir.join("manifest.json")) else {
+            continue;
+        };
+        let Ok(m) = serde_json::from_slice::<Manifest>(&bytes) else {
+            continue;
+        };
+        if m.pipeline_hash == hash {
+            found.push((
+                m.created_at,
+                format!("runs/{}", e.file_name().to_string_lossy()),
+            ));
+        }
+    }
+    found.sort();
+    found.pop().map(|(_, root)| root)
+}
+
 pub(crate) fn fresh_root(pipeline: &Path) -> Result<String, CliError> {
     let p = crate::pipeline::Pipeline::load(pipeline).map_err(|e| CliError::Run(e.into()))?;
     let base = format!(

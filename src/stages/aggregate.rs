@@ -196,34 +196,69 @@ async fn indicators(
         )],
         MetricKind::Numeric => vec![(None, "CAST(score AS DOUBLE)".into())],
         MetricKind::Label => {
-            let labels = text_rows(
+            // The most frequent labels, and the rest as one `(other)`: a scorer whose labels
+            // are free text would otherwise give a row per distinct text in every group
+            // (3,666 lines of report, most of them rates of 0).
+            let most = max_labels();
+            let counted = text_rows(
                 ctx,
                 &format!(
-                    "SELECT DISTINCT label FROM scores WHERE scorer = {} AND scoring_version = {} \
-                     AND role <> 'base' AND score IS NOT NULL AND label IS NOT NULL ORDER BY label",
+                    "SELECT label, count(*) AS n FROM scores WHERE scorer = {} AND \
+                     scoring_version = {} AND role <> 'base' AND score IS NOT NULL AND label IS \
+                     NOT NULL GROUP BY label ORDER BY n DESC, label LIMIT {}",
                     lit(&scorer.name),
-                    lit(&scorer.version)
+                    lit(&scorer.version),
+                    most + 1
                 ),
             )
             .await?;
-            let labels: Vec<String> = labels.into_iter().filter_map(|r| r[0].clone()).collect();
+            let mut labels: Vec<String> =
+                counted.into_iter().filter_map(|r| r[0].clone()).collect();
+            let other = labels.len() > most;
+            labels.truncate(most);
+            labels.sort();
             if labels.is_empty() {
                 // No scored row at all: one row still reports n = 0 and the validity.
                 vec![(None, "CAST(NULL AS DOUBLE)".into())]
             } else {
-                labels
-                    .into_iter()
+                let mut out: Vec<(Option<String>, String)> = labels
+                    .iter()
                     .map(|l| {
                         let e = format!(
                             "CASE WHEN label IS NULL THEN NULL WHEN label = {} THEN 1.0 ELSE 0.0 END",
-                            lit(&l)
+                            lit(l)
                         );
-                        (Some(l), e)
+                        (Some(l.clone()), e)
                     })
-                    .collect()
+                    .collect();
+                if other {
+                    let listed: Vec<String> = labels.iter().map(|l| lit(l)).collect();
+                    out.push((
+                        Some(OTHER_LABEL.to_string()),
+                        format!(
+                            "CASE WHEN label IS NULL THEN NULL WHEN label IN ({}) THEN 0.0 ELSE \
+                             1.0 END",
+                            listed.join(", ")
+                        ),
+                    ));
+                }
+                out
             }
         }
     })
+}
+
+/// The label of the rate of every label past the [`max_labels`] most frequent.
+pub const OTHER_LABEL: &str = "(other)";
+
+/// Labels of a label scorer that get a rate of their own (the most frequent); 20, or
+/// `EVALFLOW_MAX_LABELS`.
+pub fn max_labels() -> usize {
+    std::env::var("EVALFLOW_MAX_LABELS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(20)
 }
 
 /// Rows of scores whose templates one pass of [`compute`] holds at most: a larger run is read
