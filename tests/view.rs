@@ -531,7 +531,7 @@ fn build_fixture() -> Fixture {
         std::panic::resume_unwind(e);
     }
     assert_ne!(tags[0], tags[1], "the two scorer files are two versions");
-    // Scorer diffs join the two versions in slices of about 1,500 rows here (2M by default),
+    // Scorer diffs join the two versions in slices of about 1,500 rows here (1M by default),
     // so the matrix and the pages cross slices.
     let viewer = Served::start_with(
         &["view", root.to_str().unwrap(), "--addr", "127.0.0.1:0"],

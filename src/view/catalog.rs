@@ -487,7 +487,10 @@ impl Catalog {
         let (all, r, turn) = (self.headlines.clone(), r.clone(), self.background.clone());
         tokio::spawn(async move {
             let _turn = turn.acquire_owned().await;
-            let v = overall_headline(&r).await.unwrap_or(Value::Null);
+            let v = json!({
+                "headline": overall_headline(&r).await,
+                "validity": verdict_counts(&r).await,
+            });
             all.lock()
                 .await
                 .insert(r.path.clone(), (r.stamp.clone(), Some(v)));
@@ -511,8 +514,14 @@ impl Catalog {
             Err(_) => m.scorer_versions.clone(),
         };
         let models = models_of(r).await;
-        let validity = validity_mix(r).await.unwrap_or(Value::Null);
-        let (headline, pending) = self.overall(r).await;
+        let (overall, pending) = self.overall(r).await;
+        // From `results` when the run was aggregated; else the verdicts counted with the
+        // headline, in the background.
+        let validity = match validity_mix(r).await {
+            Some(v) if v.as_object().is_some_and(|o| !o.is_empty()) => v,
+            _ => overall["validity"].clone(),
+        };
+        let headline = overall["headline"].clone();
         json!({
             "run_id": r.run_id,
             "path": r.path,
@@ -614,6 +623,25 @@ async fn validity_mix(r: &RunView) -> Option<Value> {
         }
     }
     Some(Value::Object(validity))
+}
+
+/// The verdicts of the run's `validity` table, counted (a run not yet aggregated).
+async fn verdict_counts(r: &RunView) -> Option<Value> {
+    let rows = crate::query::text_rows(
+        r.page_ctx().await.ok()?,
+        "SELECT validity, count(*) FROM validity GROUP BY validity ORDER BY validity",
+    )
+    .await
+    .ok()?;
+    let mut out = serde_json::Map::new();
+    for row in rows {
+        if let (Some(Some(k)), Some(Some(n))) = (row.first(), row.get(1))
+            && let Ok(n) = n.parse::<i64>()
+        {
+            out.insert(k.clone(), json!(n));
+        }
+    }
+    Some(Value::Object(out))
 }
 
 /// The run's headline over every scored answer of its primary scorer, as `aggregate`
