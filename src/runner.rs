@@ -197,6 +197,22 @@ impl Runner {
         if self.manifest.is_complete(before) {
             return Ok(());
         }
+        let open = if before == "call" {
+            call::batch::open_chunks(&self.store).len()
+        } else {
+            0
+        };
+        if open > 0 {
+            return Err(RunError::Root {
+                root: self.store.display().to_string(),
+                msg: format!(
+                    "`{stage}` needs the `call` stage to have completed: it has {open} batch(es) \
+                     open (submitted, not collected): `evalflow call {} --out {}` collects them",
+                    self.pipeline.path.display(),
+                    self.store.display()
+                ),
+            });
+        }
         Err(RunError::Root {
             root: self.store.display().to_string(),
             msg: format!(

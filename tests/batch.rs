@@ -770,6 +770,29 @@ fn no_wait_submits_and_the_next_call_collects() {
             .all(|b| b["batch_id"].as_str().unwrap().starts_with("batch_"))
     );
     assert_eq!(rt.block_on(call_rows(&root)).len(), 0);
+    // Issue 61, item 12: the next stage says the batches are open and how to collect them;
+    // `status` lists them from the journal even when the manifest does not (a killed call
+    // records none there).
+    let v = child(&["validate", p, "--out", root_s], &[]);
+    let e = String::from_utf8_lossy(&v.stderr).to_string();
+    assert_eq!(v.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("has 3 batch(es) open (submitted, not collected)")
+            && e.contains(&format!("`evalflow call {p} --out {root_s}` collects them")),
+        "{e}"
+    );
+    let mut m2 = m.clone();
+    m2["stages"]["call"]["details"]
+        .as_object_mut()
+        .unwrap()
+        .remove("open_batches");
+    std::fs::write(root.join("manifest.json"), m2.to_string()).unwrap();
+    let st = child(&["status", root_s], &[]);
+    let st = String::from_utf8_lossy(&st.stdout).to_string();
+    assert!(st.contains("open batches (3;"), "{st}");
+    for b in open {
+        assert!(st.contains(b["batch_id"].as_str().unwrap()), "{st}");
+    }
     let col = child(&["call", p, "--out", root_s], &[]);
     assert!(
         col.status.success(),

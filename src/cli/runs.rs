@@ -231,13 +231,25 @@ pub async fn status(a: StatusArgs) -> Result<(), CliError> {
         };
         println!("  {name:<10} {state:<9} {} rows", r.rows);
     }
-    let open = m
-        .stages
-        .get("call")
-        .and_then(|r| r.details.get("open_batches"))
-        .and_then(serde_json::Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+    // The journal's chunk states (what a killed call left, and the latest state a call
+    // recorded), else what a `--no-wait` call wrote into the manifest.
+    let journal: Vec<serde_json::Value> = crate::stages::call::batch::open_chunks(&store)
+        .iter()
+        .map(|c| {
+            serde_json::json!({"batch_id": c.batch_id, "chunk": c.key, "requests": c.requests,
+                               "status": c.status.as_deref().unwrap_or("not created")})
+        })
+        .collect();
+    let open = if journal.is_empty() {
+        m.stages
+            .get("call")
+            .and_then(|r| r.details.get("open_batches"))
+            .and_then(serde_json::Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    } else {
+        journal
+    };
     if !open.is_empty() {
         println!(
             "open batches ({}; `call` or `run` on this root collects them):",

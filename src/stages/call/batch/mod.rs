@@ -37,6 +37,27 @@ pub mod api;
 pub mod journal;
 pub mod openai;
 
+/// The chunks of `store`'s batch journal that have a state: submitted (or being
+/// submitted) and not yet collected, what `status`, `validate` and the other stages report
+/// of a run whose batch call was killed or stopped with `--no-wait`. Read only: a chunk
+/// without a state (being written) is left to the call that writes or resumes it.
+pub fn open_chunks(store: &crate::storage::RunStore) -> Vec<journal::ChunkState> {
+    let Some(dir) =
+        super::journal::dir_for(store).and_then(|d| d.parent().map(|p| p.join("batches")))
+    else {
+        return Vec::new();
+    };
+    let mut out: Vec<journal::ChunkState> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".state.json"))
+        .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok())
+        .collect();
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    out
+}
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
