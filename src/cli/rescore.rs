@@ -309,10 +309,8 @@ const PAIRS: &str = "_rescore/pairs";
 /// against 582 MB for scoring, 45 s against 50 s. `EVALFLOW_RESCORE_SLICE_ROWS` sets
 /// another (tests use a small one to pair in many slices).
 fn pair_slice_rows() -> usize {
-    std::env::var("EVALFLOW_RESCORE_SLICE_ROWS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
+    crate::config::env_count("EVALFLOW_RESCORE_SLICE_ROWS")
+        .map(|n| n as usize)
         .unwrap_or_else(|| (crate::query::resources().memory_limit / 1000).max(100_000))
 }
 

@@ -237,3 +237,14 @@ impl ScorerId {
         })
     }
 }
+
+/// A whole number from the environment variable `name` (the `EVALFLOW_*` tuning and test
+/// knobs), `None` when it is unset or not a number.
+pub fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.trim().parse().ok()
+}
+
+/// [`env_number`], when it is above 0 (a count of rows, seconds or labels).
+pub fn env_count(name: &str) -> Option<u64> {
+    env_number(name).filter(|n| *n > 0)
+}

@@ -67,11 +67,7 @@ pub fn set_wait(wait: bool) {
 /// How long an object-store lease lives without renewal: `EVALFLOW_LEASE_TTL_SECS`, default
 /// 60 s. A holder on another host that died blocks the root this long at most.
 fn ttl() -> Duration {
-    let secs = std::env::var("EVALFLOW_LEASE_TTL_SECS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|s| *s > 0)
-        .unwrap_or(60);
+    let secs = crate::config::env_count("EVALFLOW_LEASE_TTL_SECS").unwrap_or(60);
     Duration::from_secs(secs)
 }
 

@@ -32,11 +32,7 @@ pub(super) const SCRATCH_ROW_GROUP_ROWS: usize = 16_384;
 pub fn part_rows() -> usize {
     static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *ROWS.get_or_init(|| {
-        std::env::var("EVALFLOW_PART_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|n| *n > 0)
-            .unwrap_or(PART_ROWS)
+        crate::config::env_count("EVALFLOW_PART_ROWS").map_or(PART_ROWS, |n| n as usize)
     })
 }
 

@@ -28,10 +28,7 @@ use crate::stages::score::MetricKind;
 const KEPT_IDS: usize = 500_000;
 
 fn kept_ids() -> usize {
-    std::env::var("EVALFLOW_VIEW_DIFF_IDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(KEPT_IDS)
+    crate::config::env_number("EVALFLOW_VIEW_DIFF_IDS").map_or(KEPT_IDS, |n| n as usize)
 }
 
 /// The matrix of two versions, and the answers they disagree on.
@@ -196,11 +193,8 @@ async fn diff_of(r: &RunView, a: ScorerId, b: ScorerId) -> Result<(Pair, Arc<Dif
     // counted from the parts listed (each at most PART_ROWS rows).
     let parts =
         r.store.list_parts(&a.dir()).await?.len() + r.store.list_parts(&b.dir()).await?.len();
-    let per_pass = std::env::var("EVALFLOW_VIEW_DIFF_ROWS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(1_000_000);
+    let per_pass =
+        crate::config::env_count("EVALFLOW_VIEW_DIFF_ROWS").map_or(1_000_000, |n| n as usize);
     let passes = (parts * crate::storage::PART_ROWS)
         .div_ceil(2 * per_pass)
         .max(1);

@@ -593,11 +593,7 @@ impl ImportSink {
 /// with 500k it stays under the streaming phase's, for about 1 s more of its 40.
 /// `EVALFLOW_IMPORT_PASS_ROWS` sets another (tests use a small one to run many passes).
 pub(super) fn pass_rows() -> usize {
-    std::env::var("EVALFLOW_IMPORT_PASS_ROWS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(500_000)
+    crate::config::env_count("EVALFLOW_IMPORT_PASS_ROWS").map_or(500_000, |n| n as usize)
 }
 
 /// Each case's first `seq`, and whether a record of it named a cluster.

@@ -323,10 +323,8 @@ impl SampleCounts {
     ///
     /// `EVALFLOW_IMPORT_COUNT_PAIRS` sets another bound (tests use a small one).
     pub(super) fn new(memory_limit: usize) -> Self {
-        let cap = std::env::var("EVALFLOW_IMPORT_COUNT_PAIRS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| pairs_within(memory_limit / 4));
+        let cap = crate::config::env_number("EVALFLOW_IMPORT_COUNT_PAIRS")
+            .map_or_else(|| pairs_within(memory_limit / 4), |n| n as usize);
         SampleCounts {
             counts: Default::default(),
             cap,

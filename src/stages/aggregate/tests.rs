@@ -1,0 +1,123 @@
+//! Unit tests of the aggregate stage (in their own file: aggregate.rs stays under
+//! tests/layers.rs's 1,000 lines).
+
+use super::*;
+
+#[test]
+fn wilson_is_not_degenerate_at_zero() {
+    let (lo, hi) = wilson(0.0, 20.0, 1.959963984540054);
+    assert_eq!(lo, 0.0);
+    assert!((hi - 0.16113).abs() < 1e-4, "{hi}");
+}
+
+#[test]
+fn one_template_is_marked_unclustered() {
+    let mut r = ResultRow::default();
+    let st = Stats {
+        n: 10,
+        sum: 3.0,
+        n_templates: 1,
+        se: None,
+        lo: None,
+        hi: None,
+        method: Some("cr2_score".into()),
+        naive_se: Some(0.152_752_523_165_194_67),
+    };
+    finish(&mut r, MetricKind::PassFail, &st);
+    assert!(!r.clustered);
+    assert_eq!(r.note.as_deref(), Some(UNCLUSTERED_NOTE));
+    assert_eq!(r.ci_method, "wilson");
+    let (lo, hi) = wilson(0.3, 10.0, Z95);
+    assert_eq!((r.ci_lo, r.ci_hi), (Some(lo), Some(hi)));
+    assert!(
+        render(&[ResultRow {
+            level: "capability".into(),
+            metric: "failure_rate".into(),
+            ..r
+        }])
+        .contains(UNCLUSTERED_NOTE)
+    );
+}
+
+#[test]
+fn a_mean_takes_the_clustered_interval() {
+    let mut r = ResultRow::default();
+    let st = Stats {
+        n: 4,
+        sum: 2.0,
+        n_templates: 2,
+        se: Some(0.25),
+        lo: Some(0.01),
+        hi: Some(0.99),
+        method: Some("cr2".into()),
+        naive_se: Some(0.2),
+    };
+    finish(&mut r, MetricKind::Numeric, &st);
+    assert_eq!(r.value, Some(0.5));
+    assert_eq!(
+        (r.ci_lo, r.ci_hi, r.se),
+        (Some(0.01), Some(0.99), Some(0.25))
+    );
+    assert!(r.clustered && r.note.is_none() && r.hits.is_none());
+    assert_eq!(r.ci_method, "cr2");
+}
+
+/// The per-test table names each test's capability and, beside the interval, its
+/// template count (issue 40: a one-template interval and a two-template one differ by
+/// an order of magnitude, and the count says why).
+#[test]
+fn per_test_rows_name_their_capability_and_templates() {
+    let row = |level: &str| ResultRow {
+        level: level.into(),
+        capability: "Negation".into(),
+        test_type: "MFT".into(),
+        test: Some("Neither nor".into()),
+        model: "m".into(),
+        metric: "failure_rate".into(),
+        n: 40,
+        hits: Some(3),
+        value: Some(0.075),
+        ci_lo: Some(0.01),
+        ci_hi: Some(0.2),
+        n_templates: 2,
+        clustered: true,
+        ..Default::default()
+    };
+    let out = render(&[row("capability"), row("test")]);
+    let cells = |l: &str| -> Vec<String> {
+        l.split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let mut lines = out.split("Per test\n").nth(1).unwrap().lines();
+    assert_eq!(
+        cells(lines.next().unwrap()),
+        [
+            "test",
+            "capability",
+            "type",
+            "n",
+            "fail",
+            "fail rate",
+            "95% CI",
+            "templates",
+            "validity"
+        ]
+    );
+    lines.next();
+    assert_eq!(
+        cells(lines.next().unwrap())[..8],
+        [
+            "Neither nor",
+            "Negation",
+            "MFT",
+            "40",
+            "3",
+            "7.5%",
+            "[1.0%, 20.0%]",
+            "2"
+        ]
+    );
+}
