@@ -387,6 +387,12 @@ async fn compare_means_cover_the_scored_pairs_only() {
         out.contains("unpaired: 3 cases scored in one run only"),
         "{out}"
     );
+    // Issue 61, item 7: four templates make the interval wide, and the table says so.
+    assert!(
+        out.contains("few templates: a row over fewer than 5 templates")
+            && out.contains("evalflow plan"),
+        "{out}"
+    );
 }
 
 /// Identical runs: no template variance (se 0), but the score interval has a width, and the

@@ -157,6 +157,26 @@ fn overall_cell(batches: &[RecordBatch], col: &str) -> Option<String> {
     None
 }
 
+/// Whether a row with an interval has fewer than [`FEW_TEMPLATES`] templates (2 or more:
+/// one template is no clustered interval at all).
+///
+/// [`FEW_TEMPLATES`]: crate::stages::aggregate::FEW_TEMPLATES
+fn few_templates(batches: &[RecordBatch]) -> bool {
+    use datafusion::arrow::util::display::array_value_to_string;
+    batches.iter().any(|b| {
+        let (Some(t), Some(lo)) = (b.column_by_name("templates"), b.column_by_name("lo")) else {
+            return false;
+        };
+        (0..b.num_rows()).any(|i| {
+            lo.is_valid(i)
+                && array_value_to_string(t, i)
+                    .ok()
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .is_some_and(|n| (2..crate::stages::aggregate::FEW_TEMPLATES).contains(&n))
+        })
+    })
+}
+
 /// The total number of unpaired cases, and the overall row's n_pairs.
 fn counts(batches: &[RecordBatch]) -> (i64, i64) {
     let n = |c: &str| overall_cell(batches, c).and_then(|v| v.parse().ok());
@@ -259,6 +279,16 @@ pub async fn run(a: CompareArgs) -> Result<(), CliError> {
                 w,
                 "unpaired: {unpaired} case{} scored in one run only (n_unpaired), left out of every mean, count and interval",
                 if unpaired == 1 { "" } else { "s" }
+            )
+            .map_err(io)?;
+        }
+        if few_templates(&batches) {
+            writeln!(
+                w,
+                "few templates: a row over fewer than {} templates (`templates`) has a clustered \
+                 interval with at most templates - 1 degrees of freedom, so it is wide; more \
+                 templates narrow it (`evalflow plan` says how many)",
+                crate::stages::aggregate::FEW_TEMPLATES
             )
             .map_err(io)?;
         }

@@ -48,6 +48,21 @@ pub const ALL_VERDICTS: [&str; 8] = [
 /// The note stored and printed beside an interval that could not be clustered.
 pub const UNCLUSTERED_NOTE: &str = "1 template: interval assumes independent cases";
 
+/// Templates below which a clustered interval is marked as wide for want of templates: its t
+/// quantile has at most `templates - 1` degrees of freedom (2.78 at 4 df, 12.7 at 1, where a
+/// normal's is 1.96).
+pub const FEW_TEMPLATES: i64 = 5;
+
+/// The note of a clustered interval over [`FEW_TEMPLATES`] or fewer templates: why it is
+/// wide and what narrows it.
+pub fn few_templates_note(templates: i64) -> String {
+    format!(
+        "{templates} templates: a clustered interval has at most {} degree(s) of freedom \
+         (templates - 1), so it is wide; more templates narrow it (`evalflow plan` says how many)",
+        templates - 1
+    )
+}
+
 pub const Z95: f64 = 1.959963984540054;
 
 /// One result row.
@@ -147,6 +162,9 @@ fn finish(row: &mut ResultRow, kind: MetricKind, st: &Stats) {
     let mean = st.sum / st.n as f64;
     row.value = Some(mean);
     if row.clustered && st.lo.is_some() && st.hi.is_some() {
+        if st.n_templates < FEW_TEMPLATES {
+            row.note = Some(few_templates_note(st.n_templates));
+        }
         row.se = st.se;
         row.ci_lo = st.lo;
         row.ci_hi = st.hi;
@@ -734,9 +752,18 @@ pub fn render_table(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// The interval cell: `[lo, hi]`, marked `*` when it could not be clustered.
+/// The interval cell: `[lo, hi]`, marked `*` when it could not be clustered and `+` when
+/// few templates make it wide.
 pub fn interval_cell(r: &ResultRow, as_pct: bool) -> String {
-    let mark = if r.clustered || r.n == 0 { "" } else { " *" };
+    let mark = if r.n == 0 {
+        ""
+    } else if !r.clustered {
+        " *"
+    } else if few(r) {
+        " +"
+    } else {
+        ""
+    };
     match (r.ci_lo, r.ci_hi) {
         (Some(lo), Some(hi)) if as_pct => {
             format!("[{:.1}%, {:.1}%]{mark}", lo * 100.0, hi * 100.0)
@@ -888,8 +915,20 @@ pub fn render(rows: &[ResultRow]) -> String {
         {
             out.push_str(&format!("* {UNCLUSTERED_NOTE}\n"));
         }
+        if rows.iter().any(|r| r.model == model && few(r)) {
+            out.push_str(&format!(
+                "+ fewer than {FEW_TEMPLATES} templates: a clustered interval has at most \
+                 templates - 1 degrees of freedom, so it is wide; more templates narrow it \
+                 (`evalflow plan` says how many)\n"
+            ));
+        }
     }
     out
+}
+
+/// A clustered row over fewer than [`FEW_TEMPLATES`] templates.
+fn few(r: &ResultRow) -> bool {
+    r.clustered && r.n > 0 && r.ci_lo.is_some() && r.n_templates < FEW_TEMPLATES
 }
 
 #[cfg(test)]

@@ -39,6 +39,53 @@ fn one_template_is_marked_unclustered() {
     );
 }
 
+/// Issue 61, item 7: a clustered interval over few templates says why it is wide and what
+/// narrows it (0 of 120 failures over 2 templates gave [0.0%, 57.4%] without a word); from
+/// five templates on it says nothing.
+#[test]
+fn few_templates_are_marked_with_why_the_interval_is_wide() {
+    for (templates, marked) in [(2, true), (4, true), (5, false), (20, false)] {
+        let mut r = ResultRow::default();
+        let st = Stats {
+            n: 120,
+            sum: 0.0,
+            n_templates: templates,
+            se: Some(0.0),
+            lo: Some(0.0),
+            hi: Some(0.574),
+            method: Some("cr2_score".into()),
+            naive_se: Some(0.0),
+        };
+        finish(&mut r, MetricKind::PassFail, &st);
+        assert!(r.clustered);
+        let page = render(&[ResultRow {
+            level: "capability".into(),
+            metric: "failure_rate".into(),
+            model: "m".into(),
+            ..r.clone()
+        }]);
+        if marked {
+            assert_eq!(r.note, Some(few_templates_note(templates)));
+            assert!(
+                r.note.as_deref().unwrap().contains(&format!(
+                    "{templates} templates: a clustered interval has at most {} degree(s)",
+                    templates - 1
+                )) && r.note.as_deref().unwrap().contains("evalflow plan")
+            );
+            assert!(
+                interval_cell(&r, true).ends_with(" +"),
+                "{}",
+                interval_cell(&r, true)
+            );
+            assert!(page.contains("+ fewer than 5 templates"), "{page}");
+        } else {
+            assert_eq!(r.note, None);
+            assert!(!interval_cell(&r, true).contains('+'));
+            assert!(!page.contains("fewer than"), "{page}");
+        }
+    }
+}
+
 #[test]
 fn a_mean_takes_the_clustered_interval() {
     let mut r = ResultRow::default();
@@ -58,7 +105,9 @@ fn a_mean_takes_the_clustered_interval() {
         (r.ci_lo, r.ci_hi, r.se),
         (Some(0.01), Some(0.99), Some(0.25))
     );
-    assert!(r.clustered && r.note.is_none() && r.hits.is_none());
+    // Two templates: clustered, with the note that says why the interval is wide.
+    assert!(r.clustered && r.hits.is_none());
+    assert_eq!(r.note, Some(few_templates_note(2)));
     assert_eq!(r.ci_method, "cr2");
 }
 
@@ -116,7 +165,7 @@ fn per_test_rows_name_their_capability_and_templates() {
             "40",
             "3",
             "7.5%",
-            "[1.0%, 20.0%]",
+            "[1.0%, 20.0%] +",
             "2"
         ]
     );
