@@ -653,6 +653,56 @@ fn runs_settled(base: &str) -> BTreeMap<String, Value> {
 
 // ------------------------------------------------------------------ runs, headline, results
 
+/// A run not yet aggregated (an import, validated) has no `results`: the runs index shows
+/// its validity table's verdicts, counted in the background with the headline (the bar was
+/// empty until `aggregate`).
+#[test]
+fn a_run_not_aggregated_shows_its_verdicts() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("runs");
+    let run = root.join("imported");
+    let fixtures = repo().join("tests/fixtures/import/openai-batch");
+    ok(
+        &[
+            "import",
+            fixtures.to_str().unwrap(),
+            "--out",
+            run.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let toml = run.join("import.toml");
+    ok(
+        &[
+            "validate",
+            toml.to_str().unwrap(),
+            "--out",
+            run.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let want: BTreeMap<String, i64> = sql(
+        &run,
+        "SELECT validity, count(*) AS n FROM validity GROUP BY validity",
+    )
+    .iter()
+    .map(|r| (s(r, "validity"), r["n"].as_i64().unwrap()))
+    .collect();
+    assert!(want.len() >= 2, "{want:?}");
+    let viewer = Served::start(
+        &["view", root.to_str().unwrap(), "--addr", "127.0.0.1:0"],
+        &dir.path().join("viewer.log"),
+    );
+    let runs = runs_settled(&viewer.base);
+    let got: BTreeMap<String, i64> = runs["imported"]["validity"]
+        .as_object()
+        .unwrap_or_else(|| panic!("{:?}", runs["imported"]))
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_i64().unwrap()))
+        .collect();
+    assert_eq!(got, want);
+}
+
 #[test]
 fn api_runs_answers_equal_the_sql_count_of_calls() {
     let f = fixture();
