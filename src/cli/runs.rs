@@ -174,6 +174,7 @@ pub(crate) fn unfinished_batch_root(pipeline: &Path) -> Option<String> {
         if !open {
             continue;
         }
+        // A manifest is a few KB (stages and pipeline), read whole like every reader of it.
         let Ok(bytes) = std::fs::read(dir.join("manifest.json")) else {
             continue;
         };

@@ -52,6 +52,7 @@ pub fn open_chunks(store: &crate::storage::RunStore) -> Vec<journal::ChunkState>
         .flatten()
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().ends_with(".state.json"))
+        // A chunk's state is one small JSON object (ids, status, counts): read whole.
         .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok())
         .collect();
     out.sort_by(|a, b| a.key.cmp(&b.key));
