@@ -63,6 +63,8 @@ pub struct Pipeline {
     pub validate: ValidateConfig,
     #[serde(default)]
     pub score: ScoreConfig,
+    #[serde(default, skip_serializing_if = "AggregateConfig::is_default")]
+    pub aggregate: AggregateConfig,
     /// User scorers written as data (`[[scorer]]`), followed by those of
     /// `[score] scorer_files`: each is run by `evalflow run` and `evalflow score` after the
     /// `[score] scorers` that do not name it (data: `config::scorer`; run by `stages::score::user`).
@@ -355,6 +357,22 @@ pub struct ValidateConfig {
     /// (see [`Pipeline::languages`]).
     #[serde(default)]
     pub languages: Option<Vec<String>>,
+}
+
+/// `[aggregate]`: how the results' intervals are made.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AggregateConfig {
+    /// A stated latent (logit-scale) ICC of the templates, in [0, 1): each failure rate's
+    /// interval also covers the exact interval under a logit-normal template model at this ICC
+    /// (`clustered_mean_ci(x, t, 0.95, 'auto; icc=R')`, docs/intervals.md). Default: none.
+    pub icc: Option<f64>,
+}
+
+impl AggregateConfig {
+    fn is_default(&self) -> bool {
+        self == &AggregateConfig::default()
+    }
 }
 
 /// `[score]`: scorer options.
@@ -784,6 +802,13 @@ impl Pipeline {
             self.check_model("rephrase", m)?;
         }
         self.check_score()?;
+        if let Some(r) = self.aggregate.icc.filter(|r| !(0.0..1.0).contains(r)) {
+            return Err(self.invalid(
+                "icc",
+                "aggregate.icc",
+                format!("a latent ICC is in [0, 1), got {r}"),
+            ));
+        }
         self.check_scorer_models()?;
         crate::stages::score::user::check_all(&self.user_scorers).map_err(def_error)?;
         crate::stages::score::sql_check::check_defs(&self.user_scorers).map_err(def_error)?;

@@ -558,7 +558,7 @@ impl Runner {
         self.require("aggregate", "score")?;
         crate::query::check_tables(&self.store).await?;
         self.manifest.start("aggregate");
-        let rows = match aggregate::run(&self.store, scorer).await {
+        let rows = match aggregate::run(&self.store, scorer, self.pipeline.aggregate.icc).await {
             Ok(rows) => rows,
             Err(e) => {
                 return Err(crate::query::explain_read_error(&self.store, e)
@@ -566,8 +566,16 @@ impl Runner {
                     .into());
             }
         };
+        // The stated ICC the results honour: `report` makes its intervals the same way.
+        let details = self
+            .pipeline
+            .aggregate
+            .icc
+            .map(|r| ("icc".to_string(), json!(r)))
+            .into_iter()
+            .collect();
         self.manifest
-            .complete("aggregate", "results", rows.len() as u64, BTreeMap::new());
+            .complete("aggregate", "results", rows.len() as u64, details);
         self.manifest.finished_at = Some(manifest_now());
         self.manifest.save(&self.store).await?;
         if scorer.name == "checklist" {

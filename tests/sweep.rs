@@ -184,7 +184,9 @@ async fn cue_run_reports_label_rates() {
     // The results table: one row per label, hand-counted.
     let store = RunStore::open(r).unwrap();
     let id = evalflow::stages::score::ScorerId::parse("cue@1").unwrap();
-    evalflow::stages::aggregate::run(&store, &id).await.unwrap();
+    evalflow::stages::aggregate::run(&store, &id, None)
+        .await
+        .unwrap();
     let v = sql(
         &root,
         "SELECT label, n, hits, value, failures, failure_rate, ci_lo, ci_hi, clustered, n_templates, unscored, not_comparable, metric \
@@ -269,7 +271,9 @@ async fn one_template_interval_is_marked() {
     );
     let store = RunStore::open(r).unwrap();
     let id = evalflow::stages::score::ScorerId::parse("cue@1").unwrap();
-    evalflow::stages::aggregate::run(&store, &id).await.unwrap();
+    evalflow::stages::aggregate::run(&store, &id, None)
+        .await
+        .unwrap();
     let v = sql(
         &root,
         "SELECT DISTINCT clustered, interval_note, ci_method FROM results",
@@ -415,7 +419,9 @@ async fn judge_by_name_mean_scores_and_verdicts() {
                 name: "judge".into(),
                 version: tag[0]["scoring_version"].as_str().unwrap().into(),
             };
-            let rows = evalflow::stages::aggregate::run(&store, &id).await.unwrap();
+            let rows = evalflow::stages::aggregate::run(&store, &id, None)
+                .await
+                .unwrap();
             let cap = rows.iter().find(|r| r.level == "capability").unwrap();
             assert_eq!(cap.metric, "mean_score");
             // 14 valid answers; the judge reads English only, so the Chinese one is

@@ -335,7 +335,7 @@ async fn each_kind_scores_as_computed_by_hand() {
         ]
     );
     // ... aggregated by its declared metric: the rate of each label.
-    let rows = evalflow::stages::aggregate::compute(&store, &id)
+    let rows = evalflow::stages::aggregate::compute(&store, &id, None)
         .await
         .unwrap();
     let cap: Vec<_> = rows.iter().filter(|r| r.level == "capability").collect();
@@ -358,7 +358,7 @@ async fn each_kind_scores_as_computed_by_hand() {
         );
     }
     assert_unscored(&num, "sql numeric");
-    let rows = evalflow::stages::aggregate::compute(&store, &id)
+    let rows = evalflow::stages::aggregate::compute(&store, &id, None)
         .await
         .unwrap();
     let cap = rows.iter().find(|r| r.level == "capability").unwrap();
@@ -370,7 +370,7 @@ async fn each_kind_scores_as_computed_by_hand() {
         name: "refund_word".into(),
         version: by("refund_word").version(),
     };
-    let rows = evalflow::stages::aggregate::compute(&store, &regex_id)
+    let rows = evalflow::stages::aggregate::compute(&store, &regex_id, None)
         .await
         .unwrap();
     let cap = rows.iter().find(|r| r.level == "capability").unwrap();

@@ -335,6 +335,19 @@ pub struct StageArgs {
     /// on the root collects them (the manifest lists the open batches).
     #[arg(long)]
     pub no_wait: bool,
+    /// aggregate and run: a stated latent ICC of the templates in [0, 1), as `[aggregate]
+    /// icc`: each failure rate's interval also covers the exact one under a logit-normal
+    /// template model at this ICC (docs/intervals.md says when to state one).
+    #[arg(long, value_name = "RHO", value_parser = parse_icc)]
+    pub icc: Option<f64>,
+}
+
+/// `--icc`: a latent ICC in [0, 1).
+pub fn parse_icc(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if (0.0..1.0).contains(&r) => Ok(r),
+        _ => Err(format!("a latent ICC is a number in [0, 1), got `{s}`")),
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -382,6 +395,7 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
                 },
             };
             let mut r = Runner::open(&a.pipeline, Some(&out)).await?;
+            r.pipeline.aggregate.icc = a.icc.or(r.pipeline.aggregate.icc);
             r.languages = a.languages.clone();
             r.retry_errors = a.retry_errors;
             r.batch = a.batch;
@@ -487,8 +501,10 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
             }
             Ok(())
         }
-        Command::Aggregate(a) => {
+        Command::Aggregate(mut a) => {
+            let icc = a.stage.icc.take();
             let mut r = open_stage(&a.stage).await?;
+            r.pipeline.aggregate.icc = icc.or(r.pipeline.aggregate.icc);
             let primary = match &a.scorer {
                 Some(spec) => report::scorer_of_run(&r.store, &r.manifest, spec).await?,
                 None => r
@@ -684,6 +700,11 @@ async fn open_stage(a: &StageArgs) -> Result<Runner, CliError> {
     if a.batch || a.no_wait {
         return Err(CliError::BadInput(
             "--batch and --no-wait are options of call and run only".into(),
+        ));
+    }
+    if a.icc.is_some() {
+        return Err(CliError::BadInput(
+            "--icc is an option of aggregate and run only".into(),
         ));
     }
     if a.out.is_none() {

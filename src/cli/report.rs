@@ -45,6 +45,10 @@ pub struct ReportArgs {
     /// gate, with a red banner when it fails.
     #[arg(long)]
     pub baseline: Option<PathBuf>,
+    /// A stated latent ICC of the templates in [0, 1), as `evalflow aggregate --icc`: each
+    /// failure rate's interval also covers the exact one under a logit-normal template model.
+    #[arg(long, value_name = "RHO", value_parser = super::parse_icc)]
+    pub icc: Option<f64>,
     /// Largest drift of the invalid fraction, in percentage points, before the gate fails.
     #[arg(long, default_value_t = 5.0)]
     pub max_drift_pp: f64,
@@ -209,7 +213,17 @@ pub async fn run(a: ReportArgs) -> Result<(), CliError> {
         store.display(),
         id.tag()
     );
-    let rows = aggregate::compute(&store, &id).await.map_err(internal)?;
+    // Default: the ICC the run's results were aggregated with.
+    let icc = a.icc.or_else(|| {
+        manifest
+            .stages
+            .get("aggregate")
+            .and_then(|s| s.details.get("icc"))
+            .and_then(|v| v.as_f64())
+    });
+    let rows = aggregate::compute(&store, &id, icc)
+        .await
+        .map_err(internal)?;
     println!("{}", aggregate::render(&rows));
     // Read the page's inputs before any output, so that bad input fails before writing.
     let gate = match &a.baseline {

@@ -886,6 +886,7 @@ mod tests {
             method: Method::Cr2Ri,
             stat: None,
             p_value: None,
+            icc: None,
         }
     }
 

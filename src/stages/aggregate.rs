@@ -63,6 +63,26 @@ pub fn few_templates_note(templates: i64) -> String {
     )
 }
 
+/// A rate this close to 0 or 1 from fewer than [`RARE_FEW_TEMPLATES`] templates is flagged:
+/// there `auto` covers 91-93% when a few templates carry the failures (docs/intervals.md).
+pub const RARE_RATE: f64 = 0.05;
+/// See [`RARE_RATE`].
+pub const RARE_FEW_TEMPLATES: i64 = 50;
+
+/// The note of a rare rate's interval over few templates: whether it honours a stated ICC.
+pub fn rare_rate_note(templates: i64, method: &str) -> String {
+    match method.split_once("icc=") {
+        Some((_, r)) => format!(
+            "rare rate from {templates} templates: the interval honours the stated latent ICC {r}"
+        ),
+        None => format!(
+            "rare rate from {templates} templates: the interval holds 95% only if they show \
+             their heterogeneity; stating the templates' ICC ([aggregate] icc, --icc) keeps it \
+             when a few templates carry the failures (docs/intervals.md)"
+        ),
+    }
+}
+
 pub const Z95: f64 = 1.959963984540054;
 
 /// One result row.
@@ -162,13 +182,19 @@ fn finish(row: &mut ResultRow, kind: MetricKind, st: &Stats) {
     let mean = st.sum / st.n as f64;
     row.value = Some(mean);
     if row.clustered && st.lo.is_some() && st.hi.is_some() {
+        let method = st.method.clone().unwrap_or_else(|| "clustered".into());
         if st.n_templates < FEW_TEMPLATES {
             row.note = Some(few_templates_note(st.n_templates));
+        } else if kind != MetricKind::Numeric
+            && mean.min(1.0 - mean) <= RARE_RATE
+            && st.n_templates < RARE_FEW_TEMPLATES
+        {
+            row.note = Some(rare_rate_note(st.n_templates, &method));
         }
         row.se = st.se;
         row.ci_lo = st.lo;
         row.ci_hi = st.hi;
-        row.ci_method = st.method.clone().unwrap_or_else(|| "clustered".into());
+        row.ci_method = method;
         return;
     }
     // Unclustered (or a clustered interval that could not be computed): cases as independent.
@@ -420,7 +446,11 @@ fn float(b: &RecordBatch, i: usize) -> Result<Float64Array, QueryError> {
 /// The intervals are `clustered_mean_ci`'s default method over templates, computed from each
 /// group's [`ClusterSummary`] ([`summary_interval`]): the same numbers as the SQL function
 /// (the stage's tests compare them), with the templates read slice by slice.
-pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRow>, QueryError> {
+pub async fn compute(
+    store: &RunStore,
+    scorer: &ScorerId,
+    icc: Option<f64>,
+) -> Result<Vec<ResultRow>, QueryError> {
     let ctx = new_context();
     crate::query::for_template_slices(&ctx);
     // Only this version's scores are read: 20 template slices over every version's parts
@@ -574,7 +604,11 @@ pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRo
             }
         }
     }
-    let spec = IntervalSpec::default();
+    // Rates only: a stated ICC is a logit-normal model of a pass/fail rate.
+    let spec = IntervalSpec {
+        icc: icc.filter(|_| kind != MetricKind::Numeric),
+        ..IntervalSpec::default()
+    };
     let mut out = Vec::new();
     for (level, groups) in [("test", &mut tests), ("capability", &mut caps)] {
         // As `ORDER BY` the keys would: ascending, NULLs last.
@@ -609,7 +643,7 @@ pub async fn compute(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRo
                     se: ci.se,
                     lo: ci.lo,
                     hi: ci.hi,
-                    method: Some(ci.method.name().to_string()),
+                    method: Some(ci.method_label()),
                     naive_se: ind.all.mean_se(),
                 };
                 let mut row = ResultRow {
@@ -686,8 +720,12 @@ pub fn to_batch(scorer: &ScorerId, rows: &[ResultRow]) -> RecordBatch {
 }
 
 /// Computes and writes `results/` (replacing an earlier aggregate of this run).
-pub async fn run(store: &RunStore, scorer: &ScorerId) -> Result<Vec<ResultRow>, QueryError> {
-    let rows = compute(store, scorer).await?;
+pub async fn run(
+    store: &RunStore,
+    scorer: &ScorerId,
+    icc: Option<f64>,
+) -> Result<Vec<ResultRow>, QueryError> {
+    let rows = compute(store, scorer, icc).await?;
     store.delete_dir("results").await?;
     let mut w = store.part_writer("results", Table::Results.schema(), "part");
     w.write(to_batch(scorer, &rows)).await?;
@@ -761,6 +799,8 @@ pub fn interval_cell(r: &ResultRow, as_pct: bool) -> String {
         " *"
     } else if few(r) {
         " +"
+    } else if rare_unstated(r) {
+        " ^"
     } else {
         ""
     };
@@ -922,8 +962,24 @@ pub fn render(rows: &[ResultRow]) -> String {
                  (`evalflow plan` says how many)\n"
             ));
         }
+        if rows.iter().any(|r| r.model == model && rare_unstated(r)) {
+            out.push_str(&format!(
+                "^ a rate within {RARE_RATE} of 0 or 1 from fewer than {RARE_FEW_TEMPLATES} \
+                 templates: the interval holds 95% only if the templates show their \
+                 heterogeneity; state their ICC ([aggregate] icc, --icc) when a few may carry \
+                 the failures (docs/intervals.md)\n"
+            ));
+        }
     }
     out
+}
+
+/// A rare rate over few templates whose interval honours no stated ICC.
+fn rare_unstated(r: &ResultRow) -> bool {
+    r.note
+        .as_deref()
+        .is_some_and(|n| n.starts_with("rare rate"))
+        && !r.ci_method.contains("icc=")
 }
 
 /// A clustered row over fewer than [`FEW_TEMPLATES`] templates.

@@ -40,7 +40,7 @@ pub fn fields() -> Fields {
 pub fn method_col(rows: &[ClusterInterval]) -> ArrayRef {
     Arc::new(
         rows.iter()
-            .map(|r| Some(r.method.name()))
+            .map(|r| Some(r.method_label()))
             .collect::<StringArray>(),
     )
 }
@@ -88,7 +88,12 @@ impl AggSpec for ClusteredMeanCi {
                   (a clustered score interval) when every `x` is 0 or 1 and `'cr2_ri'` (the \
                   bias-reduced CR2 SE with a Satterthwaite t quantile, never below the plain SE \
                   `mean_se(x)` nor the within-template spread's) otherwise; the table below \
-                  says when another method fits. `se` is the method's SE (CR2 for `cr2_wilson`, \
+                  says when another method fits. A stated latent ICC, `'auto; icc=0.3'` (or \
+                  `'icc=0.3'`), widens a pass/fail rate's interval to cover the exact mid-p \
+                  interval of the failure count under a logit-normal template model at that ICC \
+                  (the interval is the union of both): state one for a rare rate from few \
+                  templates, where a sample cannot show the heterogeneity a few failing templates \
+                  bring (docs/intervals.md). `se` is the method's SE (CR2 for `cr2_wilson`, \
                   `cr2_score` and `wild_bootstrap`), `df` its t degrees of freedom (NULL for the \
                   normal and bootstrap methods). What each method computes: docs/intervals.md.",
         behavior: "Rows where `x` or `cluster` is NULL, or `x` is NaN, are ignored. The struct is never \
@@ -96,7 +101,10 @@ impl AggSpec for ClusteredMeanCi {
                    `lo`, `hi`, `df` are NULL with fewer than two rows or two clusters, and `lo`, `hi` \
                    for `cr2_wilson` and `cr2_score` when the mean is outside [0, 1]. The bootstrap is \
                    reproducible: the same data and seed give the same interval under any \
-                   partitioning. An unknown `method` is an error naming the accepted values.",
+                   partitioning. An unknown `method` is an error naming the accepted values. A \
+                   stated ICC outside [0, 1) is an error; on scores that are not all 0 or 1 it is \
+                   not applied, and `method` then names no ICC. `logit_normal` gives no interval \
+                   on such scores.",
         arguments: &[
             ("x", "Numeric or boolean score column."),
             (
@@ -107,8 +115,10 @@ impl AggSpec for ClusteredMeanCi {
             (
                 "method",
                 "Optional constant string: 'auto' (default), 'miller', 'cr1_t', 'cr2', \
-                 'cr2_wilson', 'cr2_score', 'cr2_ri' or 'wild_bootstrap'. The result's `method` \
-                 field names the method used ('auto' resolved).",
+                 'cr2_wilson', 'cr2_score', 'cr2_ri', 'wild_bootstrap' or 'logit_normal' (the \
+                 logit-normal profile-likelihood interval, latent ICC estimated up to 0.45), \
+                 optionally followed by '; icc=R', a stated latent ICC R in [0, 1). The result's \
+                 `method` field names the method used ('auto' resolved, '; icc=R' when applied).",
             ),
             (
                 "reps",
@@ -122,7 +132,9 @@ impl AggSpec for ClusteredMeanCi {
         example: "SELECT ci['method'] AS method, ci['lo'] AS lo, ci['hi'] AS hi, ci['df'] AS df FROM (\
                   SELECT unnest([clustered_mean_ci(x, c), clustered_mean_ci(x, c, 0.95, 'miller'), \
                   clustered_mean_ci(x, c, 0.95, 'cr2_wilson'), clustered_mean_ci(x, c, 0.95, 'cr2_score'), \
-                  clustered_mean_ci(x, c, 0.95, 'wild_bootstrap')]) AS ci \
+                  clustered_mean_ci(x, c, 0.95, 'wild_bootstrap'), \
+                  clustered_mean_ci(x, c, 0.95, 'logit_normal'), \
+                  clustered_mean_ci(x, c, 0.95, 'auto; icc=0.3')]) AS ci \
                   FROM (VALUES (1.0, 'a'), (1.0, 'a'), (0.0, 'b'), (0.0, 'b'), (1.0, 'c'), \
                   (0.0, 'c'), (1.0, 'd'), (1.0, 'd'), (1.0, 'd')) AS t(x, c))",
     };

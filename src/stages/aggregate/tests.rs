@@ -79,10 +79,78 @@ fn few_templates_are_marked_with_why_the_interval_is_wide() {
             );
             assert!(page.contains("+ fewer than 5 templates"), "{page}");
         } else {
-            assert_eq!(r.note, None);
+            // 0 failures is a rare rate: its own note, not the few-templates one.
+            assert_eq!(r.note, Some(rare_rate_note(templates, "cr2_score")));
             assert!(!interval_cell(&r, true).contains('+'));
-            assert!(!page.contains("fewer than"), "{page}");
+            assert!(!page.contains("+ fewer than"), "{page}");
         }
+    }
+}
+
+/// Issue 63: a rate within 0.05 of 0 or 1 from fewer than 50 templates is flagged (` ^` and a
+/// footnote) unless its interval honours a stated ICC, which the note then names.
+#[test]
+fn rare_rates_from_few_templates_say_whether_an_icc_was_stated() {
+    let cases = [
+        (
+            6.0,
+            20,
+            "cr2_score",
+            Some("rare rate from 20 templates: the interval holds"),
+            true,
+        ),
+        (
+            115.0,
+            20,
+            "cr2_score",
+            Some("rare rate from 20 templates: the interval holds"),
+            true,
+        ),
+        (
+            6.0,
+            20,
+            "cr2_score; icc=0.3",
+            Some("honours the stated latent ICC 0.3"),
+            false,
+        ),
+        (6.0, 50, "cr2_score", None, false),
+        (7.0, 20, "cr2_score", None, false),
+    ];
+    for (sum, templates, method, note, marked) in cases {
+        let mut r = ResultRow::default();
+        let st = Stats {
+            n: 120,
+            sum,
+            n_templates: templates,
+            se: Some(0.02),
+            lo: Some(0.01),
+            hi: Some(0.2),
+            method: Some(method.into()),
+            naive_se: Some(0.02),
+        };
+        finish(&mut r, MetricKind::PassFail, &st);
+        let what = format!("{sum} of 120 over {templates} templates, {method}");
+        match note {
+            Some(n) => assert!(
+                r.note.as_deref().unwrap_or("").contains(n),
+                "{what}: {:?}",
+                r.note
+            ),
+            None => assert_eq!(r.note, None, "{what}"),
+        }
+        assert_eq!(r.ci_method, method);
+        let page = render(&[ResultRow {
+            level: "capability".into(),
+            metric: "failure_rate".into(),
+            model: "m".into(),
+            ..r.clone()
+        }]);
+        assert_eq!(interval_cell(&r, true).ends_with(" ^"), marked, "{what}");
+        assert_eq!(
+            page.contains("^ a rate within 0.05"),
+            marked,
+            "{what}: {page}"
+        );
     }
 }
 

@@ -38,6 +38,7 @@
 
 mod bootstrap;
 mod cr2;
+pub mod logit_normal;
 mod score;
 
 use bootstrap::*;
@@ -93,6 +94,10 @@ pub enum Method {
     /// largest of the three, [`floored_var`]), Satterthwaite df, t quantile: the default for
     /// means and paired differences of graded scores.
     Cr2Ri,
+    /// The logit-normal profile-likelihood interval of a pass/fail rate
+    /// ([`logit_normal::profile_interval`]): assumes the template effects' logit-normal tail;
+    /// a named method, never the default.
+    LogitNormal,
     /// The default: [`Method::Cr2Score`] when every row is 0 or 1 (a pass/fail score),
     /// [`Method::Cr2Ri`] otherwise; for paired differences ([`paired_interval`]) `Cr2Score` for
     /// pass/fail pairs, [`Method::Cr2Ri`] otherwise. Results name the method that was used.
@@ -101,7 +106,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in documentation order.
-    pub const ALL: [Method; 8] = [
+    pub const ALL: [Method; 9] = [
         Method::Auto,
         Method::Miller,
         Method::Cr1T,
@@ -110,6 +115,7 @@ impl Method {
         Method::Cr2Score,
         Method::WildBootstrap,
         Method::Cr2Ri,
+        Method::LogitNormal,
     ];
 
     /// The method used when none is given: the one whose coverage holds best at few clusters
@@ -127,6 +133,7 @@ impl Method {
             Method::Cr2Score => "cr2_score",
             Method::WildBootstrap => "wild_bootstrap",
             Method::Cr2Ri => "cr2_ri",
+            Method::LogitNormal => "logit_normal",
             Method::Auto => "auto",
         }
     }
@@ -171,6 +178,9 @@ pub enum IntervalError {
     /// The seed is not a non-negative integer.
     #[error("seed must be a non-negative integer, got {0}")]
     BadSeed(f64),
+    /// A stated ICC outside [0, 1) or a malformed `; icc=` suffix.
+    #[error("a stated ICC is written '<method>; icc=R' with R in [0, 1), got '{0}'")]
+    BadIcc(String),
 }
 
 /// Fewest bootstrap replications accepted.
@@ -231,6 +241,9 @@ pub struct IntervalSpec {
     pub level: f64,
     /// Used by [`Method::WildBootstrap`] only.
     pub bootstrap: Bootstrap,
+    /// A stated latent ICC for pass/fail rates: the interval becomes the union of the
+    /// method's with [`logit_normal::stated_interval`] (issue 63). `None`: no change.
+    pub icc: Option<f64>,
 }
 
 impl Default for IntervalSpec {
@@ -239,6 +252,7 @@ impl Default for IntervalSpec {
             method: Method::DEFAULT,
             level: 0.95,
             bootstrap: Bootstrap::default(),
+            icc: None,
         }
     }
 }
@@ -260,8 +274,46 @@ impl IntervalSpec {
             method,
             level,
             bootstrap,
+            icc: None,
         })
     }
+
+    /// The spec with a stated latent ICC.
+    ///
+    /// # Errors
+    /// [`IntervalError::BadIcc`] unless `icc` is in [0, 1).
+    pub fn with_icc(self, icc: Option<f64>) -> Result<IntervalSpec, IntervalError> {
+        match icc {
+            Some(r) if !(0.0..1.0).contains(&r) => Err(IntervalError::BadIcc(r.to_string())),
+            icc => Ok(IntervalSpec { icc, ..self }),
+        }
+    }
+}
+
+/// Splits a SQL method string `'<method>[; icc=R]'` (or `'icc=R'`, the default method) into
+/// the method name and the stated ICC.
+///
+/// # Errors
+/// [`IntervalError::BadIcc`] for a malformed suffix or an ICC outside [0, 1).
+pub fn split_icc(s: &str) -> Result<(&str, Option<f64>), IntervalError> {
+    let (method, rest) = match s.split_once(';') {
+        Some((m, r)) => (m, Some(r)),
+        None if s.trim().to_ascii_lowercase().starts_with("icc") => ("auto", Some(s)),
+        None => (s, None),
+    };
+    let Some(rest) = rest else {
+        return Ok((method, None));
+    };
+    let bad = || IntervalError::BadIcc(s.trim().to_string());
+    let (key, value) = rest.split_once('=').ok_or_else(bad)?;
+    if !key.trim().eq_ignore_ascii_case("icc") {
+        return Err(bad());
+    }
+    let r: f64 = value.trim().parse().map_err(|_| bad())?;
+    if !(0.0..1.0).contains(&r) {
+        return Err(bad());
+    }
+    Ok((method, Some(r)))
 }
 
 /// A clustered mean with its interval.
@@ -294,6 +346,20 @@ pub struct ClusterInterval {
     pub stat: Option<f64>,
     /// Two-sided p-value of the test of mean = 0 (bootstrap: null imposed, WCR).
     pub p_value: Option<f64>,
+    /// The stated latent ICC the interval honours, if one was stated and applied (pass/fail
+    /// rates only).
+    pub icc: Option<f64>,
+}
+
+impl ClusterInterval {
+    /// The method's name as results show it: `cr2_score`, or `cr2_score; icc=0.3` when a
+    /// stated ICC widened the interval's rule.
+    pub fn method_label(&self) -> String {
+        match self.icc {
+            Some(r) => format!("{}; icc={r}", self.method.name()),
+            None => self.method.name().to_string(),
+        }
+    }
 }
 
 /// The mean of per-cluster `cells` with its interval by `spec.method`.
@@ -331,6 +397,25 @@ fn interval_of(
     spec: &IntervalSpec,
     cells: Option<&[Moments]>,
 ) -> ClusterInterval {
+    let mut out = method_interval(s, spec, cells);
+    let (Some(rho), Some(lo), Some(hi), true) = (spec.icc, out.lo, out.hi, s.all_binary()) else {
+        return out;
+    };
+    let sizes: Vec<(u64, u64)> = s.sizes().map(|(k, c)| (k as u64, c as u64)).collect();
+    let t = (s.total.n as f64 * s.total.mean).round().max(0.0) as u64;
+    let (slo, shi) = logit_normal::stated_interval(&sizes, t, rho, spec.level);
+    out.lo = Some(lo.min(slo));
+    out.hi = Some(hi.max(shi));
+    out.icc = Some(rho);
+    out
+}
+
+/// The interval of `spec.method` alone (no stated ICC).
+fn method_interval(
+    s: &ClusterSummary,
+    spec: &IntervalSpec,
+    cells: Option<&[Moments]>,
+) -> ClusterInterval {
     let spec = &IntervalSpec {
         method: resolve_summary(spec.method, s),
         ..*spec
@@ -348,6 +433,7 @@ fn interval_of(
         method: spec.method,
         stat: None,
         p_value: None,
+        icc: None,
     };
     if total.n < 2 || n_clusters < 2 {
         return out;
@@ -368,6 +454,7 @@ fn interval_of(
         | Method::Cr2Score
         | Method::Cr2Ri
         | Method::WildBootstrap
+        | Method::LogitNormal
         | Method::Auto => {
             let var = if spec.method == Method::Cr2Ri {
                 floored_var(s).unwrap_or_else(|| summary_cr2_var(s))
@@ -389,6 +476,20 @@ fn interval_of(
         out.stat = finite(mean / se);
     }
     match spec.method {
+        Method::LogitNormal => {
+            let (Some(cells), true) = (cells, s.all_binary()) else {
+                return out;
+            };
+            let counts: Vec<(u64, u64)> = cells
+                .iter()
+                .filter(|c| c.n > 0)
+                .map(|c| (c.n, (c.n as f64 * c.mean).round() as u64))
+                .collect();
+            if let Some((lo, hi)) = logit_normal::profile_interval(&counts, spec.level) {
+                (out.lo, out.hi) = (Some(lo), Some(hi));
+            }
+            out.p_value = out.stat.and_then(|s| t_p_value(s, df));
+        }
         Method::WildBootstrap => {
             let Some(cells) = cells else { return out };
             let boot = wild_bootstrap(&Residuals::new(cells, &total), se, spec);
@@ -479,6 +580,8 @@ fn paired_of(
     pairs_binary: bool,
     cells: Option<&[Moments]>,
 ) -> ClusterInterval {
+    // A stated ICC is a rate's (the logit-normal model of one rate); a difference has none.
+    let spec = &IntervalSpec { icc: None, ..*spec };
     let method = match spec.method {
         Method::Auto if pairs_binary => Method::Cr2Score,
         Method::Auto => Method::Cr2Ri,

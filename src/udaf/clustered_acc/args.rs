@@ -9,7 +9,7 @@ use datafusion::logical_expr::function::AccumulatorArgs;
 use datafusion::logical_expr::utils::format_state_name;
 
 use crate::udaf::cluster_interval::{
-    Bootstrap, DEFAULT_REPS, DEFAULT_SEED, IntervalError, IntervalSpec, Method,
+    Bootstrap, DEFAULT_REPS, DEFAULT_SEED, IntervalError, IntervalSpec, Method, split_icc,
 };
 use crate::udaf::cluster_keys::KeyKind;
 use crate::udaf::moments_acc::Input;
@@ -111,13 +111,24 @@ pub fn interval_spec_arg(
     use crate::udaf::common::{constant_arg, constant_f64};
     let err = |e: IntervalError| plan_datafusion_err!("{fname}: {e}");
     let level = constant_f64(args, level_idx, fname, "level", 0.95)?;
+    let mut icc = None;
     let method = match constant_arg(args, level_idx + 1, fname, "method")? {
         None => default,
         Some(
             ScalarValue::Utf8(Some(s))
             | ScalarValue::Utf8View(Some(s))
             | ScalarValue::LargeUtf8(Some(s)),
-        ) => Method::parse(&s).map_err(err)?,
+        ) => {
+            let (name, stated) = split_icc(&s).map_err(err)?;
+            if stated.is_some() && !allowed.contains(&Method::LogitNormal) {
+                return plan_err!(
+                    "{fname}: a stated ICC ('; icc=R') applies to the rate of clustered_mean_ci, \
+                     not to a paired difference"
+                );
+            }
+            icc = stated;
+            Method::parse(name).map_err(err)?
+        }
         Some(other) => {
             return plan_err!(
                 "{fname}: method must be a non-NULL string, one of {}, got {other}",
@@ -135,7 +146,9 @@ pub fn interval_spec_arg(
     let reps = constant_f64(args, level_idx + 2, fname, "reps", DEFAULT_REPS as f64)?;
     let seed = constant_f64(args, level_idx + 3, fname, "seed", DEFAULT_SEED as f64)?;
     let bootstrap = Bootstrap::new(reps, seed).map_err(err)?;
-    IntervalSpec::new(method, level, bootstrap).map_err(err)
+    IntervalSpec::new(method, level, bootstrap)
+        .and_then(|s| s.with_icc(icc))
+        .map_err(err)
 }
 
 /// The key kind of the (coerced) cluster argument at `idx`.
