@@ -97,7 +97,7 @@ for mod, path in mods.items():
 # The layers, top first (docs/architecture.md). A module may use its layer and those below.
 LAYERS = [
     ["cli", "main"],
-    ["runner", "report", "mock", "view"],
+    ["runner", "report", "mock", "view", "verify"],
     ["stages", "import", "judge", "pipeline"],
     ["query", "cluster", "storage"],
     ["udaf", "validity", "schema", "config", "vader", "progress", "lib"],

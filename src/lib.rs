@@ -22,6 +22,7 @@ pub mod storage;
 pub mod udaf;
 pub mod vader;
 pub mod validity;
+pub mod verify;
 pub mod view;
 
 pub use udaf::register_all;

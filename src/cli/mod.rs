@@ -211,6 +211,10 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Merge a run's small parts (the call stage's frequent commits) into large ones.
     Compact(CompactArgs),
+    /// Check a run root against its manifest: every part decoded, row counts, duplicated
+    /// ids, orphans, missing verdicts and scores (exit 1 naming each problem); `--repair`
+    /// moves damaged parts aside so the next `run` re-does exactly their work.
+    Verify(VerifyArgs),
     /// List the runs under a folder (default `runs/`): id, created, stages, scorers, rows.
     Runs(runs::RunsArgs),
     /// A run's stages and the batches a batch-mode call left open (ids, states).
@@ -250,6 +254,7 @@ impl Command {
             Command::Compare(_) => "compare",
             Command::Plan(_) => "plan",
             Command::Compact(_) => "compact",
+            Command::Verify(_) => "verify",
             Command::Runs(_) => "runs",
             Command::Status(_) => "status",
             Command::View(_) => "view",
@@ -303,6 +308,17 @@ pub(crate) async fn lease(
 pub struct CompactArgs {
     /// The run root.
     pub run: String,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct VerifyArgs {
+    /// The run root.
+    pub run: String,
+    /// Move damaged parts (and verdict or score parts whose calls are gone, after writing
+    /// their other rows back) under `<root>/_damaged/`, never deleting them, and mark the
+    /// stages that lost rows as not finished; exit 0 when done.
+    #[arg(long)]
+    pub repair: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -538,6 +554,7 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
         Command::Runs(a) => runs::run(a).await,
         Command::Status(a) => runs::status(a).await,
         Command::View(a) => view::run(a).await,
+        Command::Verify(a) => verify(a).await,
         Command::Compact(a) => {
             let (_, store, _) = crate::query::open_run(&a.run).await.map_err(|e| {
                 if e.is_bad_input() {
@@ -713,4 +730,51 @@ async fn open_stage(a: &StageArgs) -> Result<Runner, CliError> {
         ));
     }
     Ok(Runner::open(&a.pipeline, a.out.as_deref()).await?)
+}
+
+/// `evalflow verify`: exit 1 naming every problem; with `--repair`, 0 once repaired.
+async fn verify(a: VerifyArgs) -> Result<(), CliError> {
+    let store =
+        crate::storage::RunStore::open(&a.run).map_err(|e| CliError::BadInput(e.to_string()))?;
+    let err = |e: crate::verify::VerifyError| match e {
+        crate::verify::VerifyError::NotARun(_) => CliError::BadInput(e.to_string()),
+        e => internal(e),
+    };
+    // Repair reads under the lease: another writer may be changing what it would move.
+    let _lease = if a.repair {
+        Some(lease(&store).await?)
+    } else {
+        None
+    };
+    let v = crate::verify::verify(&store).await.map_err(err)?;
+    crate::progress::outln!("{}", crate::verify::render(&store, &v).trim_end());
+    if v.problems.is_empty() {
+        return Ok(());
+    }
+    if !a.repair {
+        return Err(CliError::Gate(format!(
+            "{}: {} problem(s); `evalflow verify {} --repair` moves damaged parts aside",
+            store.display(),
+            v.problems.len(),
+            a.run
+        )));
+    }
+    let r = crate::verify::repair(&store, &v).await.map_err(err)?;
+    for (from, to) in &r.moved {
+        crate::progress::outln!("moved {from} -> {to}");
+    }
+    if r.kept_rows > 0 {
+        crate::progress::outln!(
+            "wrote back {} rows of the parts moved for orphans",
+            r.kept_rows
+        );
+    }
+    if !r.reopened.is_empty() {
+        crate::progress::outln!(
+            "reopened: {} (the next `evalflow run PIPELINE --out {}` re-does their missing work)",
+            r.reopened.join(", "),
+            a.run
+        );
+    }
+    Ok(())
 }

@@ -584,6 +584,11 @@ impl PartFooter {
     pub fn meta(&self) -> &ObjectMeta {
         &self.meta
     }
+
+    /// The rows its footer records.
+    pub fn num_rows(&self) -> u64 {
+        self.footer.metadata().file_metadata().num_rows().max(0) as u64
+    }
 }
 
 #[cfg(test)]
