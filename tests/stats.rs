@@ -1654,3 +1654,84 @@ async fn paired_se_never_falls_below_the_iid_paired_se() {
     assert_close(f(&r[0][0]), (1.0f64 / 18.0).sqrt(), "graded clustered se");
     assert_eq!(r[0][2], ScalarValue::Utf8(Some("cr2_ri".into())));
 }
+
+/// Issue 63: a stated latent ICC. At ICC 0 the model is binomial, so the stated interval is
+/// the mid-p exact binomial interval (each bound's mid-p tail 0.025, solved here by bisection
+/// with statrs), and the result is its union with `auto`'s; a larger ICC widens it; the method
+/// names the ICC; a bad ICC and an ICC on a paired difference are errors.
+#[tokio::test]
+async fn a_stated_icc_unions_auto_with_the_exact_interval() {
+    use statrs::distribution::{Binomial, Discrete, DiscreteCDF};
+    let ctx = ctx_with(2);
+    let t = "(VALUES (1.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'a'), (0.0, 'b'), (0.0, 'b'), \
+             (0.0, 'b'), (0.0, 'b'), (1.0, 'c'), (1.0, 'c'), (0.0, 'c'), (0.0, 'c'), (0.0, 'd'), \
+             (0.0, 'd'), (0.0, 'd'), (0.0, 'd')) AS t(x, c)";
+    let r = rows(
+        &ctx,
+        &format!(
+            "SELECT clustered_mean_ci(x, c)['lo'], clustered_mean_ci(x, c)['hi'], \
+             clustered_mean_ci(x, c, 0.95, 'auto; icc=0')['lo'], \
+             clustered_mean_ci(x, c, 0.95, 'auto; icc=0')['hi'], \
+             clustered_mean_ci(x, c, 0.95, 'icc=0.3')['lo'], \
+             clustered_mean_ci(x, c, 0.95, 'icc=0.3')['hi'], \
+             clustered_mean_ci(x, c, 0.95, 'auto; icc=0.9')['lo'], \
+             clustered_mean_ci(x, c, 0.95, 'auto; icc=0.9')['hi'], \
+             clustered_mean_ci(x, c, 0.95, 'cr2_score;icc=0.3')['method'] FROM {t}"
+        ),
+    )
+    .await;
+    let v: Vec<f64> = (0..8).map(|i| f(&r[0][i]).unwrap()).collect();
+    let solve = |tail: &dyn Fn(f64) -> f64| {
+        // `tail` increases in p.
+        let (mut lo, mut hi) = (1e-12, 1.0 - 1e-12);
+        for _ in 0..200 {
+            let mid = 0.5 * (lo + hi);
+            if tail(mid) < 0.025 {
+                lo = mid
+            } else {
+                hi = mid
+            }
+        }
+        0.5 * (lo + hi)
+    };
+    let b = |p: f64| Binomial::new(p, 16).unwrap();
+    let mid_lo = solve(&|p| 1.0 - b(p).cdf(3) + 0.5 * b(p).pmf(3));
+    let mid_hi = solve(&|p| 1.0 - (b(p).cdf(2) + 0.5 * b(p).pmf(3)));
+    assert!((v[2] - v[0].min(mid_lo)).abs() < 1e-7, "{v:?} vs {mid_lo}");
+    assert!((v[3] - v[1].max(mid_hi)).abs() < 1e-7, "{v:?} vs {mid_hi}");
+    // auto's [0.0386, 0.6582] holds the binomial one; ICC 0.9 widens the lower bound.
+    assert!(
+        v[0] < mid_lo && mid_hi < v[1],
+        "{v:?} vs [{mid_lo}, {mid_hi}]"
+    );
+    assert!(v[6] < v[0], "{v:?}");
+    assert!(v[6] <= v[4] && v[4] <= v[0] + 1e-12, "{v:?}");
+    assert!(v[7] >= v[5] && v[5] >= v[3] - 1e-12, "{v:?}");
+    assert_eq!(
+        r[0][8],
+        ScalarValue::Utf8(Some("cr2_score; icc=0.3".into()))
+    );
+    for (sql, needle) in [
+        (
+            "clustered_mean_ci(x, c, 0.95, 'auto; icc=1.2')",
+            "icc=R' with R in [0, 1)",
+        ),
+        (
+            "clustered_mean_ci(x, c, 0.95, 'auto; rho=0.3')",
+            "icc=R' with R in [0, 1)",
+        ),
+        (
+            "paired_diff_clustered(x, x, c, 0.95, 'auto; icc=0.3')",
+            "not to a paired difference",
+        ),
+    ] {
+        let e = ctx
+            .sql(&format!("SELECT {sql} FROM {t}"))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains(needle), "{sql}: {e}");
+    }
+}
