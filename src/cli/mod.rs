@@ -384,6 +384,13 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     // On the heap: the verbs' futures together are large, and a host (the Python package)
     // runs a command on a thread with a small stack.
     let result = Box::pin(dispatch(cli)).await;
+    let faults = crate::storage::retry::faults();
+    if faults > 0 {
+        crate::progress::errln!(
+            "object store: {faults} transient fault(s) (5xx, 429, dropped connections) met and \
+             retried (bounds: EVALFLOW_STORE_RETRIES, EVALFLOW_STORE_RETRY_SECS)"
+        );
+    }
     // The command's object-store leases were dropped with it: give them back now, so the
     // next writer need not wait for them to expire.
     crate::storage::lease::release_dropped().await;

@@ -418,19 +418,26 @@ async fn try_object(
     let os = store.object_store();
     let put = |mode: PutMode| {
         let (os, p, body) = (os.clone(), p.clone(), body.clone());
-        async move {
-            os.put_opts(
-                &p,
-                PutPayload::from(body),
-                PutOptions {
-                    mode,
-                    ..Default::default()
-                },
-            )
-            .await
-        }
+        retrying(move || {
+            let (os, p, body, mode) = (os.clone(), p.clone(), body.clone(), mode.clone());
+            async move {
+                os.put_opts(
+                    &p,
+                    PutPayload::from(body),
+                    PutOptions {
+                        mode,
+                        ..Default::default()
+                    },
+                )
+                .await
+            }
+        })
     };
     let store_err = |source| store.store_err(&p, source);
+    let ours = |v: UpdateVersion| object_store::PutResult {
+        e_tag: v.e_tag,
+        version: v.version,
+    };
     let result = match put(PutMode::Create).await {
         Ok(r) => r,
         Err(object_store::Error::NotImplemented { .. }) => {
@@ -448,16 +455,24 @@ async fn try_object(
                 // Released between our put and our read: try again at once.
                 return Box::pin(try_object(store, verb)).await;
             };
-            if !holder.is_stale(&location) {
+            if holder.token == me.token {
+                // Our own create, whose response a flaky store lost: the client's retry of
+                // it then found the object there.
+                ours(version)
+            } else if !holder.is_stale(&location) {
                 return Ok(Err(Some(holder)));
-            }
-            match put(PutMode::Update(version)).await {
-                Ok(r) => r,
-                // Another contender took it over first.
-                Err(object_store::Error::Precondition { .. }) => {
-                    return Ok(Err(read_object(store).await?.map(|h| h.0)));
+            } else {
+                match put(PutMode::Update(version)).await {
+                    Ok(r) => r,
+                    // Another contender took it over first (or our own update, retried).
+                    Err(object_store::Error::Precondition { .. }) => {
+                        match read_object(store).await? {
+                            Some((h, v)) if h.token == me.token => ours(v),
+                            other => return Ok(Err(other.map(|h| h.0))),
+                        }
+                    }
+                    Err(e) => return Err(store_err(e)),
                 }
-                Err(e) => return Err(store_err(e)),
             }
         }
         Err(e) => return Err(store_err(e)),
@@ -488,6 +503,42 @@ async fn try_object(
     }))
 }
 
+/// Runs a conditional request again after a transient failure (a 5xx, a dropped connection),
+/// within the store's retry bounds (`storage::retry`): object_store does not retry conditional
+/// requests, as an answer lost after the store committed comes back as a conflict on the next
+/// try. Callers read the lease back to tell their own committed write from another writer's.
+async fn retrying<T, F, Fut>(f: F) -> object_store::Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = object_store::Result<T>>,
+{
+    use object_store::Error as E;
+    let cfg = super::retry::retry_config();
+    let started = std::time::Instant::now();
+    let mut wait = cfg.backoff.init_backoff;
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Err(
+                e @ (E::AlreadyExists { .. }
+                | E::Precondition { .. }
+                | E::NotImplemented { .. }
+                | E::NotFound { .. }
+                | E::NotModified { .. }
+                | E::PermissionDenied { .. }
+                | E::Unauthenticated { .. }),
+            ) => return Err(e),
+            Err(e) if tries < cfg.max_retries && started.elapsed() + wait < cfg.retry_timeout => {
+                tracing::info!("lease: retrying after a transient store error: {e}");
+                tries += 1;
+                tokio::time::sleep(wait).await;
+                wait = wait.mul_f64(cfg.backoff.base).min(cfg.backoff.max_backoff);
+            }
+            other => return other,
+        }
+    }
+}
+
 fn body_token(body: &[u8]) -> String {
     serde_json::from_slice::<Holder>(body)
         .map(|h| h.token)
@@ -510,11 +561,18 @@ async fn renew(store: RunStore, mut me: Holder, mut version: UpdateVersion, ttl:
             mode: PutMode::Update(version.clone()),
             ..Default::default()
         };
-        match os.put_opts(&p, PutPayload::from(body), opts).await {
+        let put = || os.put_opts(&p, PutPayload::from(body.clone()), opts.clone());
+        match retrying(put).await {
             Ok(r) => {
                 version = UpdateVersion {
                     e_tag: r.e_tag,
                     version: r.version,
+                }
+            }
+            // Our own update, retried after its answer was lost: carry on from it.
+            Err(object_store::Error::Precondition { .. }) if matches!(read_object(&store).await, Ok(Some((ref h, _))) if h.token == me.token) => {
+                if let Ok(Some((_, v))) = read_object(&store).await {
+                    version = v;
                 }
             }
             Err(object_store::Error::Precondition { .. }) => {

@@ -13,6 +13,7 @@ mod manifest;
 mod part_file;
 mod parts;
 pub mod point;
+pub mod retry;
 mod root;
 mod store;
 

@@ -123,6 +123,8 @@ fn s3_store(root: &str) -> Result<Arc<dyn ObjectStore>, String> {
     }
     object_store::aws::AmazonS3Builder::from_env()
         .with_url(root)
+        .with_retry(super::retry::retry_config())
+        .with_http_connector(super::retry::CountingConnector)
         .build()
         .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
         .map_err(|e| e.to_string())

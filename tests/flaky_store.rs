@@ -1,0 +1,97 @@
+//! A flaky object store (issue 60, item 3): moto behind `tests/fault_proxy.py`, which answers
+//! 503 SlowDown, 500, resets, slow answers and answers lost after the store committed. A run
+//! of the default pipeline on that root completes with the tables of a run on a local disk,
+//! says how many faults it retried, and the lease survives its own lost create.
+
+#[path = "common/moto.rs"]
+mod moto;
+
+use std::process::{Command, Output};
+
+use moto::{FaultProxy, Moto};
+
+fn bin(env: &[(&'static str, String)]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_evalflow"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .envs(env.iter().cloned());
+    c
+}
+
+fn ok(o: &Output, what: &str) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        o.status.success(),
+        "{what}: {}\n{err}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    err
+}
+
+/// A table's rows as JSON, sorted, without the columns that record when and how fast a call
+/// ran.
+fn tables(root: &str, env: &[(&'static str, String)]) -> Vec<String> {
+    [
+        "SELECT * FROM cases ORDER BY case_id",
+        "SELECT * EXCLUDE (latency_ms, started_at) FROM calls ORDER BY call_id",
+        "SELECT * FROM validity ORDER BY call_id",
+        "SELECT * FROM scores ORDER BY call_id",
+        "SELECT * EXCLUDE (se, ci_lo, ci_hi), round(ci_lo, 12), round(ci_hi, 12) FROM results \
+         ORDER BY level, capability, test_type, test",
+    ]
+    .iter()
+    .map(|q| {
+        let o = bin(env)
+            .args(["sql", "--format", "json", "--run", root, q])
+            .output()
+            .unwrap();
+        ok(&o, q);
+        String::from_utf8(o.stdout).unwrap()
+    })
+    .collect()
+}
+
+#[test]
+fn a_run_on_a_flaky_store_completes_with_the_tables_of_a_steady_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let local = tmp.path().join("local");
+    let local = local.to_str().unwrap();
+    let o = bin(&[])
+        .args(["run", "pipelines/sentiment.toml", "--out", local])
+        .output()
+        .unwrap();
+    ok(&o, "local run");
+    let want = tables(local, &[]);
+
+    let moto = Moto::start("flaky");
+    let proxy = FaultProxy::start(&moto.endpoint, 0.1, 7);
+    // Short backoff bounds keep the test quick; the faults are what is tested.
+    let mut env = proxy.env(&moto);
+    env.push(("EVALFLOW_STORE_RETRIES", "10".into()));
+    let root = "s3://flaky/runs/r1";
+    let o = bin(&env)
+        .args(["run", "pipelines/sentiment.toml", "--out", root])
+        .output()
+        .unwrap();
+    let err = ok(&o, "flaky run");
+    let faults = proxy.faults();
+    let injected: u64 = ["503", "500", "reset", "slow", "lost"]
+        .iter()
+        .map(|k| faults[k].as_u64().unwrap())
+        .sum();
+    eprintln!("injected: {faults}");
+    assert!(injected >= 5, "too few faults to mean anything: {faults}");
+    assert!(
+        err.contains("transient fault(s)") && err.contains("met and retried"),
+        "{err}"
+    );
+    // Read back through the same faults, and checked whole.
+    let o = bin(&env).args(["verify", root]).output().unwrap();
+    ok(&o, "verify");
+    let got = tables(root, &env);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            g == w,
+            "table {i} differs between the flaky and the steady root"
+        );
+    }
+}
