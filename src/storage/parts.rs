@@ -371,7 +371,7 @@ impl PartWriter {
                 .finish()
                 .await
                 .map_err(|source| StorageError::Parquet {
-                    location: name.clone(),
+                    location: self.writing(&name),
                     source,
                 })?;
             self.next_seq += 1;
@@ -402,9 +402,9 @@ impl PartWriter {
                 .map_err(|source| StorageError::Parquet { location, source })
         };
         if self.max_inflight == 0 {
-            return encode(name.clone())?.commit().await;
+            return encode(self.writing(&name))?.commit().await;
         }
-        let location = name.clone();
+        let location = self.writing(&name);
         // Encoded on rayon's pool (sized by `--threads`): a thread of tokio's blocking
         // pool would be one more malloc arena holding freed buffers.
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -431,10 +431,18 @@ impl PartWriter {
         format!("{}/{}-{:05}.parquet", self.dir, self.prefix, self.next_seq)
     }
 
+    /// Where a part is being written, for errors (a full disk names the file).
+    fn writing(&self, name: &str) -> String {
+        format!(
+            "{} (writing a part)",
+            self.store.location(&self.store.path(name))
+        )
+    }
+
     /// An encoding error of the part being written.
     fn parquet_err(&self, source: ParquetError) -> StorageError {
         StorageError::Parquet {
-            location: self.part_name(),
+            location: self.writing(&self.part_name()),
             source,
         }
     }
