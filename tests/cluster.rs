@@ -299,6 +299,16 @@ const STAT_QUERIES: &[(&str, &str)] = &[
         "SELECT g, paired_diff_clustered(x, y, cl) AS v FROM obs GROUP BY g ORDER BY g",
     ),
     (
+        "logit_normal_icc",
+        "SELECT g, logit_normal_icc(CASE WHEN x > 0.5 THEN 1.0 ELSE 0.0 END, cl) AS v FROM obs \
+         GROUP BY g ORDER BY g",
+    ),
+    (
+        "clustered_mean_ci stated icc",
+        "SELECT g, clustered_mean_ci(CASE WHEN x > 0.5 THEN 1.0 ELSE 0.0 END, cl, 0.95, \
+         'auto; icc=0.3') AS v FROM obs GROUP BY g ORDER BY g",
+    ),
+    (
         "variance_components",
         "SELECT g, variance_components(x, case_id) AS v FROM obs GROUP BY g ORDER BY g",
     ),

@@ -98,6 +98,78 @@ struct EvalSamples {
     pos: usize,
     header: Header,
     opts: Options,
+    /// Records decoded ahead, in entry order (reversed: the next is last).
+    ready: Vec<Result<Record, ImportError>>,
+}
+
+/// Samples decoded at once, on every core: enough to keep the cores busy, few enough that
+/// their records are a few MB.
+const EVAL_CHUNK: usize = 256;
+
+/// The fields of a sample evalflow keeps. Its `events`, `attachments` and model call
+/// payloads, most of a sample's bytes, are skipped by the parser without being built.
+#[derive(serde::Deserialize)]
+struct KeptSample {
+    id: Option<Value>,
+    epoch: Option<Value>,
+    input: Option<Value>,
+    target: Option<Value>,
+    messages: Option<Value>,
+    error: Option<Value>,
+    output: Option<Value>,
+    model_usage: Option<Value>,
+    scores: Option<Value>,
+    metadata: Option<Value>,
+    started_at: Option<Value>,
+}
+
+impl KeptSample {
+    /// The sample as the object [`sample_record`] reads (a JSON null as absent, which it
+    /// reads the same way).
+    fn into_value(self) -> Value {
+        let fields = [
+            ("id", self.id),
+            ("epoch", self.epoch),
+            ("input", self.input),
+            ("target", self.target),
+            ("messages", self.messages),
+            ("error", self.error),
+            ("output", self.output),
+            ("model_usage", self.model_usage),
+            ("scores", self.scores),
+            ("metadata", self.metadata),
+            ("started_at", self.started_at),
+        ];
+        Value::Object(
+            fields
+                .into_iter()
+                .filter_map(|(k, v)| Some((k.to_string(), v?)))
+                .collect(),
+        )
+    }
+}
+
+thread_local! {
+    /// Each import thread's zstd decompressor, reused from entry to entry.
+    static ZSTD: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Reads, inflates and parses one sample entry into its record.
+fn eval_sample(
+    file: &Path,
+    zip: &super::zip::Archive,
+    i: usize,
+    name: &str,
+    h: &Header,
+    opts: &Options,
+) -> Result<Record, ImportError> {
+    let bytes = ZSTD
+        .with(|z| zip.entry_bytes(i, &mut z.borrow_mut()))
+        .map_err(|e| bad(file, name, "(entry)", e))?;
+    let kept: KeptSample = serde_json::from_slice(&bytes)
+        .map_err(|e| bad(file, name, "(entry)", format!("not JSON: {e}")))?;
+    sample_record(file, name, h, &kept.into_value(), opts)
 }
 
 /// Reads zip entry `i` (one sample or the header) and parses it.
@@ -155,6 +227,7 @@ fn open_eval(path: &Path, opts: &Options) -> Result<RecordIter, ImportError> {
         pos: 0,
         header,
         opts: opts.clone(),
+        ready: Vec::new(),
     }))
 }
 
@@ -173,12 +246,19 @@ impl Iterator for EvalSamples {
     type Item = Result<Record, ImportError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let (i, name) = self.entries.get(self.pos)?.clone();
-        self.pos += 1;
-        Some(
-            entry_json(&self.file, &mut self.zip, i, &name)
-                .and_then(|s| sample_record(&self.file, &name, &self.header, &s, &self.opts)),
-        )
+        use rayon::prelude::*;
+        if self.ready.is_empty() {
+            let end = (self.pos + EVAL_CHUNK).min(self.entries.len());
+            let chunk = &self.entries[self.pos..end];
+            self.pos = end;
+            let (file, zip, h, opts) = (&self.file, &self.zip, &self.header, &self.opts);
+            self.ready = chunk
+                .par_iter()
+                .map(|(i, name)| eval_sample(file, zip, *i, name, h, opts))
+                .collect();
+            self.ready.reverse();
+        }
+        self.ready.pop()
     }
 }
 

@@ -25,6 +25,8 @@ pub struct Entry {
     pub name: String,
     pub method: u16,
     pub compressed_size: u64,
+    /// As the directory records it (a hint for the output buffer; not trusted).
+    pub uncompressed_size: u64,
     local_offset: u64,
 }
 
@@ -96,6 +98,7 @@ impl Archive {
             let method = u16_at(&cd, i + 10);
             let mut compressed = u32_at(&cd, i + 20) as u64;
             let uncompressed = u32_at(&cd, i + 24);
+            let mut uncompressed_size = uncompressed as u64;
             let (n, m, c) = (
                 u16_at(&cd, i + 28) as usize,
                 u16_at(&cd, i + 30) as usize,
@@ -120,7 +123,7 @@ impl Archive {
                         v
                     };
                     if uncompressed == u32::MAX {
-                        next();
+                        uncompressed_size = next().unwrap_or(uncompressed_size);
                     }
                     if compressed == u32::MAX as u64 {
                         compressed = next().unwrap_or(compressed);
@@ -135,11 +138,67 @@ impl Archive {
                 name,
                 method,
                 compressed_size: compressed,
+                uncompressed_size,
                 local_offset: offset,
             });
             i += 46 + n + m + c;
         }
         Ok(Archive { file, entries })
+    }
+
+    /// Entry `k`'s uncompressed bytes, read with positional reads (no seek), so that many
+    /// threads can read entries of one archive at once; `zstd` is the calling thread's
+    /// decompressor, reused from entry to entry (creating one per entry cost 13% of an
+    /// import).
+    ///
+    /// # Errors
+    /// As [`Archive::open_entry`].
+    pub fn entry_bytes(
+        &self,
+        k: usize,
+        zstd: &mut Option<zstd::bulk::Decompressor<'static>>,
+    ) -> Result<Vec<u8>, String> {
+        use std::os::unix::fs::FileExt;
+        let e = &self.entries[k];
+        let mut h = [0u8; 30];
+        self.file
+            .read_exact_at(&mut h, e.local_offset)
+            .map_err(|x| x.to_string())?;
+        if u32_at(&h, 0) != 0x0403_4b50 {
+            return Err("local header: bad signature".into());
+        }
+        let start = e.local_offset + 30 + u16_at(&h, 26) as u64 + u16_at(&h, 28) as u64;
+        let mut raw = vec![0u8; e.compressed_size as usize];
+        self.file
+            .read_exact_at(&mut raw, start)
+            .map_err(|x| x.to_string())?;
+        match e.method {
+            0 => Ok(raw),
+            8 => {
+                let mut out = Vec::with_capacity(e.uncompressed_size.min(1 << 30) as usize);
+                flate2::read::DeflateDecoder::new(&raw[..])
+                    .read_to_end(&mut out)
+                    .map_err(|x| format!("deflate: {x}"))?;
+                Ok(out)
+            }
+            93 => {
+                if zstd.is_none() {
+                    *zstd =
+                        Some(zstd::bulk::Decompressor::new().map_err(|x| format!("zstd: {x}"))?);
+                }
+                let d = zstd.as_mut().expect("set above");
+                // The frame's own content size when it has one, else the directory's.
+                let cap = zstd::zstd_safe::get_frame_content_size(&raw)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(e.uncompressed_size)
+                    .max(e.uncompressed_size) as usize;
+                d.decompress(&raw, cap).map_err(|x| format!("zstd: {x}"))
+            }
+            m => Err(format!(
+                "compression method {m} is not stored, deflate or zstd"
+            )),
+        }
     }
 
     /// A reader of entry `k`'s uncompressed bytes.

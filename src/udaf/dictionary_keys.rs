@@ -58,6 +58,7 @@ pub fn cluster_arg(function: &str) -> Option<usize> {
         | "clustered_se_cr1"
         | "clustered_se_cr2"
         | "clustered_mean_ci"
+        | "logit_normal_icc"
         | "variance_components" => Some(1),
         "paired_diff_clustered" => Some(2),
         _ => None,

@@ -31,6 +31,7 @@ pub mod clustered_se_cr1;
 pub mod clustered_se_cr2;
 pub mod conformal_quantile;
 pub mod confusion;
+pub mod logit_normal_icc;
 pub mod mde;
 pub mod mean_ci;
 pub mod mean_se;
@@ -65,6 +66,7 @@ pub fn aggregates() -> Vec<AggregateUDF> {
         paired_diff::udaf(),
         paired_diff_clustered::udaf(),
         variance_components::udaf(),
+        logit_normal_icc::udaf(),
         confusion::udaf(),
         conformal_quantile::udaf(),
         self_consistency::udaf(),
@@ -96,6 +98,7 @@ pub fn docs() -> Vec<FunctionDoc> {
         sample_size::SampleSize::DOC,
         mde::Mde::DOC,
         variance_components::VarianceComponents::DOC,
+        logit_normal_icc::LogitNormalIcc::DOC,
         confusion::Confusion::DOC,
         rogan_gladen::RoganGladen::DOC,
         rogan_gladen_ci::RoganGladenCi::DOC,

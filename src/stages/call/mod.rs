@@ -31,7 +31,7 @@ use datafusion::arrow::array::{
     Array, ArrayRef, BooleanArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
     TimestampMicrosecondArray,
 };
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -364,15 +364,25 @@ pub fn to_batch(model: &ModelConfig, rows: &[CallRow]) -> RecordBatch {
 async fn committed_among(
     store: &RunStore,
     ids: &HashSet<String>,
+    named: Option<&str>,
 ) -> Result<HashMap<String, Vec<(i64, bool)>>, StorageError> {
     let mut found: HashMap<String, Vec<(i64, bool)>> = HashMap::new();
     if ids.is_empty() {
         return Ok(found);
     }
     const COLUMNS: &[&str] = &["call_id", "error", "started_at"];
-    let mut s = store
-        .read_table_columns("calls", Table::Calls, Some(COLUMNS))
-        .await?;
+    let mut parts = store.list_parts("calls").await?;
+    if let Some(prefix) = named {
+        parts.retain(|m| m.location.filename().is_some_and(|f| f.starts_with(prefix)));
+    }
+    let this = store.clone();
+    let mut s = futures::stream::iter(parts)
+        .then(move |m| {
+            let this = this.clone();
+            async move { this.read_part_columns(&m, Table::Calls, COLUMNS).await }
+        })
+        .try_flatten()
+        .boxed();
     while let Some(b) = s.next().await {
         let b = crate::schema::plain_strings(b?);
         let c = str_col(&b, "call_id");
@@ -535,7 +545,7 @@ async fn recover(
         return Ok(0);
     }
     let ids: HashSet<String> = rows.iter().map(|r| r.req.call_id.clone()).collect();
-    let committed = committed_among(store, &ids).await?;
+    let committed = committed_among(store, &ids, None).await?;
     // A journaled row is new unless its call is answered in `calls/` or this very row (same
     // start) was committed; a retry's row beside its committed error row is new, and the
     // error row is dropped when the retry finishes ([`retry`]).

@@ -40,8 +40,9 @@ const NORMAL_ABOVE: f64 = 100.0;
 /// Multiply-adds of one count distribution beyond which T is taken normal with its skewness
 /// (an Edgeworth expansion): many templates, where the sum is close to normal anyway.
 const EXACT_WORK: f64 = 3e7;
-/// Mass below which a count's probability is dropped.
-const TINY: f64 = 1e-300;
+/// Mass below which a count's probability is dropped: far below any tail an interval at a
+/// level up to 1 - 1e-10 reads, and it keeps T's support to about +-10 SD.
+const TINY: f64 = 1e-25;
 
 /// sigma of a latent ICC rho in [0, 1).
 pub fn sigma_of_icc(rho: f64) -> f64 {
@@ -163,8 +164,9 @@ fn template_pmf(n: u64, a: f64, sigma: f64, g: &Grid) -> Vec<f64> {
             let spread = nf * p * q * sigma * g.h;
             let sd = (v + spread * spread / 12.0).sqrt();
             let m = nf * p;
-            let k0 = (m - 40.0 * sd).floor().max(0.0) as usize;
-            let k1 = ((m + 40.0 * sd).ceil() as usize).min(n as usize);
+            // Beyond 12 SD the normal's mass is below 1e-32, under `TINY`.
+            let k0 = (m - 12.0 * sd).floor().max(0.0) as usize;
+            let k1 = ((m + 12.0 * sd).ceil() as usize).min(n as usize);
             let cdf = |x: f64| std_normal.cdf((x - m) / sd);
             let mut below = if k0 == 0 { 0.0 } else { cdf(k0 as f64 - 0.5) };
             for (k, slot) in pmf.iter_mut().enumerate().take(k1 + 1).skip(k0) {
@@ -260,41 +262,89 @@ impl Counts {
     }
 }
 
+/// The distribution of the sum of the templates' counts on a lattice of step `b` (each
+/// template's count binned to `floor(k / b)`), or `None` past [`EXACT_WORK`].
+fn convolve_all(pmfs: &[Counts], sizes: &[(u64, u64)], b: usize) -> Option<Counts> {
+    let binned: Vec<Counts> = pmfs
+        .iter()
+        .map(|c| {
+            if b == 1 {
+                return Counts {
+                    offset: c.offset,
+                    p: c.p.clone(),
+                };
+            }
+            let first = c.offset / b;
+            let mut p = vec![0.0; (c.offset + c.p.len() - 1) / b - first + 1];
+            for (i, x) in c.p.iter().enumerate() {
+                p[(c.offset + i) / b - first] += x;
+            }
+            Counts { offset: first, p }
+        })
+        .collect();
+    let mut work = 0.0;
+    let mut total = Counts {
+        offset: 0,
+        p: vec![1.0],
+    };
+    for (c, &(_, count)) in binned.iter().zip(sizes) {
+        for _ in 0..count {
+            work += (total.p.len() * c.p.len()) as f64;
+            if work > EXACT_WORK {
+                return None;
+            }
+            total = total.convolve(c);
+        }
+    }
+    Some(total)
+}
+
 /// The mid-p tails (P(T < t) + P(T = t) / 2, P(T > t) + P(T = t) / 2) of the total count at
-/// intercept `a`, exactly by convolution while that is cheap, else by an Edgeworth expansion.
+/// intercept `a`: exactly by convolution while that costs under [`EXACT_WORK`]; else on a
+/// coarser lattice (few large templates, whose binning noise is small beside T's spread);
+/// else by an Edgeworth expansion (many templates, where T is near normal).
 fn mid_p_tails(sizes: &[(u64, u64)], t: u64, a: f64, sigma: f64) -> (f64, f64) {
     let pmfs: Vec<Counts> = sizes
         .iter()
         .map(|&(n, _)| Counts::trimmed(0, template_pmf(n, a, sigma, &Grid::for_size(n, sigma))))
         .collect();
-    let mut work = 0.0;
-    let mut len = 1.0;
-    for (c, &(_, count)) in pmfs.iter().zip(sizes) {
-        for _ in 0..count {
-            work += len * c.p.len() as f64;
-            len += c.p.len() as f64;
-        }
+    if let Some(total) = convolve_all(&pmfs, sizes, 1) {
+        let (below, eq) = total.at(t as usize);
+        let mass: f64 = total.p.iter().sum();
+        let lower = below + 0.5 * eq;
+        return (lower, (mass - lower).max(0.0));
     }
-    if work > EXACT_WORK {
+    // The step whose convolution fits the budget (the work falls as its square), if the
+    // rounding it adds (variance g b^2 / 12 over g templates) stays below 1% of T's.
+    let g: u64 = sizes.iter().map(|(_, c)| c).sum();
+    let len: f64 = pmfs
+        .iter()
+        .zip(sizes)
+        .map(|(c, (_, k))| (c.p.len() as f64) * *k as f64)
+        .sum();
+    let b = ((len * len / 2.0 / EXACT_WORK).sqrt().ceil() as usize).max(2);
+    let (_, var, _) = cumulants(sizes, a, sigma);
+    let binned = (g as f64 * (b * b) as f64 / 12.0 <= 0.01 * var)
+        .then(|| convolve_all(&pmfs, sizes, b))
+        .flatten();
+    let Some(total) = binned else {
         return edgeworth_tails(sizes, t, a, sigma);
-    }
-    let mut total = Counts {
-        offset: 0,
-        p: vec![1.0],
     };
-    for (c, &(_, count)) in pmfs.iter().zip(sizes) {
-        for _ in 0..count {
-            total = total.convolve(c);
-        }
-    }
-    let (below, eq) = total.at(t as usize);
+    // Bucket s holds sums whose remainders add about g (b - 1) / 2: each bucket's mass is
+    // spread over one step around b s + g (b - 1) / 2.
+    let x = (t as f64 - g as f64 * (b - 1) as f64 / 2.0) / b as f64;
+    let lower: f64 = total
+        .p
+        .iter()
+        .enumerate()
+        .map(|(i, m)| m * (x - (total.offset + i) as f64 + 0.5).clamp(0.0, 1.0))
+        .sum();
     let mass: f64 = total.p.iter().sum();
-    let lower = below + 0.5 * eq;
     (lower, (mass - lower).max(0.0))
 }
 
-/// The tails of [`mid_p_tails`] from T's mean, variance and third cumulant under the model.
-fn edgeworth_tails(sizes: &[(u64, u64)], t: u64, a: f64, sigma: f64) -> (f64, f64) {
+/// T's mean, variance and third cumulant under the model at intercept `a`.
+fn cumulants(sizes: &[(u64, u64)], a: f64, sigma: f64) -> (f64, f64, f64) {
     let g = Grid::with_step(H_MAX, sigma);
     let (mut mean, mut var, mut k3) = (0.0, 0.0, 0.0);
     for &(n, count) in sizes {
@@ -311,6 +361,12 @@ fn edgeworth_tails(sizes: &[(u64, u64)], t: u64, a: f64, sigma: f64) -> (f64, f6
         let c = count as f64;
         (mean, var, k3) = (mean + c * m, var + c * v, k3 + c * c3);
     }
+    (mean, var, k3)
+}
+
+/// The tails of [`mid_p_tails`] from T's mean, variance and third cumulant under the model.
+fn edgeworth_tails(sizes: &[(u64, u64)], t: u64, a: f64, sigma: f64) -> (f64, f64) {
+    let (mean, var, k3) = cumulants(sizes, a, sigma);
     if var <= 0.0 {
         let below = if (t as f64) > mean { 1.0 } else { 0.0 };
         return (below, 1.0 - below);
@@ -428,10 +484,11 @@ fn golden_max(f: impl Fn(f64) -> f64, mut lo: f64, mut hi: f64, tol: f64) -> (f6
     if f1 >= f2 { (x1, f1) } else { (x2, f2) }
 }
 
-/// The profile log-likelihood of the marginal rate `mu`: the largest over sigma in
-/// [0, sigma(cap)] (a scan of 12 values, then golden section beside the best).
-fn profile(classes: &[((u64, u64), f64)], mu: f64) -> f64 {
-    let cap = sigma_of_icc(PROFILE_ICC_CAP);
+/// The profile log-likelihood of the marginal rate `mu` and the sigma that attains it: the
+/// largest over sigma in [0, sigma(`cap`)] (a scan of 12 values, then golden section beside
+/// the best).
+fn profile_at(classes: &[((u64, u64), f64)], mu: f64, cap: f64) -> (f64, f64) {
+    let cap = sigma_of_icc(cap);
     let at = |s: f64| log_lik(classes, intercept(mu, s), s);
     let scan: Vec<(f64, f64)> = (0..12)
         .map(|i| {
@@ -444,8 +501,57 @@ fn profile(classes: &[((u64, u64), f64)], mu: f64) -> f64 {
         .unwrap_or(0);
     let lo = scan[best.saturating_sub(1)].0;
     let hi = scan[(best + 1).min(scan.len() - 1)].0;
-    let (_, f) = golden_max(at, lo, hi, 1e-4);
-    f.max(scan[best].1)
+    let (s, f) = golden_max(at, lo, hi, 1e-4);
+    if f >= scan[best].1 {
+        (f, s)
+    } else {
+        (scan[best].1, scan[best].0)
+    }
+}
+
+fn profile(classes: &[((u64, u64), f64)], mu: f64) -> f64 {
+    profile_at(classes, mu, PROFILE_ICC_CAP).0
+}
+
+/// The maximum-likelihood fit of the logit-normal template model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fit {
+    /// The marginal rate.
+    pub mu: f64,
+    /// The template effects' SD on the logit scale.
+    pub sigma: f64,
+    /// The latent ICC, sigma^2 / (sigma^2 + pi^2 / 3).
+    pub icc: f64,
+}
+
+/// The largest latent ICC [`fit`] considers.
+pub const FIT_ICC_CAP: f64 = 0.95;
+
+/// Fits the model to per-template `(rows, ones)` by maximum likelihood (the latent ICC in
+/// [0, [`FIT_ICC_CAP`]]): the estimate of a past run's ICC to state for a new one. `None`
+/// without rows, or when every row is 0 (or every row 1), which says nothing of the ICC.
+pub fn fit(cells: &[(u64, u64)]) -> Option<Fit> {
+    let classes = cell_classes(cells);
+    let n: f64 = classes.iter().map(|((n, _), c)| *n as f64 * c).sum();
+    let t: f64 = classes.iter().map(|((_, k), c)| *k as f64 * c).sum();
+    if n == 0.0 || t == 0.0 || t == n {
+        return None;
+    }
+    let x0 = (t / (n - t)).ln();
+    let (x, _) = golden_max(
+        |x| profile_at(&classes, expit(x), FIT_ICC_CAP).0,
+        x0 - 2.0,
+        x0 + 2.0,
+        1e-7,
+    );
+    let mu = expit(x);
+    let (_, sigma) = profile_at(&classes, mu, FIT_ICC_CAP);
+    let s2 = sigma * sigma;
+    Some(Fit {
+        mu,
+        sigma,
+        icc: s2 / (s2 + PI * PI / 3.0),
+    })
 }
 
 /// The logit-normal profile-likelihood interval of a pass/fail rate from per-template

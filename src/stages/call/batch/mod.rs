@@ -731,7 +731,15 @@ impl Ctx<'_> {
         }
         let mut attempts = self.journal.attempts().map_err(self.jerr())?;
         let applied = attempts.applied.contains(&c.key);
-        let committed = super::committed_among(self.store, &ids.into_iter().collect()).await?;
+        // Only this chunk's own parts can hold its calls: they were anti-joined with the
+        // committed calls when it was made, and one writer holds the root. Its cost grows
+        // with the chunk, not with the calls committed before it.
+        let committed = super::committed_among(
+            self.store,
+            &ids.into_iter().collect(),
+            Some(&format!("part-batch-{}-", c.key)),
+        )
+        .await?;
         let latency_ms =
             ((chrono::Utc::now().timestamp_micros() - c.written_at_us) as f64 / 1000.0).max(0.0);
         let mut rows = Vec::new();
