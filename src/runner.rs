@@ -516,6 +516,16 @@ impl Runner {
         let id = scorer.id();
         let stage = format!("score:{}", id.tag());
         let before = self.manifest.stages.get(&stage).cloned();
+        // The judge's endpoint is not part of its version (the same model behind another
+        // `base_url`): recorded beside its scores.
+        let endpoint = (id.name == "judge")
+            .then(|| self.pipeline.judge.as_ref())
+            .flatten()
+            .map(|m| {
+                m.base_url
+                    .clone()
+                    .unwrap_or_else(|| format!("{} default", m.provider))
+            });
         self.manifest.start(&stage);
         self.manifest.save(&self.store).await?;
         let rows = match score_stage::run(&self.store, scorer).await {
@@ -540,12 +550,12 @@ impl Runner {
         if !self.manifest.scorer_versions.contains(&id.tag()) {
             self.manifest.scorer_versions.push(id.tag());
         }
-        self.manifest.complete(
-            &stage,
-            &id.dir(),
-            rows,
-            BTreeMap::from([("logic_hash".into(), json!(score_stage::logic_hash(scorer)))]),
-        );
+        let mut details =
+            BTreeMap::from([("logic_hash".into(), json!(score_stage::logic_hash(scorer)))]);
+        if let Some(e) = endpoint {
+            details.insert("endpoint".into(), json!(e));
+        }
+        self.manifest.complete(&stage, &id.dir(), rows, details);
         self.manifest
             .stages
             .insert("score".into(), self.manifest.stages[&stage].clone());

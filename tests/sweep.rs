@@ -639,3 +639,74 @@ fn sql_outputs_stream_and_parquet_is_atomic() {
     let e = bin(&["sql", "SELECT 1 AS a WHERE false", "--format", "csv"]);
     assert_eq!(String::from_utf8_lossy(&e.stdout).trim(), "a");
 }
+
+/// Issue 61 item 15: a judge scorer moved to another endpoint (the same model behind another
+/// `base_url`) is not "already scored" in silence: the endpoint is recorded beside its
+/// scores, `rescore` refuses the move with exit 2 naming both endpoints and the way out, and
+/// `version = "..."` in the [[scorer]] table scores a new version at the new endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_judge_moved_to_another_endpoint_needs_a_new_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut mocks = Vec::new();
+    for _ in 0..2 {
+        mocks.push(
+            MockServer::start(
+                "127.0.0.1:0".parse().unwrap(),
+                MockConfig {
+                    answer: AnswerMode::Checklist,
+                    retry_after_secs: 0,
+                    ..MockConfig::default()
+                },
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    let (a, b) = (mocks[0].base_url(), mocks[1].base_url());
+    let root = dir.path().join("run");
+    recorded_run(&root, CUE_PIPELINE, BRANDS).await;
+    let def = |url: &str, version: &str| {
+        let p = dir.path().join(format!("judge-{}.toml", version.len()));
+        std::fs::write(
+            &p,
+            format!(
+                "[[scorer]]\nname = \"tools\"\nkind = \"judge\"\nmetric = \"numeric\"\n{version}\n\
+                 questions = [{{ id = \"named\", text = \"Does the answer name a tool?\" }}]\n\
+                 [scorer.model]\nprovider = \"openai\"\nbase_url = \"{url}\"\nname = \"judge-model\"\n"
+            ),
+        )
+        .unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let (da, db, dv) = (def(&a, ""), def(&b, " "), def(&b, "version = \"b\""));
+    let r = root.to_str().unwrap().to_string();
+    let (first, moved, renamed) = tokio::task::spawn_blocking(move || {
+        let first = bin(&["rescore", &r, "--scorer-file", &da]);
+        let moved = bin(&["rescore", &r, "--scorer-file", &db]);
+        let renamed = bin(&["rescore", &r, "--scorer-file", &dv]);
+        (first, moved, renamed)
+    })
+    .await
+    .unwrap();
+    assert!(first.status.success(), "{}", text(&first));
+    assert_eq!(moved.status.code(), Some(2), "{}", text(&moved));
+    let msg = text(&moved);
+    assert!(
+        msg.contains(&format!("scored by the judge at {a}"))
+            && msg.contains(&format!("points it at {b}"))
+            && msg.contains("version = \"...\""),
+        "{msg}"
+    );
+    assert!(renamed.status.success(), "{}", text(&renamed));
+    let v = sql(
+        &root,
+        "SELECT scoring_version, count(*) AS n FROM scores WHERE scorer = 'tools' \
+         GROUP BY 1 ORDER BY 1",
+    );
+    assert_eq!(
+        v.as_array().unwrap().len(),
+        2,
+        "two versions of the judge: {v}"
+    );
+    assert_eq!(v[0]["n"], v[1]["n"], "{v}");
+}

@@ -118,6 +118,8 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
     };
     // The definition read from --scorer-file, for naming its lines should it fail.
     let mut file_def = None;
+    // A judge scorer's endpoint, recorded beside its scores.
+    let mut endpoint: Option<String> = None;
     let scorer: Box<dyn Scorer> = match &a.scorer_file {
         Some(file) => {
             let mut def = from_file(&a, file)?;
@@ -140,14 +142,6 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
                     file.display()
                 )));
             }
-            refuse_existing(
-                &store,
-                &ScorerId {
-                    name: def.name.clone(),
-                    version,
-                },
-            )
-            .await?;
             let judge: Option<crate::pipeline::ModelConfig> = manifest
                 .pipeline
                 .get("judge")
@@ -157,6 +151,37 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
                     j.batch |= a.batch;
                     j
                 });
+            // A judge's endpoint is not in its version (the same model, another base_url):
+            // recorded beside its scores, and named when it is what changed.
+            if def.kind == crate::config::scorer::Kind::Judge {
+                endpoint = def.model.as_ref().or(judge.as_ref()).map(|m| {
+                    m.base_url
+                        .clone()
+                        .unwrap_or_else(|| format!("{} default", m.provider))
+                });
+            }
+            let id = ScorerId {
+                name: def.name.clone(),
+                version,
+            };
+            if let (Some(now), Some(then)) = (
+                &endpoint,
+                manifest
+                    .stages
+                    .get(&format!("score:{}", id.tag()))
+                    .and_then(|s| s.details.get("endpoint"))
+                    .and_then(|v| v.as_str()),
+            ) && now != then
+            {
+                return Err(CliError::BadInput(format!(
+                    "{} was scored by the judge at {then}; {} points it at {now}, which its \
+                     version does not show: add `version = \"...\"` to the [[scorer]] table to \
+                     score a new version",
+                    id.tag(),
+                    file.display()
+                )));
+            }
+            refuse_existing(&store, &id).await?;
             user::prepare(&def, &store, judge.as_ref())
                 .await
                 .map_err(scorer_err)?
@@ -226,6 +251,9 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
     ]);
     if let Some(d) = scorer.definition() {
         details.insert("definition".into(), d);
+    }
+    if let Some(e) = endpoint {
+        details.insert("endpoint".into(), json!(e));
     }
     manifest.complete(&stage, &id.dir(), rows, details);
     manifest.save(&store).await.map_err(internal)?;
@@ -400,7 +428,8 @@ async fn refuse_existing(store: &crate::storage::RunStore, id: &ScorerId) -> Res
     }
     Err(CliError::BadInput(format!(
         "{} is already scored ({}/{} exists): rescoring never overwrites a scores version \
-         (change the scorer's definition, bump its version or use other cues)",
+         (change the scorer's definition, add `version = \"...\"` to its [[scorer]] table, \
+         or use other cues)",
         id.tag(),
         store.display(),
         id.dir()

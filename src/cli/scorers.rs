@@ -52,6 +52,7 @@ async fn nested_judge_dir(
     let checklist = crate::config::JudgeChecklist {
         questions: def.questions.clone().unwrap_or_default(),
         instructions: def.instructions.clone(),
+        version: None,
     };
     Ok(Some(format!(
         "judge/{}",

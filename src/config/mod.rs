@@ -190,6 +190,11 @@ pub struct JudgeChecklist {
     pub questions: Vec<JudgeQuestion>,
     /// Extra instructions placed before the questions.
     pub instructions: Option<String>,
+    /// A label of the user's that makes a new judge version (and so a new scores folder):
+    /// for a change the version cannot see, such as another endpoint serving the same model.
+    /// Unset, the version is what it was before this key existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// One checklist question.

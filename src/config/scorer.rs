@@ -87,6 +87,10 @@ pub struct ScorerDef {
     /// Free text for people (hashed like everything else).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// A label that makes a new version (hashed like everything else): for a change the
+    /// definition does not show, such as a judge model served at another endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
     /// `sql`: the score, a number (omitted: 1.0 / 0.0 from `passed`, or 1.0 for a labelled
     /// row).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -399,6 +399,7 @@ pub async fn prepare(
         let checklist = JudgeChecklist {
             questions: def.questions.clone().unwrap_or_default(),
             instructions: def.instructions.clone(),
+            version: None,
         };
         let provider = crate::stages::call::build_provider(model)
             .map_err(|e| ScorerError::from(def.err("model", e.to_string())))?;
