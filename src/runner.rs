@@ -519,7 +519,7 @@ impl Runner {
         // The judge's endpoint is not part of its version (the same model behind another
         // `base_url`): recorded beside its scores.
         let endpoint = (id.name == "judge")
-            .then(|| self.pipeline.judge.as_ref())
+            .then_some(self.pipeline.judge.as_ref())
             .flatten()
             .map(|m| {
                 m.base_url

@@ -2006,6 +2006,7 @@ fn a_judge_over_many_parts_scores_the_same_and_resumes_without_paying_twice() {
             })
             .collect(),
         instructions: None,
+        version: None,
     };
     let judged = query(
         &parts,

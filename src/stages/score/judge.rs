@@ -639,6 +639,7 @@ mod tests {
                 },
             ],
             instructions: None,
+            version: None,
         };
         let replies = HashMap::from([
             ("ok".to_string(), Reply::Text("Q1: YES\nQ2: NO".into())),

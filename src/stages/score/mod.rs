@@ -462,6 +462,7 @@ mod tests {
             crate::config::JudgeChecklist {
                 questions: vec![],
                 instructions: None,
+                version: None,
             },
             "1".into(),
             Default::default(),
