@@ -1292,3 +1292,32 @@ fn a_mistyped_token_count_of_a_pairs_record_is_refused() {
         assert!(!fresh.exists(), "{field}: a root was created");
     }
 }
+
+/// Issue 61 item 17: a run root that is a file is named as such (exit 2), for every verb that
+/// opens a root, and the file is left as it was.
+#[test]
+fn a_root_that_is_a_file_is_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "notes.txt", "mine");
+    let pipeline =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/sentiment.toml");
+    for args in [
+        vec![
+            "run",
+            pipeline.to_str().unwrap(),
+            "--out",
+            file.to_str().unwrap(),
+        ],
+        vec!["sql", "SELECT 1", "--run", file.to_str().unwrap()],
+        vec!["verify", file.to_str().unwrap()],
+    ] {
+        let o = run_in(dir.path(), &args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("is a file, not a folder"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
+}

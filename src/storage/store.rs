@@ -61,6 +61,11 @@ impl RunStore {
         };
         if !root.contains("://") || root.starts_with("file://") {
             let path = root.strip_prefix("file://").unwrap_or(root);
+            if std::path::Path::new(path).is_file() {
+                return Err(bad(
+                    "is a file, not a folder: a run root is a folder (name a new one)".into(),
+                ));
+            }
             std::fs::create_dir_all(path).map_err(|e| bad(e.to_string()))?;
             let abs = std::fs::canonicalize(path).map_err(|e| bad(e.to_string()))?;
             let prefix = Path::from_absolute_path(&abs).map_err(|e| bad(e.to_string()))?;
