@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 
 use datafusion::prelude::SessionContext;
 use futures::TryStreamExt;
-use object_store::{ObjectMeta, ObjectStoreExt};
+use object_store::ObjectMeta;
 
 use crate::query::{QueryError, text_rows};
 use crate::schema::Table;
@@ -370,9 +370,7 @@ pub async fn repair(store: &RunStore, v: &Verified) -> Result<Repaired, VerifyEr
 async fn move_aside(store: &RunStore, rel: &str) -> Result<String, StorageError> {
     let to = format!("{DAMAGED}/{rel}");
     let (from_p, to_p) = (store.path(rel), store.path(&to));
-    store
-        .object_store()
-        .rename(&from_p, &to_p)
+    crate::storage::retry::rename(store.object_store().as_ref(), &from_p, &to_p)
         .await
         .map_err(|source| store.store_err(&from_p, source))?;
     Ok(to)

@@ -20,7 +20,7 @@
 //! loses nor duplicates a row. Compaction must not run while a stage writes the run.
 
 use futures::TryStreamExt;
-use object_store::{ObjectMeta, ObjectStoreExt};
+use object_store::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 use super::{RunStore, StorageError, encode_parquet, part_rows};
@@ -62,8 +62,8 @@ pub async fn finish_pending(store: &RunStore) -> Result<(), StorageError> {
 async fn apply(store: &RunStore, intent: &Intent) -> Result<(), StorageError> {
     let os = store.object_store();
     for rel in &intent.delete {
-        match os.delete(&store.path(rel)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+        match super::retry::delete(os.as_ref(), &store.path(rel)).await {
+            Ok(()) => {}
             Err(source) => {
                 return Err(StorageError::Store {
                     location: rel.clone(),
@@ -74,7 +74,7 @@ async fn apply(store: &RunStore, intent: &Intent) -> Result<(), StorageError> {
     }
     for (tmp, fin) in &intent.rename {
         if store.head(tmp).await?.is_some() {
-            os.rename(&store.path(tmp), &store.path(fin))
+            super::retry::rename(os.as_ref(), &store.path(tmp), &store.path(fin))
                 .await
                 .map_err(|source| StorageError::Store {
                     location: fin.clone(),
@@ -82,8 +82,8 @@ async fn apply(store: &RunStore, intent: &Intent) -> Result<(), StorageError> {
                 })?;
         }
     }
-    match os.delete(&store.path(INTENT)).await {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+    match super::retry::delete(os.as_ref(), &store.path(INTENT)).await {
+        Ok(()) => Ok(()),
         Err(source) => Err(StorageError::Store {
             location: INTENT.into(),
             source,
@@ -351,6 +351,7 @@ async fn write_merged(
 mod tests {
     use super::*;
     use datafusion::arrow::array::RecordBatch;
+    use object_store::ObjectStoreExt;
 
     fn cases(ids: &[&str]) -> RecordBatch {
         let cases: Vec<crate::stages::generate::Case> = ids

@@ -418,7 +418,7 @@ async fn try_object(
     let os = store.object_store();
     let put = |mode: PutMode| {
         let (os, p, body) = (os.clone(), p.clone(), body.clone());
-        retrying(move || {
+        super::retry::retrying(move || {
             let (os, p, body, mode) = (os.clone(), p.clone(), body.clone(), mode.clone());
             async move {
                 os.put_opts(
@@ -503,42 +503,6 @@ async fn try_object(
     }))
 }
 
-/// Runs a conditional request again after a transient failure (a 5xx, a dropped connection),
-/// within the store's retry bounds (`storage::retry`): object_store does not retry conditional
-/// requests, as an answer lost after the store committed comes back as a conflict on the next
-/// try. Callers read the lease back to tell their own committed write from another writer's.
-async fn retrying<T, F, Fut>(f: F) -> object_store::Result<T>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = object_store::Result<T>>,
-{
-    use object_store::Error as E;
-    let cfg = super::retry::retry_config();
-    let started = std::time::Instant::now();
-    let mut wait = cfg.backoff.init_backoff;
-    let mut tries = 0;
-    loop {
-        match f().await {
-            Err(
-                e @ (E::AlreadyExists { .. }
-                | E::Precondition { .. }
-                | E::NotImplemented { .. }
-                | E::NotFound { .. }
-                | E::NotModified { .. }
-                | E::PermissionDenied { .. }
-                | E::Unauthenticated { .. }),
-            ) => return Err(e),
-            Err(e) if tries < cfg.max_retries && started.elapsed() + wait < cfg.retry_timeout => {
-                tracing::info!("lease: retrying after a transient store error: {e}");
-                tries += 1;
-                tokio::time::sleep(wait).await;
-                wait = wait.mul_f64(cfg.backoff.base).min(cfg.backoff.max_backoff);
-            }
-            other => return other,
-        }
-    }
-}
-
 fn body_token(body: &[u8]) -> String {
     serde_json::from_slice::<Holder>(body)
         .map(|h| h.token)
@@ -562,7 +526,7 @@ async fn renew(store: RunStore, mut me: Holder, mut version: UpdateVersion, ttl:
             ..Default::default()
         };
         let put = || os.put_opts(&p, PutPayload::from(body.clone()), opts.clone());
-        match retrying(put).await {
+        match super::retry::retrying(put).await {
             Ok(r) => {
                 version = UpdateVersion {
                     e_tag: r.e_tag,

@@ -203,8 +203,7 @@ impl RunStore {
             .await
             .map_err(|source| self.store_err(&prefix, source))?;
         for m in metas {
-            self.store
-                .delete(&m.location)
+            super::retry::delete(self.store.as_ref(), &m.location)
                 .await
                 .map_err(|source| self.store_err(&m.location, source))?;
         }
@@ -214,10 +213,9 @@ impl RunStore {
     /// Deletes the object `rel`; one that is not there is no error.
     pub async fn delete(&self, rel: &str) -> Result<(), StorageError> {
         let p = self.path(rel);
-        match self.store.delete(&p).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(source) => Err(self.store_err(&p, source)),
-        }
+        super::retry::delete(self.store.as_ref(), &p)
+            .await
+            .map_err(|source| self.store_err(&p, source))
     }
 
     /// Writes `bytes` to `rel` atomically.

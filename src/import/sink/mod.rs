@@ -67,7 +67,6 @@ use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef
 use datafusion::logical_expr::{ColumnarValue, ScalarUDF, Volatility, create_udf};
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
-use object_store::ObjectStoreExt;
 
 use super::{Record, numbering};
 use crate::query::{QueryError, id_slices, new_context};

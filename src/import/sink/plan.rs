@@ -261,8 +261,12 @@ impl ImportSink {
         let os = self.store.object_store();
         for p in self.store.list_parts(direct_parts).await? {
             let name = p.location.filename().unwrap_or_default().to_string();
-            os.rename(&p.location, &self.store.path(&format!("calls/{name}")))
-                .await
+            crate::storage::retry::rename(
+                os.as_ref(),
+                &p.location,
+                &self.store.path(&format!("calls/{name}")),
+            )
+            .await
                 .map_err(|source| StorageError::Store {
                     location: format!("calls/{name}"),
                     source,
