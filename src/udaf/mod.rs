@@ -206,6 +206,6 @@ mod tests {
         let reg: HashSet<_> = registered.iter().map(String::as_str).collect();
         assert_eq!(reg.len(), registered.len(), "duplicate registered name");
         assert_eq!(reg, names.iter().copied().collect::<HashSet<_>>());
-        assert_eq!(names.len(), 17);
+        assert_eq!(names.len(), 18);
     }
 }

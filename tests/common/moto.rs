@@ -95,6 +95,12 @@ impl Drop for FaultProxy {
 impl FaultProxy {
     /// Starts the proxy on a free port, forwarding to `upstream`.
     pub fn start(upstream: &str, rate: f64, seed: u64) -> FaultProxy {
+        Self::start_with(upstream, rate, seed, &[])
+    }
+
+    /// [`FaultProxy::start`] with more of `tests/fault_proxy.py`'s options (`--kinds`,
+    /// `--only`).
+    pub fn start_with(upstream: &str, rate: f64, seed: u64, extra: &[&str]) -> FaultProxy {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -105,6 +111,7 @@ impl FaultProxy {
             .arg(script)
             .args(["--upstream", upstream, "--port", &port.to_string()])
             .args(["--rate", &rate.to_string(), "--seed", &seed.to_string()])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

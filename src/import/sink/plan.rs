@@ -267,10 +267,10 @@ impl ImportSink {
                 &self.store.path(&format!("calls/{name}")),
             )
             .await
-                .map_err(|source| StorageError::Store {
-                    location: format!("calls/{name}"),
-                    source,
-                })?;
+            .map_err(|source| StorageError::Store {
+                location: format!("calls/{name}"),
+                source,
+            })?;
         }
         Ok(ImportSummary {
             cases,
