@@ -30,6 +30,7 @@ pilot AS (
         var_samp(b.score - a.score) AS var_d,
         mean_se(b.score - a.score) AS se_naive,
         clustered_se(b.score - a.score, a.template_id) AS se_clustered,
+        paired_diff_clustered(b.score, a.score, a.template_id) AS d,
         avg(a.k) AS k_a,
         avg(b.k) AS k_b
     FROM a_case a JOIN b_case b ON a.case_id = b.case_id
@@ -71,7 +72,9 @@ SELECT
     var_d_k,
     sample_size(delta, var_d_k) AS cases_needed,
     sample_size(delta, var_d_k * design_effect) AS cases_needed_clustered,
-    mde(n_cases, var_d) AS pilot_mde,
+    -- The smallest difference the pilot itself could detect (80% power, alpha 0.05), from its
+    -- clustered interval as `evalflow compare` reports it: NULL with fewer than 2 templates.
+    mde(1, power((d['hi'] - d['lo']) / (2 * 1.959963984540054), 2)) AS pilot_mde,
     n_templates AS pilot_templates,
     CASE WHEN design_effect IS NULL
          THEN 'no clustered plan: the pilot has fewer than 2 templates, so its design effect is unknown'

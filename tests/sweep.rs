@@ -358,6 +358,32 @@ async fn compare_any_scorer() {
         "plan", "--delta", "0.1", "--pilot", ra, rb, "--scorer", "cue",
     ]);
     assert!(p.contains("clustered by template"), "{p}");
+    // Issue 61 item 7: the pilot's MDE is the clustered one `compare` reports (it was the
+    // naive mde(n, var_d)).
+    let cmp: serde_json::Value = serde_json::from_str(&ok(&[
+        "compare", ra, rb, "--scorer", "cue", "--format", "json",
+    ]))
+    .unwrap();
+    let overall = cmp
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["level"] == "overall")
+        .unwrap();
+    let want = f(&overall["mde"]);
+    let lines: Vec<&str> = p.lines().filter(|l| l.starts_with('|')).collect();
+    let cells = |l: &str| -> Vec<String> { l.split('|').map(|c| c.trim().to_string()).collect() };
+    let col = cells(lines[0])
+        .iter()
+        .position(|c| c == "pilot_mde")
+        .unwrap();
+    for row in &lines[1..] {
+        let got: f64 = cells(row)[col].parse().unwrap();
+        assert!(
+            (got - want).abs() < 1e-9,
+            "pilot_mde {got} vs compare's mde {want}"
+        );
+    }
 }
 
 /// A judge run aggregates to a mean score; the judge is rebuilt by name in rescore and
