@@ -67,9 +67,18 @@ every table in [intervals.md](intervals.md))
 | `cr1_t` | to match statsmodels and Inspect AI (with the t(G-1) quantile they omit) | 87.2-95.5% | 93.2-95.5% | 1.08, 1.10 |
 | `miller` | Miller's clustered SE with a normal quantile, for comparison | 84.9-94.5% | 90.8-95.0% | 1.01, 1.02 |
 
+| `logit_normal` | a named check, never the default: the logit-normal profile-likelihood interval (ICC estimated up to 0.45); fails when a few templates carry the failures | 62.8-96.7% (three shapes of rare rates, intervals.md) | | 0.48-1.28 |
+
 Rare rates that a few large templates carry with strong template effects (latent ICC 0.3 or
 more) can still fall short of 95%: see [intervals.md](intervals.md), "Rare failures that a few
-templates carry".
+templates carry". **State the templates' latent ICC** (`'auto; icc=0.3'`, `[aggregate] icc`,
+`--icc`) when a rate is under 5% (or over 95%) and the templates are fewer than 50: the interval
+then also covers the exact interval of the failure count at that ICC, 95.7-97.0% from 20
+templates at 1.11-1.25x the oracle's width when the effects are logit-normal and the ICC is the
+truth (up to 4.2x when twice the truth). Take the ICC from a larger past run
+(`logit_normal_icc(x, template_id)`) or state 0.05 / 0.3 / 0.5 for weak / strong / a few
+templates carrying most failures; where a few templates carry them at ICC 0.5 a higher stated
+ICC (0.6-0.8) is needed ([intervals.md](intervals.md), "A stated ICC for rare rates").
 "#;
 
 /// An interval method for a clustered mean.
