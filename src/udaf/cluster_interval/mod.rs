@@ -67,7 +67,7 @@ every table in [intervals.md](intervals.md))
 | `cr1_t` | to match statsmodels and Inspect AI (with the t(G-1) quantile they omit) | 87.2-95.5% | 93.2-95.5% | 1.08, 1.10 |
 | `miller` | Miller's clustered SE with a normal quantile, for comparison | 84.9-94.5% | 90.8-95.0% | 1.01, 1.02 |
 
-| `logit_normal` | a named check, never the default: the logit-normal profile-likelihood interval (ICC estimated up to 0.45); fails when a few templates carry the failures | 62.8-96.7% (three shapes of rare rates, intervals.md) | | 0.48-1.28 |
+| `logit_normal` | a check, not a default: profile likelihood; fails when few templates fail | 62.8-96.7% | | 0.48-1.28 |
 
 Rare rates that a few large templates carry with strong template effects (latent ICC 0.3 or
 more) can still fall short of 95%: see [intervals.md](intervals.md), "Rare failures that a few
