@@ -560,6 +560,9 @@ impl Runner {
             .stages
             .insert("score".into(), self.manifest.stages[&stage].clone());
         self.manifest.save(&self.store).await?;
+        if let Some(w) = score_stage::coverage::judge_replies(&self.store, &id).await? {
+            crate::progress::errln!("{w}");
+        }
         Ok(rows)
     }
 

@@ -429,7 +429,13 @@ async fn judge_by_name_mean_scores_and_verdicts() {
         })
         .await
         .unwrap();
-        let report = out.1;
+        let (rescore, report) = (out.0, out.1);
+        // Issue 61 item 11: a judge none of whose replies could be read says so.
+        assert_eq!(
+            rescore.contains("could not read 13 of 13 judge replies"),
+            !parseable,
+            "{rescore}"
+        );
         if parseable {
             assert!(report.contains("mean score"), "{report}");
             let v = sql(

@@ -257,6 +257,12 @@ pub async fn run(a: RescoreArgs) -> Result<(), CliError> {
     }
     manifest.complete(&stage, &id.dir(), rows, details);
     manifest.save(&store).await.map_err(internal)?;
+    if let Some(w) = score::coverage::judge_replies(&store, &id)
+        .await
+        .map_err(internal)?
+    {
+        crate::progress::errln!("{w}");
+    }
     crate::progress::outln!(
         "rescored {rows} rows with {} into {}/{}",
         id.tag(),
