@@ -179,6 +179,42 @@ pub async fn label_coverage(store: &RunStore, id: &ScorerId) -> Result<LabelCove
     Ok(out)
 }
 
+/// The warning of a judge scorer version whose replies could not be read: at least
+/// [`WARN_FAILURE_RATE`] of the answers it was given ended `judge_unparseable` (the judge does
+/// not answer in `Q1: YES` lines), as the checklist warns of a label match that never matched.
+/// `None` for any other scorer (none has that verdict) or a judge whose replies mostly parse.
+pub async fn judge_replies(store: &RunStore, id: &ScorerId) -> Result<Option<String>, QueryError> {
+    let ctx = crate::query::local_context();
+    crate::query::register_scores_of(&ctx, store, &[id]).await?;
+    let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let sql = format!(
+        "SELECT CAST(count(*) FILTER (WHERE validity = 'judge_unparseable') AS BIGINT), \
+         CAST(count(*) FILTER (WHERE validity IN ('valid_answer', 'judge_unparseable')) AS BIGINT) \
+         FROM scores WHERE scorer = {} AND scoring_version = {}",
+        lit(&id.name),
+        lit(&id.version)
+    );
+    let rows = crate::query::text_rows(&ctx, &sql).await?;
+    let n = |i: usize| -> u64 {
+        rows.first()
+            .and_then(|r| r.get(i).cloned().flatten())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    };
+    let (bad, judged) = (n(0), n(1));
+    if bad == 0 || (bad as f64) < WARN_FAILURE_RATE * judged as f64 {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "warning: {} could not read {bad} of {judged} judge replies (judge_unparseable): the \
+         judge model does not answer one `Qk: YES` or `Qk: NO` line per question. Its replies \
+         are in `scores.detail`; a model that follows instructions, a larger max_tokens or \
+         clearer `instructions` under [score.judge] fix it, and its mean score here covers \
+         only the replies it could read.",
+        id.tag()
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,40 +288,4 @@ mod tests {
             "{w}"
         );
     }
-}
-
-/// The warning of a judge scorer version whose replies could not be read: at least
-/// [`WARN_FAILURE_RATE`] of the answers it was given ended `judge_unparseable` (the judge does
-/// not answer in `Q1: YES` lines), as the checklist warns of a label match that never matched.
-/// `None` for any other scorer (none has that verdict) or a judge whose replies mostly parse.
-pub async fn judge_replies(store: &RunStore, id: &ScorerId) -> Result<Option<String>, QueryError> {
-    let ctx = crate::query::local_context();
-    crate::query::register_scores_of(&ctx, store, &[id]).await?;
-    let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
-    let sql = format!(
-        "SELECT CAST(count(*) FILTER (WHERE validity = 'judge_unparseable') AS BIGINT), \
-         CAST(count(*) FILTER (WHERE validity IN ('valid_answer', 'judge_unparseable')) AS BIGINT) \
-         FROM scores WHERE scorer = {} AND scoring_version = {}",
-        lit(&id.name),
-        lit(&id.version)
-    );
-    let rows = crate::query::text_rows(&ctx, &sql).await?;
-    let n = |i: usize| -> u64 {
-        rows.first()
-            .and_then(|r| r.get(i).cloned().flatten())
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0)
-    };
-    let (bad, judged) = (n(0), n(1));
-    if bad == 0 || (bad as f64) < WARN_FAILURE_RATE * judged as f64 {
-        return Ok(None);
-    }
-    Ok(Some(format!(
-        "warning: {} could not read {bad} of {judged} judge replies (judge_unparseable): the \
-         judge model does not answer one `Qk: YES` or `Qk: NO` line per question. Its replies \
-         are in `scores.detail`; a model that follows instructions, a larger max_tokens or \
-         clearer `instructions` under [score.judge] fix it, and its mean score here covers \
-         only the replies it could read.",
-        id.tag()
-    )))
 }
