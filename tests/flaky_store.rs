@@ -5,50 +5,11 @@
 
 #[path = "common/moto.rs"]
 mod moto;
-
-use std::process::{Command, Output};
+#[path = "common/tables.rs"]
+mod tables;
 
 use moto::{FaultProxy, Moto};
-
-fn bin(env: &[(&'static str, String)]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_evalflow"));
-    c.current_dir(env!("CARGO_MANIFEST_DIR"))
-        .envs(env.iter().cloned());
-    c
-}
-
-fn ok(o: &Output, what: &str) -> String {
-    let err = String::from_utf8_lossy(&o.stderr).to_string();
-    assert!(
-        o.status.success(),
-        "{what}: {}\n{err}",
-        String::from_utf8_lossy(&o.stdout)
-    );
-    err
-}
-
-/// A table's rows as JSON, sorted, without the columns that record when and how fast a call
-/// ran.
-fn tables(root: &str, env: &[(&'static str, String)]) -> Vec<String> {
-    [
-        "SELECT * FROM cases ORDER BY case_id",
-        "SELECT * EXCLUDE (latency_ms, started_at) FROM calls ORDER BY call_id",
-        "SELECT * FROM validity ORDER BY call_id",
-        "SELECT * FROM scores ORDER BY call_id",
-        "SELECT * EXCLUDE (se, ci_lo, ci_hi), round(ci_lo, 12), round(ci_hi, 12) FROM results \
-         ORDER BY level, capability, test_type, test",
-    ]
-    .iter()
-    .map(|q| {
-        let o = bin(env)
-            .args(["sql", "--format", "json", "--run", root, q])
-            .output()
-            .unwrap();
-        ok(&o, q);
-        String::from_utf8(o.stdout).unwrap()
-    })
-    .collect()
-}
+use tables::{bin, ok, tables};
 
 #[test]
 fn a_run_on_a_flaky_store_completes_with_the_tables_of_a_steady_one() {

@@ -6,44 +6,20 @@
 //! an ample disk.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
+
+#[path = "common/tables.rs"]
+mod tables;
+
+use tables::ok;
 
 fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_evalflow"));
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    c
+    tables::bin(&[])
 }
 
-fn ok(o: &Output, what: &str) {
-    assert!(
-        o.status.success(),
-        "{what}: {}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
+/// The run's tables ([`tables::tables`]).
 fn tables(root: &Path) -> Vec<String> {
-    [
-        "SELECT * FROM cases ORDER BY case_id",
-        "SELECT * EXCLUDE (latency_ms, started_at) FROM calls ORDER BY call_id",
-        "SELECT * FROM validity ORDER BY call_id",
-        "SELECT * FROM scores ORDER BY call_id",
-        "SELECT * EXCLUDE (se, ci_lo, ci_hi), round(ci_lo, 12), round(ci_hi, 12) FROM results \
-         ORDER BY level, capability, test_type, test",
-    ]
-    .iter()
-    .map(|q| {
-        let o = bin()
-            .args(["sql", "--format", "json", "--run"])
-            .arg(root)
-            .arg(q)
-            .output()
-            .unwrap();
-        ok(&o, q);
-        String::from_utf8(o.stdout).unwrap()
-    })
-    .collect()
+    tables::tables(root.to_str().unwrap(), &[])
 }
 
 /// The `unshare` arguments that give a private mount namespace here, if any.

@@ -3,21 +3,20 @@
 //! then restores the tables of the undamaged run.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
+
+#[path = "common/tables.rs"]
+mod tables;
+
+use tables::ok;
 
 fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_evalflow"));
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    c
+    tables::bin(&[])
 }
 
-fn ok(o: &Output, what: &str) {
-    assert!(
-        o.status.success(),
-        "{what}: {}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+/// The run's tables ([`tables::tables`]).
+fn tables(root: &Path) -> Vec<String> {
+    tables::tables(root.to_str().unwrap(), &[])
 }
 
 fn run(root: &Path) {
@@ -55,7 +54,7 @@ fn part(root: &Path, dir: &str) -> PathBuf {
     parts[0].clone()
 }
 
-/// A table's rows, sorted, without the columns that record when and how fast a call ran.
+/// The rows of `sql` over the run, as JSON.
 fn rows(root: &Path, sql: &str) -> String {
     let o = bin()
         .args(["sql", "--format", "json", "--run"])
@@ -65,21 +64,6 @@ fn rows(root: &Path, sql: &str) -> String {
         .unwrap();
     ok(&o, sql);
     String::from_utf8(o.stdout).unwrap()
-}
-
-fn tables(root: &Path) -> Vec<String> {
-    [
-        "SELECT * FROM cases ORDER BY case_id",
-        "SELECT * EXCLUDE (latency_ms, started_at) FROM calls ORDER BY call_id",
-        "SELECT * FROM validity ORDER BY call_id",
-        "SELECT * FROM scores ORDER BY call_id",
-        // The intervals agree to rounding: templates are folded in another order.
-        "SELECT * EXCLUDE (se, ci_lo, ci_hi), round(ci_lo, 12), round(ci_hi, 12) FROM results \
-         ORDER BY level, capability, test_type, test",
-    ]
-    .iter()
-    .map(|q| rows(root, q))
-    .collect()
 }
 
 fn copy_dir(from: &Path, to: &Path) {

@@ -174,6 +174,8 @@ impl Archive {
             .map_err(|x| x.to_string())?;
         match e.method {
             0 => Ok(raw),
+            // One entry whole: an Inspect entry is one sample (or the header), which the
+            // parser needs whole anyway; a reader holds EVAL_CHUNK of them per chunk.
             8 => {
                 let mut out = Vec::with_capacity(e.uncompressed_size.min(1 << 30) as usize);
                 flate2::read::DeflateDecoder::new(&raw[..])
